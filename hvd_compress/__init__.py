@@ -1,0 +1,49 @@
+"""hvd_compress: gradient compression with error feedback for stock Horovod.
+
+Pass any of these as ``compression=`` to the unmodified
+``hvd.DistributedOptimizer`` (PyTorch), ``hvd.DistributedGradientTape`` or the
+TF/Keras ``DistributedOptimizer``::
+
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                   compression=hvd_compress.TopK(0.01))
+
+Each name builds a :class:`Compressor` around the scheme of the same name in
+:mod:`hvd_compress.schemes`; keyword arguments ``error_feedback`` (default:
+the scheme's) and ``seed`` go to the compressor, the rest to the scheme.
+One object serves PyTorch and TensorFlow.
+"""
+from functools import wraps
+
+from . import schemes as _s
+from .compressor import Compressor
+
+__version__ = "0.1.0"
+
+
+def _factory(scheme_cls):
+    @wraps(scheme_cls, assigned=("__doc__", "__name__", "__qualname__"), updated=())
+    def make(*args, error_feedback=None, seed=0, **kwargs):
+        if isinstance(kwargs.get("values"), Compressor):
+            kwargs["values"] = kwargs["values"].scheme
+        return Compressor(scheme_cls(*args, **kwargs), error_feedback=error_feedback, seed=seed)
+    make.__module__ = __name__
+    return make
+
+
+NoCompression = _factory(_s.NoCompression)
+none = NoCompression
+FP16 = _factory(_s.FP16)
+BF16 = _factory(_s.BF16)
+Int8 = _factory(_s.Int8)
+QSGD = _factory(_s.QSGD)
+TernGrad = _factory(_s.TernGrad)
+SignSGD = _factory(_s.SignSGD)
+EFSignSGD = _factory(_s.EFSignSGD)
+OneBit = _factory(_s.OneBit)
+TopK = _factory(_s.TopK)
+RandomK = _factory(_s.RandomK)
+Threshold = _factory(_s.Threshold)
+DGC = _factory(_s.DGC)
+
+__all__ = ["Compressor", "NoCompression", "none", "FP16", "BF16", "Int8", "QSGD", "TernGrad", "SignSGD",
+           "EFSignSGD", "OneBit", "TopK", "RandomK", "Threshold", "DGC"]

@@ -1,0 +1,371 @@
+"""Framework-neutral tensor operations.
+
+Every scheme's math is written once, against the small vocabulary below, and
+runs unchanged on PyTorch tensors (CPU or CUDA) and on TensorFlow tensors
+(eager or inside the ``tf.function`` that Horovod always traces).  Only
+vectorised operations appear here: no Python loops over elements and no host
+round trips, so the same code is valid on a GPU.
+
+``backend_for(tensor)`` picks the implementation.  Neither framework is
+imported unless a tensor of that framework is seen.
+"""
+from __future__ import annotations
+
+import math
+
+DTYPES = ("float16", "bfloat16", "float32", "float64",
+          "int8", "uint8", "int16", "int32", "int64", "bool")
+
+
+class TorchBackend:
+    name = "torch"
+
+    def __init__(self):
+        import torch
+        self.torch = torch
+        self._dt = {n: getattr(torch, n) for n in DTYPES}
+        self._dt["bool"] = torch.bool
+
+    # --- dtype and shape -------------------------------------------------
+    def dtype_name(self, x):
+        return str(x.dtype).replace("torch.", "")
+
+    def is_floating(self, x):
+        return x.dtype.is_floating_point
+
+    def shape(self, x):
+        return tuple(x.shape)
+
+    def numel(self, x):
+        return x.numel()
+
+    def cast(self, x, dtype):
+        return x.to(self._dt[dtype])
+
+    def bitcast(self, x, dtype):
+        return x.view(self._dt[dtype])
+
+    def flatten(self, x):
+        return x.reshape(-1)
+
+    def reshape(self, x, shape):
+        return x.reshape(shape)
+
+    # --- construction ----------------------------------------------------
+    def zeros(self, n, dtype, like):
+        return self.torch.zeros(n, dtype=self._dt[dtype], device=like.device)
+
+    def ones(self, n, dtype, like):
+        return self.torch.ones(n, dtype=self._dt[dtype], device=like.device)
+
+    def full(self, n, value, dtype, like):
+        return self.torch.full((n,), value, dtype=self._dt[dtype], device=like.device)
+
+    def arange(self, n, dtype, like):
+        return self.torch.arange(n, dtype=self._dt[dtype], device=like.device)
+
+    def scalar(self, value, dtype, like):
+        return self.torch.tensor([value], dtype=self._dt[dtype], device=like.device)
+
+    def concat(self, xs):
+        return self.torch.cat(list(xs))
+
+    def stack(self, xs):
+        return self.torch.stack(list(xs))
+
+    # --- elementwise -----------------------------------------------------
+    def abs(self, x):
+        return x.abs()
+
+    def sign(self, x):
+        return x.sign()
+
+    def round(self, x):
+        return self.torch.round(x)
+
+    def floor(self, x):
+        return self.torch.floor(x)
+
+    def clip(self, x, lo, hi):
+        return self.torch.clamp(x, lo, hi)
+
+    def where(self, cond, a, b):
+        return self.torch.where(cond, a, b)
+
+    def maximum(self, a, b):
+        return self.torch.maximum(a, b)
+
+    def isfinite(self, x):
+        return self.torch.isfinite(x)
+
+    def shift_left(self, x, bits):
+        return self.torch.bitwise_left_shift(x, bits)
+
+    def shift_right(self, x, bits):
+        return self.torch.bitwise_right_shift(x, bits)
+
+    def bit_and(self, x, y):
+        return self.torch.bitwise_and(x, y)
+
+    # --- reductions --------------------------------------------------------
+    def sum(self, x, axis=None):
+        return x.sum() if axis is None else x.sum(dim=axis)
+
+    def max(self, x, axis=None):
+        return x.max() if axis is None else x.amax(dim=axis)
+
+    def norm(self, x):
+        return self.torch.linalg.vector_norm(x)
+
+    def cumsum(self, x):
+        return self.torch.cumsum(x, 0)
+
+    def count_nonzero(self, x):
+        return self.torch.count_nonzero(x)
+
+    # --- selection ---------------------------------------------------------
+    def topk_indices(self, x, k):
+        return self.torch.topk(x, k, sorted=False).indices
+
+    def gather(self, x, idx):
+        return x[idx]
+
+    def nonzero_indices(self, mask):
+        return self.torch.nonzero(mask, as_tuple=False).reshape(-1)
+
+    def sort(self, x):
+        return self.torch.sort(x).values
+
+    def kth_largest(self, x, k):
+        # kthvalue counts from the smallest
+        return self.torch.kthvalue(x, x.numel() - k + 1).values
+
+    def scatter_add(self, n, idx, values):
+        out = self.torch.zeros(n, dtype=values.dtype, device=values.device)
+        return out.index_add_(0, idx.to(self.torch.int64), values)
+
+    def split(self, x, sizes, num):
+        """Split a 1-D tensor into ``num`` pieces; sizes may be a tensor."""
+        if not isinstance(sizes, (list, tuple)):
+            sizes = sizes.tolist()  # variable-length payloads need the lengths on the host
+        return list(self.torch.split(x, [int(s) for s in sizes]))
+
+    def matmul(self, a, b):
+        return a @ b
+
+    def transpose(self, a):
+        return a.t()
+
+    def orthonormalize(self, m):
+        # QR is the stable choice; PowerSGD (Vogels et al.) uses Gram-Schmidt.
+        return self.torch.linalg.qr(m).Q
+
+    # --- randomness without global side effects ---------------------------------
+    def uniform(self, n, seed, like):
+        """U[0,1) from a private generator seeded by ``seed`` (a Python int or a
+        0-d integer tensor); the global RNG is never touched."""
+        seed = int(seed) if not hasattr(seed, "item") else int(seed.item())
+        gen = self.torch.Generator(device=like.device)
+        gen.manual_seed(seed & 0x7FFF_FFFF_FFFF_FFFF)
+        return self.torch.rand(n, generator=gen, device=like.device, dtype=self.torch.float32)
+
+    def randperm_prefix(self, n, k, seed, like):
+        """k distinct indices in [0, n), the same on every rank for the same seed."""
+        gen = self.torch.Generator(device=like.device)
+        gen.manual_seed(int(seed) & 0x7FFF_FFFF_FFFF_FFFF)
+        if k * 8 < n:
+            # sampling with rejection of duplicates is cheaper than a full permutation
+            idx = self.torch.randint(0, n, (2 * k + 64,), generator=gen, device=like.device)
+            uniq = self.torch.unique(idx)
+            if uniq.numel() >= k:
+                perm = self.torch.randperm(uniq.numel(), generator=gen, device=like.device)[:k]
+                return self.torch.sort(uniq[perm]).values
+        return self.torch.sort(self.torch.randperm(n, generator=gen, device=like.device)[:k]).values
+
+    def identity_with_deps(self, x, deps):
+        return x
+
+
+class TensorFlowBackend:
+    name = "tensorflow"
+
+    def __init__(self):
+        import tensorflow as tf
+        self.tf = tf
+        self._dt = {n: getattr(tf, n) for n in DTYPES}
+
+    def dtype_name(self, x):
+        return x.dtype.name
+
+    def is_floating(self, x):
+        return x.dtype.is_floating
+
+    def shape(self, x):
+        return tuple(x.shape.as_list())
+
+    def numel(self, x):
+        n = x.shape.num_elements()
+        if n is None:
+            raise ValueError(
+                f"hvd_compress needs gradients with a static shape in TensorFlow; got {x.shape} "
+                f"for {getattr(x, 'name', '?')}")
+        return n
+
+    def cast(self, x, dtype):
+        return self.tf.cast(x, self._dt[dtype])
+
+    def bitcast(self, x, dtype):
+        return self.tf.bitcast(x, self._dt[dtype])
+
+    def flatten(self, x):
+        return self.tf.reshape(x, [-1])
+
+    def reshape(self, x, shape):
+        return self.tf.reshape(x, shape)
+
+    def zeros(self, n, dtype, like=None):
+        return self.tf.zeros([n], dtype=self._dt[dtype])
+
+    def ones(self, n, dtype, like=None):
+        return self.tf.ones([n], dtype=self._dt[dtype])
+
+    def full(self, n, value, dtype, like=None):
+        return self.tf.fill([n], self.tf.constant(value, dtype=self._dt[dtype]))
+
+    def arange(self, n, dtype, like=None):
+        return self.tf.range(n, dtype=self._dt[dtype])
+
+    def scalar(self, value, dtype, like=None):
+        return self.tf.reshape(self.tf.cast(value, self._dt[dtype]), [1])
+
+    def concat(self, xs):
+        return self.tf.concat(list(xs), 0)
+
+    def stack(self, xs):
+        return self.tf.stack(list(xs))
+
+    def abs(self, x):
+        return self.tf.abs(x)
+
+    def sign(self, x):
+        return self.tf.sign(x)
+
+    def round(self, x):
+        return self.tf.round(x)  # banker's rounding, like torch.round
+
+    def floor(self, x):
+        return self.tf.floor(x)
+
+    def clip(self, x, lo, hi):
+        return self.tf.clip_by_value(x, lo, hi)
+
+    def where(self, cond, a, b):
+        return self.tf.where(cond, a, b)
+
+    def maximum(self, a, b):
+        return self.tf.maximum(a, b)
+
+    def isfinite(self, x):
+        return self.tf.math.is_finite(x)
+
+    def shift_left(self, x, bits):
+        return self.tf.bitwise.left_shift(x, self.tf.cast(bits, x.dtype))
+
+    def shift_right(self, x, bits):
+        return self.tf.bitwise.right_shift(x, self.tf.cast(bits, x.dtype))
+
+    def bit_and(self, x, y):
+        return self.tf.bitwise.bitwise_and(x, self.tf.cast(y, x.dtype))
+
+    def sum(self, x, axis=None):
+        return self.tf.reduce_sum(x, axis=axis)
+
+    def max(self, x, axis=None):
+        return self.tf.reduce_max(x, axis=axis)
+
+    def norm(self, x):
+        return self.tf.norm(x)
+
+    def cumsum(self, x):
+        return self.tf.cumsum(x)
+
+    def count_nonzero(self, x):
+        return self.tf.math.count_nonzero(x)
+
+    def topk_indices(self, x, k):
+        return self.tf.math.top_k(x, k=k, sorted=False).indices
+
+    def gather(self, x, idx):
+        return self.tf.gather(x, idx)
+
+    def nonzero_indices(self, mask):
+        return self.tf.reshape(self.tf.where(mask), [-1])
+
+    def sort(self, x):
+        return self.tf.sort(x)
+
+    def kth_largest(self, x, k):
+        return self.tf.math.top_k(x, k=k, sorted=True).values[k - 1]
+
+    def scatter_add(self, n, idx, values):
+        idx = self.tf.cast(self.tf.reshape(idx, [-1, 1]), self.tf.int64)
+        return self.tf.scatter_nd(idx, values, self.tf.constant([n], dtype=self.tf.int64))
+
+    def split(self, x, sizes, num):
+        if isinstance(sizes, (list, tuple)):
+            return self.tf.split(x, list(sizes), num=num)
+        return self.tf.split(x, self.tf.reshape(self.tf.cast(sizes, self.tf.int64), [num]), num=num)
+
+    def matmul(self, a, b):
+        return self.tf.matmul(a, b)
+
+    def transpose(self, a):
+        return self.tf.transpose(a)
+
+    def orthonormalize(self, m):
+        return self.tf.linalg.qr(m).q
+
+    def uniform(self, n, seed, like=None):
+        # stateless: the seed tensor (base seed, step) fully determines the draw
+        seed = self.tf.cast(seed, self.tf.int64)
+        pair = self.tf.stack([seed // 2**31, seed % 2**31])
+        return self.tf.random.stateless_uniform([n], seed=pair, dtype=self.tf.float32)
+
+    def randperm_prefix(self, n, k, seed, like=None):
+        u = self.uniform(n, seed)
+        return self.tf.sort(self.tf.math.top_k(u, k=k, sorted=False).indices)
+
+    def identity_with_deps(self, x, deps):
+        with self.tf.control_dependencies([d for d in deps if d is not None]):
+            return self.tf.identity(x)
+
+
+_BACKENDS = {}
+
+
+def backend_for(tensor):
+    """The backend that handles ``tensor``'s framework."""
+    mod = type(tensor).__module__
+    if mod.startswith("torch"):
+        key = "torch"
+    elif mod.startswith("tensorflow") or mod.startswith("tf_keras") or mod.startswith("keras"):
+        key = "tensorflow"
+    else:
+        raise TypeError(f"hvd_compress: unsupported tensor type {type(tensor)!r}; "
+                        "expected a torch.Tensor or a tf.Tensor")
+    if key not in _BACKENDS:
+        _BACKENDS[key] = TorchBackend() if key == "torch" else TensorFlowBackend()
+    return _BACKENDS[key]
+
+
+def index_dtype(numel):
+    """int32 indices while they fit, int64 beyond 2**31 - 1 elements."""
+    return "int32" if numel < 2**31 else "int64"
+
+
+def ceil_div(a, b):
+    return -(-a // b)
+
+
+def bits_for(max_value):
+    return max(1, int(math.ceil(math.log2(max_value + 1))))

@@ -1,0 +1,179 @@
+"""The Horovod Compression object: a scheme plus error feedback and transport.
+
+``Compressor`` implements Horovod's two-method interface::
+
+    tensor_to_allreduce, ctx = compressor.compress(grad)
+    grad = compressor.decompress(allreduced, ctx)
+
+and works unchanged with the stock ``hvd.DistributedOptimizer`` (PyTorch),
+``hvd.DistributedGradientTape`` and the TF/Keras ``DistributedOptimizer``.
+
+How it rides on a stock optimizer
+---------------------------------
+* **Allreduce schemes** (casts, Random-K, PowerSGD factors) hand their payload
+  to Horovod's own allreduce; Horovod's ``op``, ``gradient_predivide_factor``
+  and process set apply as usual.
+* **Allgather schemes** (Top-K, quantizers with per-rank scales, sign votes)
+  launch named, asynchronous allgathers of their payload inside ``compress``
+  and return a 1-element fp32 *placeholder* of value 1.0 to Horovod's
+  allreduce.  Whatever scaling Horovod applies (Average, Sum, pre/post-scale
+  factors) lands on the placeholder: after the allreduce it holds
+  ``size * total_scale``, so ``decompress`` multiplies the summed payloads by
+  ``placeholder / size`` and Horovod's meaning of ``op`` is kept exactly.
+
+Keying
+------
+Error-feedback residuals must follow the *parameter*, not the tensor object
+(``zero_grad(set_to_none=True)`` makes a new tensor every step) and not the
+hook order (it differs between ranks).  Horovod passes only the tensor, so
+the adapters read the parameter's name from the calling Horovod frame
+(``_parameter_names[p]`` in torch; the variable's name in TF).  The same name
+names every side collective, so they agree on all ranks whatever order the
+hooks fire in.  Where no name can be found (a direct call, Horovod's grouped
+TF path), a fallback key is built from the shape and its occurrence count in
+the step; see :meth:`Compressor.describe_keys`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+
+from .backend import backend_for
+from .schemes.base import Scheme
+from .stats import CompressionStats
+
+_SAFE = re.compile(r"[^A-Za-z0-9_.\-]")
+
+
+def collective_name(key, part):
+    """Deterministic, TF-op-safe name for a side collective."""
+    return "hvdc." + _SAFE.sub("_", key) + "." + part.replace(".", "_")
+
+
+def stable_hash(*parts):
+    """A 63-bit integer from strings/ints, identical on every process
+    (Python's hash() is salted per process)."""
+    h = hashlib.blake2b("|".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def encode_with_feedback(B, scheme, x, residual, ectx):
+    """Error feedback around ``scheme.encode``; returns (payload, new_residual).
+
+    ``acc = x + residual``; the scheme sends ``sent``; the residual becomes
+    ``acc - sent``, so over any number of steps
+    ``sum(sent) + residual == sum(x)``: nothing is lost.  A non-finite value
+    (overflow, NaN) still goes out like an uncompressed gradient would, but is
+    not kept in the residual, so one bad step cannot poison later ones.
+    """
+    acc = x if residual is None else x + residual
+    payload, sent = scheme.encode(B, acc, ectx)
+    if residual is None:
+        return payload, None
+    new_residual = acc - sent
+    new_residual = B.where(B.isfinite(new_residual), new_residual, B.zeros(B.numel(x), "float32", like=x))
+    return payload, new_residual
+
+
+class Compressor:
+    """A Horovod compression object: ``scheme`` + error feedback + transport.
+
+    Args:
+        scheme: a :class:`~hvd_compress.schemes.base.Scheme` instance.
+        error_feedback: keep the residual ``(grad + residual) - sent`` per
+            parameter and add it to the next gradient.  ``None`` uses the
+            scheme's default (on for biased schemes such as Top-K, Int8 and
+            EF-sign; off for casts and unbiased stochastic quantizers).
+        seed: base seed of the private, per-call random generators of
+            stochastic schemes; must be equal on all ranks for Random-K.
+
+    The object is hashable by identity, as TF's cached allreduce function
+    requires.  One object serves both frameworks.
+    """
+
+    def __init__(self, scheme: Scheme, error_feedback=None, seed=0):
+        if not isinstance(scheme, Scheme):
+            raise ValueError(f"scheme must be an hvd_compress scheme instance; got {scheme!r}")
+        if error_feedback not in (None, True, False):
+            raise ValueError(f"error_feedback must be True, False or None (scheme default); got {error_feedback!r}")
+        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+            raise ValueError(f"seed must be a non-negative integer; got {seed!r}")
+        self.scheme = scheme
+        self.error_feedback = scheme.error_feedback_default if error_feedback is None else error_feedback
+        self.seed = seed
+        self.stats = CompressionStats()
+        self._adapters = {}
+
+    # --- Horovod's interface -----------------------------------------------
+    def compress(self, tensor):
+        B = backend_for(tensor)
+        if not B.is_floating(tensor):
+            return tensor, None  # integers and bools always pass through
+        return self._adapter(B).compress(self, tensor)
+
+    def decompress(self, tensor, ctx):
+        if ctx is None:  # passthrough, and Horovod's sparse path
+            return tensor
+        return ctx.adapter.decompress(self, tensor, ctx)
+
+    # --- per-tensor scheme (overridden by Policy) -----------------------------
+    def scheme_for(self, key, numel, shape):
+        return self.scheme, self.error_feedback
+
+    def config(self):
+        return {"scheme": self.scheme.name, "args": self.scheme.config(),
+                "error_feedback": self.error_feedback, "seed": self.seed}
+
+    def fingerprint(self):
+        """Hash of the configuration; ranks must agree on it."""
+        return stable_hash(json.dumps(self.config(), sort_keys=True, default=str))
+
+    def __repr__(self):
+        return f"Compressor({self.scheme!r}, error_feedback={self.error_feedback})"
+
+    # --- state ---------------------------------------------------------------------
+    def state_dict(self):
+        """Residuals, step counters and scheme state as plain tensors and
+        numbers (no pickled objects): save with ``torch.save`` or
+        ``safetensors``; TF users checkpoint :meth:`tf_checkpointable`."""
+        out = {"config": json.dumps(self.config(), sort_keys=True, default=str)}
+        for name, ad in self._adapters.items():
+            out[name] = ad.state_dict()
+        return out
+
+    def load_state_dict(self, state):
+        cfg = json.dumps(self.config(), sort_keys=True, default=str)
+        if state.get("config") != cfg:
+            raise ValueError(f"state_dict was saved by a different configuration: {state.get('config')} != {cfg}")
+        for name, sub in state.items():
+            if name != "config":
+                self._adapter_by_name(name).load_state_dict(sub)
+
+    def reset_state(self):
+        """Forget residuals and counters (e.g. after an elastic membership change)."""
+        for ad in self._adapters.values():
+            ad.reset()
+
+    def tf_checkpointable(self):
+        """A ``tf.Module`` tracking the TF state variables, for ``tf.train.Checkpoint``."""
+        return self._adapter_by_name("tensorflow").checkpointable()
+
+    # --- internals -------------------------------------------------------------------
+    def _adapter_by_name(self, name):
+        if name not in self._adapters:
+            if name == "torch":
+                from .torch_adapter import TorchAdapter
+                self._adapters[name] = TorchAdapter()
+            elif name == "tensorflow":
+                from .tf_adapter import TFAdapter
+                self._adapters[name] = TFAdapter()
+            else:
+                raise ValueError(f"unknown framework {name!r}")
+        return self._adapters[name]
+
+    def _adapter(self, B):
+        return self._adapter_by_name(B.name)
+
+    # Horovod's TF path caches on the compression object: identity hashing.
+    __hash__ = object.__hash__

@@ -1,0 +1,189 @@
+"""Sparsifiers: send a few values and where they go.
+
+Each sparsifier can hand its kept values to a quantizer (``values=Int8()``),
+the document's "Top-K, then INT8 on the values": the payload then holds the
+indices plus the quantizer's parts for the values, prefixed ``v.``.
+"""
+from __future__ import annotations
+
+import math
+
+from ..backend import index_dtype
+from .base import Scheme, check_range
+
+
+def _k_for(ratio, numel):
+    return max(1, min(numel, int(math.ceil(ratio * numel))))
+
+
+class _Sparsifier(Scheme):
+    error_feedback_default = True
+
+    def __init__(self, values=None):
+        if values is not None and (not isinstance(values, Scheme) or values.transport != "allgather"
+                                   or not hasattr(values, "decode_one")):
+            raise ValueError("values must be a quantizer scheme instance such as Int8(), QSGD(levels) "
+                             f"or BF16(); got {values!r}")
+        self.values = values
+
+    @property
+    def stochastic(self):
+        return self.values is not None and self.values.stochastic
+
+    def config(self):
+        return {"values": None if self.values is None else repr(self.values)}
+
+    # --- shared pieces ---------------------------------------------------
+    def _pack(self, B, x, idx, ctx):
+        """Payload and local contribution for the elements at ``idx``."""
+        n = B.numel(x)
+        vals = B.gather(x, idx)
+        payload = {"idx": B.cast(idx, index_dtype(n))}
+        if self.values is None:
+            payload["val"] = vals
+            sent_vals = vals
+        else:
+            vpayload, sent_vals = self.values.encode(B, vals, ctx)
+            payload.update({"v." + k: v for k, v in vpayload.items()})
+        return payload, B.scatter_add(n, idx, sent_vals)
+
+    def _values_of(self, B, payload):
+        if self.values is None:
+            return payload["val"]
+        k = B.numel(payload["idx"])
+        vp = {name[2:]: t for name, t in payload.items() if name.startswith("v.")}
+        return self.values.decode_one(B, vp, k)
+
+    def decode_one(self, B, payload, numel, ctx=None):
+        return B.scatter_add(numel, payload["idx"], self._values_of(B, payload))
+
+    def aggregate(self, B, payloads, numel, ctx=None):
+        # one scatter for all ranks: duplicate indices add up
+        idx = B.concat([p["idx"] for p in payloads])
+        vals = B.concat([self._values_of(B, p) for p in payloads])
+        return B.scatter_add(numel, idx, vals)
+
+    def _kept_nbytes(self, numel, k):
+        idx = 4 if numel < 2**31 else 8
+        val = 4 * k if self.values is None else self.values.payload_nbytes(k)
+        return k * idx + val
+
+
+class TopK(_Sparsifier):
+    """Exact Top-K sparsification: the ``ratio`` fraction of largest magnitudes.
+
+    Aji & Heafield, "Sparse Communication for Distributed Gradient Descent",
+    EMNLP 2017; with error feedback as analysed by Stich et al., "Sparsified SGD
+    with Memory", NeurIPS 2018.  Payload: k values + k int32 indices
+    (int64 past 2**31 elements), or the ``values`` quantizer's parts.
+
+    Tuning: 0.01 with error feedback matches dense accuracy on most CNNs/MLPs
+    after a short dense warmup; below 0.001 use :class:`DGC` with its
+    corrections.  Without error feedback expect a visible accuracy loss.
+    """
+
+    def __init__(self, ratio=0.01, values=None):
+        check_range("ratio", ratio, 0.0, 1.0, lo_open=True)
+        super().__init__(values)
+        self.ratio = float(ratio)
+
+    def config(self):
+        return {"ratio": self.ratio, **super().config()}
+
+    def encode(self, B, x, ctx):
+        k = _k_for(self.ratio, B.numel(x))
+        idx = B.topk_indices(B.abs(x), k)
+        return self._pack(B, x, idx, ctx)
+
+    def payload_nbytes(self, numel):
+        return self._kept_nbytes(numel, _k_for(self.ratio, numel))
+
+
+class RandomK(Scheme):
+    """Random-K: k indices drawn from a seed shared by all ranks, so every rank
+    keeps the same coordinates and the values travel by Horovod's allreduce
+    (k values, no indices on the wire).  Stich et al., "Sparsified SGD with
+    Memory", NeurIPS 2018; Wangni et al., NeurIPS 2018.  Biased without
+    rescaling, so error feedback is on by default.
+    """
+    transport = "allreduce"
+    error_feedback_default = True
+
+    def __init__(self, ratio=0.01):
+        check_range("ratio", ratio, 0.0, 1.0, lo_open=True)
+        self.ratio = float(ratio)
+
+    def config(self):
+        return {"ratio": self.ratio}
+
+    def encode(self, B, x, ctx):
+        n = B.numel(x)
+        idx = B.randperm_prefix(n, _k_for(self.ratio, n), ctx.shared_seed, like=x)
+        vals = B.gather(x, idx)
+        return {"reduce": vals, "_idx": idx}, B.scatter_add(n, idx, vals)
+
+    def decode_reduced(self, B, reduced, numel, ctx=None):
+        return B.scatter_add(numel, ctx["_idx"], reduced)
+
+    def payload_nbytes(self, numel):
+        return 4 * _k_for(self.ratio, numel)
+
+
+class Threshold(_Sparsifier):
+    """Threshold sparsification: every element with ``|x| >= tau`` (Strom,
+    "Scalable Distributed DNN Training Using Commodity GPU Cloud Computing",
+    Interspeech 2015).  The payload's size varies with the data and between
+    ranks (values + int32 indices).  ``tau`` is in gradient units; pick it from
+    a few steps of gradient statistics, or use :class:`DGC`, which adapts.
+    """
+    variable_parts = ("idx", "val", "v.q")
+
+    def __init__(self, tau=1e-3, values=None):
+        check_range("tau", tau, 0.0, None, lo_open=True)
+        super().__init__(values)
+        self.tau = float(tau)
+
+    def config(self):
+        return {"tau": self.tau, **super().config()}
+
+    def encode(self, B, x, ctx):
+        idx = B.nonzero_indices(B.abs(x) >= self.tau)
+        return self._pack(B, x, idx, ctx)
+
+
+class DGC(_Sparsifier):
+    """Deep Gradient Compression's selection (Lin et al., ICLR 2018).
+
+    The threshold is the ``ratio`` quantile of ``|x|`` estimated on a random
+    sample of ``sample_ratio`` of the elements (no full sort); elements above
+    it are kept, so the kept count is about ``ratio * n`` and varies between
+    steps and ranks (the payload is variable-length).  DGC's momentum correction, clipping and
+    momentum-factor masking are training-side features (see
+    :mod:`hvd_compress.training`).
+    """
+    variable_parts = ("idx", "val", "v.q")
+
+    def __init__(self, ratio=0.001, sample_ratio=0.01, values=None):
+        check_range("ratio", ratio, 0.0, 1.0, lo_open=True)
+        check_range("sample_ratio", sample_ratio, 0.0, 1.0, lo_open=True)
+        super().__init__(values)
+        self.ratio = float(ratio)
+        self.sample_ratio = float(sample_ratio)
+
+    def config(self):
+        return {"ratio": self.ratio, "sample_ratio": self.sample_ratio, **super().config()}
+
+    def encode(self, B, x, ctx):
+        n = B.numel(x)
+        a = B.abs(x)
+        m = min(n, max(_k_for(self.sample_ratio, n), 256))
+        # stride sampling from a random offset: cheap, no gather of random indices
+        stride = max(1, n // m)
+        offset = B.cast(ctx.uniform(1) * float(stride), "int64")
+        sample_idx = B.arange(m, "int64", like=x) * stride + offset
+        sample_idx = B.clip(sample_idx, 0, n - 1)
+        sample = B.gather(a, sample_idx)
+        ks = _k_for(self.ratio, m)
+        thr = B.kth_largest(sample, ks)
+        idx = B.nonzero_indices(a >= thr)
+        return self._pack(B, x, idx, ctx)

@@ -1,0 +1,148 @@
+"""TensorFlow side: state in ``tf.Variable``s, side collectives by Horovod's
+TF allgather, the variable's name read from Horovod's frames.
+
+Horovod always traces ``compress`` inside a ``tf.function`` (and inside a
+``tf.cond`` on the world size), so Python here runs once per trace.  All
+state therefore lives in variables created under ``tf.init_scope()`` and is
+updated with ``assign`` ops that the outputs depend on; counters are read in
+the graph, not in Python.
+"""
+from __future__ import annotations
+
+import sys
+
+import tensorflow as tf
+
+from .adapter import AdapterBase, CallerInfo
+from .backend import backend_for
+
+
+def _find_horovod_frames(max_depth=80):
+    """(process_set, variable name or None) from Horovod's TF call chain.
+
+    ``horovod.tensorflow.allreduce(tensor, ..., process_set=...)`` calls
+    ``compress``; further up, ``allreduce_grads(grads, vars)`` builds the
+    allreduces in a list comprehension whose loop variable ``i`` indexes
+    ``vars`` (the variables passed by DistributedGradientTape and by the
+    legacy and Keras optimizers).  Autograph renames the functions
+    (``tf__allreduce_grads``), so frames are matched by module and locals.
+    """
+    f = sys._getframe(3)
+    process_set, index = None, None
+    for _ in range(max_depth):
+        if f is None:
+            break
+        if f.f_globals.get("__name__") == "horovod.tensorflow":
+            loc = f.f_locals
+            if process_set is None and "process_set" in loc:
+                process_set = loc["process_set"]
+            if index is None and f.f_code.co_name == "<listcomp>" and "i" in loc:
+                index = loc["i"]
+            if index is not None and "vars" in loc and f.f_code.co_name != "<listcomp>":
+                variables = loc["vars"]
+                if variables and 0 <= index < len(variables):
+                    return process_set, variables[index].name
+                return process_set, None
+        f = f.f_back
+    return process_set, None
+
+
+class TFAdapter(AdapterBase):
+    def __init__(self):
+        self.B = backend_for(tf.zeros([0]))
+        super().__init__()
+
+    def reset(self):
+        if getattr(self, "residuals", None):
+            for v in self.residuals.values():
+                v.assign(tf.zeros_like(v))
+            for v in self.steps.values():
+                v.assign(0)
+            return
+        super().reset()
+        self.residuals = {}
+        self.steps = {}
+        self.byte_counters = {}
+
+    def caller_info(self, tensor):
+        import horovod.tensorflow as hvd
+        ps, name = _find_horovod_frames()
+        if ps is None:
+            ps = hvd.global_process_set
+        return CallerInfo(name, ps, ps.rank(), ps.size())
+
+    def fallback_key(self, tensor, shape):
+        # Graph tensor names are deterministic for the same program on every rank.
+        try:
+            return "tensor:" + tensor.name
+        except AttributeError:
+            return "anon:" + "x".join(map(str, shape))
+
+    def _var(self, store, key, init, dtype):
+        v = store.get(key)
+        if v is None:
+            with tf.init_scope():  # created once, outside the traced function
+                v = tf.Variable(init() if callable(init) else init, dtype=dtype, trainable=False,
+                                name="hvdc_" + "".join(c if c.isalnum() else "_" for c in key))
+            store[key] = v
+        return v
+
+    def next_step(self, key):
+        v = self._var(self.steps, key, 0, tf.int64)
+        return v.assign_add(1)
+
+    def get_residual(self, key, numel, like):
+        return self._var(self.residuals, key, lambda: tf.zeros([numel]), tf.float32).read_value()
+
+    def set_residual(self, key, value):
+        return self.residuals[key].assign(value)
+
+    def seed_for(self, base, step):
+        return tf.constant(base % 1_000_000_007, tf.int64) * 1_000_003 + tf.cast(step, tf.int64)
+
+    def allgather(self, tensor, name, process_set):
+        import horovod.tensorflow as hvd
+        return hvd.allgather(tensor, name=name, process_set=process_set, ignore_name_scope=True)
+
+    def wait(self, handle):
+        return handle
+
+    def nbytes(self, tensor):
+        n = tensor.shape.num_elements()
+        if n is not None:
+            return n * tensor.dtype.size
+        return tf.cast(tf.size(tensor), tf.int64) * tensor.dtype.size
+
+    def _length(self, t):
+        return tf.size(t)
+
+    def record_bytes(self, comp, key, scheme, numel, nbytes):
+        if isinstance(nbytes, int):
+            comp.stats.record(key, scheme.name, 4 * numel, nbytes)
+            return
+        counter = self._var(self.byte_counters, key, 0, tf.int64)
+        counter.assign(tf.cast(nbytes, tf.int64))
+        comp.stats.record(key, scheme.name, 4 * numel, counter)
+
+    # --- checkpoints ----------------------------------------------------------------
+    def checkpointable(self):
+        module = tf.Module(name="hvd_compress_state")
+        module.residuals = dict(self.residuals)
+        module.steps = dict(self.steps)
+        return module
+
+    def state_dict(self):
+        out = {f"residual/{k}": v.numpy() for k, v in self.residuals.items()}
+        out.update({f"step/{k}": v.numpy() for k, v in self.steps.items()})
+        return out
+
+    def load_state_dict(self, state):
+        for name, value in state.items():
+            kind, _, key = name.partition("/")
+            store = {"residual": self.residuals, "step": self.steps}.get(kind)
+            if store is None:
+                raise ValueError(f"unknown entry {name!r} in the TF state of hvd_compress")
+            if key in store:
+                store[key].assign(value)
+            else:
+                self._var(store, key, value, tf.float32 if kind == "residual" else tf.int64)

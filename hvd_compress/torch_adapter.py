@@ -1,0 +1,125 @@
+"""PyTorch side: state in plain tensors, side collectives by Horovod's async
+allgather, the parameter's name read from the stock optimizer's frame."""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from .adapter import AdapterBase, CallerInfo
+from .backend import backend_for
+
+
+class AdasumNotSupported(ValueError):
+    pass
+
+
+def _find_optimizer_frame(max_depth=8):
+    """The Horovod DistributedOptimizer frame that called ``compress``.
+
+    Horovod 0.28.1 calls ``compress(p.grad)`` from
+    ``_allreduce_grad_async(self, p)`` and, with ``groups=``, from a list
+    comprehension inside ``_grouped_allreduce_grad_async(self, ps)``.  The
+    parameter ``p`` and the optimizer ``self`` are locals there.
+    """
+    f = sys._getframe(3)
+    param = None
+    for _ in range(max_depth):
+        if f is None:
+            break
+        loc = f.f_locals
+        if param is None and isinstance(loc.get("p"), torch.Tensor):
+            param = loc["p"]
+        owner = loc.get("self")
+        if owner is not None and hasattr(owner, "_parameter_names") and hasattr(owner, "process_set"):
+            return owner, param
+        f = f.f_back
+    return None, None
+
+
+class TorchAdapter(AdapterBase):
+    def __init__(self):
+        self.B = backend_for(torch.zeros(0))
+        super().__init__()
+
+    def reset(self):
+        super().reset()
+        self.residuals = {}
+        self.steps = {}
+        self._occurrence = {}
+
+    def caller_info(self, tensor):
+        import horovod.torch as hvd
+        opt, param = _find_optimizer_frame()
+        if opt is not None and type(opt).__name__ == "_DistributedAdasumOptimizer":
+            raise AdasumNotSupported(
+                "hvd_compress does not support op=hvd.Adasum: Adasum compresses parameter deltas, not "
+                "gradients, and its reduction is not a sum; use op=hvd.Average or hvd.Sum")
+        if opt is None:
+            ps = hvd.global_process_set
+            return CallerInfo(None, ps, hvd.rank(), hvd.size())
+        ps = opt.process_set
+        key = opt._parameter_names.get(param) if param is not None else None
+        return CallerInfo(key, ps, ps.rank(), ps.size())
+
+    def fallback_key(self, tensor, shape):
+        base = "anon:" + "x".join(map(str, shape))
+        n = self._occurrence.get(base, 0)
+        self._occurrence[base] = n + 1
+        return f"{base}#{n}"
+
+    def next_step(self, key):
+        self.steps[key] = self.steps.get(key, 0) + 1
+        return self.steps[key]
+
+    def get_residual(self, key, numel, like):
+        r = self.residuals.get(key)
+        if r is None or r.numel() != numel or r.device != like.device:
+            r = torch.zeros(numel, dtype=torch.float32, device=like.device)
+            self.residuals[key] = r
+        return r
+
+    def set_residual(self, key, value):
+        self.residuals[key] = value
+        return None
+
+    def seed_for(self, base, step):
+        return (base * 1_000_003 + int(step)) & 0x7FFF_FFFF_FFFF_FFFF
+
+    def allgather(self, tensor, name, process_set):
+        import horovod.torch as hvd
+        return hvd.allgather_async(tensor.contiguous(), name=name, process_set=process_set)
+
+    def wait(self, handle):
+        import horovod.torch as hvd
+        return hvd.synchronize(handle)
+
+    def nbytes(self, tensor):
+        return tensor.numel() * tensor.element_size()
+
+    # --- checkpoints -----------------------------------------------------------
+    def state_dict(self):
+        out = {}
+        for k, v in self.residuals.items():
+            out[f"residual/{k}"] = v.detach().clone()
+        for k, v in self.steps.items():
+            out[f"step/{k}"] = torch.tensor(v, dtype=torch.int64)
+        for k, st in self.scheme_state.items():
+            for name, v in st.items():
+                if isinstance(v, torch.Tensor):
+                    out[f"scheme/{k}/{name}"] = v.detach().clone()
+        return out
+
+    def load_state_dict(self, state):
+        self.reset()
+        for name, v in state.items():
+            kind, _, rest = name.partition("/")
+            if kind == "residual":
+                self.residuals[rest] = v.clone()
+            elif kind == "step":
+                self.steps[rest] = int(v)
+            elif kind == "scheme":
+                key, _, field = rest.rpartition("/")
+                self.scheme_state.setdefault(key, {})[field] = v.clone()
+            else:
+                raise ValueError(f"unknown entry {name!r} in the torch state of hvd_compress")

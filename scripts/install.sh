@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# Sets up everything hvd_compress needs, idempotently:
+#   1. Debian packages: compilers, cmake, OpenMPI, openssh, iproute2.
+#   2. A virtual environment (.venv by default) with torch 2.13.0 (CPU),
+#      tensorflow-cpu 2.21 + tf_keras 2.21, numpy, pytest and friends.
+#   3. Horovod 0.28.1 built from the PyPI sdist with PyTorch, TensorFlow,
+#      Gloo and MPI, patched at install time (nothing of Horovod is committed).
+#      The built wheel is cached, keyed by Horovod/torch/TF/Python versions,
+#      so the second run installs it in seconds.
+#   4. hvd_compress itself, editable, with its test extras.
+# Every step says what it does; any failure stops the script with the reason.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${HVD_COMPRESS_VENV:-$REPO/.venv}"
+PYTHON="${PYTHON:-python3.11}"
+HOROVOD_VERSION=0.28.1
+TORCH_VERSION=2.13.0
+TF_VERSION=2.21.0
+CACHE_ROOT="${HVD_COMPRESS_CACHE:-$HOME/.cache/hvd_compress}"
+
+step() { printf '\n==> [install] %s\n' "$*"; }
+die() { printf '\n!!! [install] FAILED: %s\n' "$*" >&2; exit 1; }
+trap 'die "command failed (exit $?) at line $LINENO: $BASH_COMMAND"' ERR
+
+command -v "$PYTHON" >/dev/null || PYTHON=python3
+"$PYTHON" -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' \
+  || die "Python 3.11 is required (found: $("$PYTHON" --version 2>&1)). Set PYTHON=/path/to/python3.11."
+
+# --- 1. system packages ------------------------------------------------------
+DEB_PKGS=(build-essential cmake openmpi-bin libopenmpi-dev openssh-server openssh-client iproute2 procps)
+missing=()
+for p in "${DEB_PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  step "installing Debian packages: ${missing[*]}"
+  [ "$(id -u)" = 0 ] || die "need root to apt-get install ${missing[*]} (or install them yourself first)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q || die "apt-get update failed"
+  apt-get install -y -q --no-install-recommends "${missing[@]}" || die "apt-get install ${missing[*]} failed"
+else
+  step "Debian packages present: ${DEB_PKGS[*]}"
+fi
+
+# --- 2. virtual environment --------------------------------------------------
+if [ ! -x "$VENV/bin/python" ]; then
+  step "creating virtual environment $VENV"
+  "$PYTHON" -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+PIP=("$PY" -m pip --disable-pip-version-check)
+need_pip() { # install only what is missing, so a second run does no network I/O
+  "$PY" - "$@" <<'PYEOF' || return 1
+import sys
+from importlib.metadata import version, PackageNotFoundError
+missing = []
+for spec in sys.argv[1:]:
+    name, _, want = spec.partition("==")
+    try:
+        have = version(name)
+        if want and have != want:
+            missing.append(spec)
+    except PackageNotFoundError:
+        missing.append(spec)
+sys.exit(1 if missing else 0)
+PYEOF
+}
+BASE_PKGS=("torch==$TORCH_VERSION" "tensorflow-cpu==$TF_VERSION" "tf_keras==$TF_VERSION"
+           numpy pytest hypothesis zstandard mlxtend matplotlib cloudpickle psutil pyyaml packaging wheel setuptools)
+if need_pip "${BASE_PKGS[@]}"; then
+  step "Python packages present in $VENV"
+else
+  step "installing Python packages into $VENV: ${BASE_PKGS[*]}"
+  "${PIP[@]}" install -q "${BASE_PKGS[@]}" || die "pip install of base packages failed"
+fi
+
+# --- 3. Horovod ----------------------------------------------------------------
+PYV="$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
+KEY="horovod${HOROVOD_VERSION}-torch${TORCH_VERSION}-tf${TF_VERSION}-${PYV}-gloo-mpi"
+WHEEL_DIR="$CACHE_ROOT/wheels/$KEY"
+have_horovod() {
+  "$PY" -c "import horovod, sys; sys.exit(0 if horovod.__version__ == '$HOROVOD_VERSION' else 1)" 2>/dev/null
+}
+if have_horovod && [ -f "$WHEEL_DIR/.ok" ]; then
+  step "Horovod $HOROVOD_VERSION already installed (cache key $KEY)"
+else
+  if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1 || [ ! -f "$WHEEL_DIR/.ok" ]; then
+    step "building Horovod $HOROVOD_VERSION from the PyPI sdist (about 8 minutes on 2 cores)"
+    BUILD="$(mktemp -d)"
+    "${PIP[@]}" download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$BUILD" \
+      || die "could not download the horovod==$HOROVOD_VERSION sdist from PyPI"
+    tar -xzf "$BUILD/horovod-$HOROVOD_VERSION.tar.gz" -C "$BUILD"
+    SRC="$BUILD/horovod-$HOROVOD_VERSION"
+    step "patching the sdist: C++14 -> C++17 (torch 2.13 headers, gloo Store::kDefaultTimeout); dropping xla_mpi_ops.cc (TF 2.21 ships no XLA headers)"
+    patch_file() { # file, sed expression, what must be present afterwards
+      sed -i "$2" "$SRC/$1"
+      grep -q -- "$3" "$SRC/$1" || die "patch of $1 did not apply (looked for '$3')"
+    }
+    patch_file CMakeLists.txt 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' 'CMAKE_CXX_STANDARD 17'
+    patch_file horovod/torch/CMakeLists.txt 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' 'CMAKE_CXX_STANDARD 17'
+    patch_file third_party/gloo/CMakeLists.txt 's/-std=c++11 -fPIC/-std=c++17 -fPIC/' 'std=c++17'
+    sed -i '/xla_mpi_ops.cc/d' "$SRC/horovod/tensorflow/CMakeLists.txt"
+    ! grep -q xla_mpi_ops "$SRC/horovod/tensorflow/CMakeLists.txt" || die "could not drop xla_mpi_ops.cc"
+    mkdir -p "$WHEEL_DIR"
+    (
+      cd "$SRC"
+      export CMAKE_POLICY_VERSION_MINIMUM=3.5 HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 \
+             HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=GLOO \
+             MAKEFLAGS="-j$(nproc)" TF_USE_LEGACY_KERAS=1
+      unset HOROVOD_GPU_OPERATIONS HOROVOD_GPU
+      "${PIP[@]}" wheel --no-build-isolation --no-deps -v -w "$WHEEL_DIR" . > "$BUILD/build.log" 2>&1
+    ) || { tail -40 "$BUILD/build.log" >&2; die "Horovod build failed; full log: $BUILD/build.log"; }
+    touch "$WHEEL_DIR/.ok"
+    rm -rf "$BUILD"
+  else
+    step "using cached Horovod wheel $WHEEL_DIR"
+  fi
+  "${PIP[@]}" install -q --no-deps --force-reinstall "$WHEEL_DIR"/horovod-*.whl || die "installing the Horovod wheel failed"
+fi
+
+# --- 4. hvd_compress -----------------------------------------------------------
+if "$PY" -c 'import hvd_compress' 2>/dev/null && "$PY" -m pip show -q hvd_compress >/dev/null 2>&1; then
+  step "hvd_compress installed (editable)"
+else
+  step "installing hvd_compress (editable, with test extras)"
+  "${PIP[@]}" install -q --no-deps -e "$REPO" || die "pip install -e $REPO failed"
+fi
+
+# --- 5. verify -------------------------------------------------------------------
+step "checking the Horovod build"
+CHECK="$("$VENV/bin/horovodrun" --check-build)"
+echo "$CHECK"
+for want in PyTorch TensorFlow Gloo MPI; do
+  echo "$CHECK" | grep -Eq "\[X\] $want" || die "horovodrun --check-build does not list $want as available"
+done
+step "done: activate with 'source $VENV/bin/activate'"
