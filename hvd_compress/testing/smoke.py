@@ -55,8 +55,7 @@ def _run_tf(numel: int):
         tf.reduce_all(tf.abs(a - want_sum / size) < 1e-6))
     me = {"rank": rank, "host": socket.gethostname(), "netns": _netns_id(),
           "local_rank": hvd.local_rank(), "ok": ok}
-    blob = tf.constant([json.dumps(me)])
-    everyone = [json.loads(v.decode()) for v in hvd.allgather(blob, name="hvdc_smoke_who").numpy()]
+    everyone = hvd.allgather_object(me, name="hvdc_smoke_who")
     return hvd, rank, size, everyone, float(s[0]), want_sum
 
 
@@ -65,6 +64,9 @@ def main(argv=None) -> int:
     ap.add_argument("--framework", choices=("torch", "tf"), default="torch")
     ap.add_argument("--numel", type=int, default=1 << 18, help="elements allreduced (fp32)")
     ap.add_argument("--expect-size", type=int, default=None)
+    ap.add_argument("--result-file", default=None,
+                    help="rank 0 also writes its JSON result here (stdout lines can be split "
+                         "or interleaved by mpirun's output forwarding)")
     ap.add_argument("--distinct-hosts", action="store_true",
                     help="require every rank to run on its own host and network namespace")
     args = ap.parse_args(argv)
@@ -83,8 +85,13 @@ def main(argv=None) -> int:
         if len(hosts) != size or len(nets) != size:
             problems.append(f"ranks share hosts/namespaces: {everyone}")
     if rank == 0:
-        print("HVDC_SMOKE " + json.dumps({"framework": args.framework, "size": size, "sum": got,
-                                          "ranks": everyone, "problems": problems}), flush=True)
+        result = json.dumps({"framework": args.framework, "size": size, "sum": got,
+                             "ranks": everyone, "problems": problems})
+        print("HVDC_SMOKE " + result, flush=True)
+        if args.result_file:
+            with open(args.result_file + ".tmp", "w") as f:
+                f.write(result)
+            os.replace(args.result_file + ".tmp", args.result_file)
     hvd.shutdown()
     if problems:
         print(f"rank {rank}: SMOKE FAILED: " + "; ".join(problems), file=sys.stderr, flush=True)

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: plain pytest for everything that starts its own
+# processes (unit, property, cluster, docker-file and example tests), then each
+# file under tests/horovod/ under real `horovodrun` -- with Gloo and with MPI,
+# with 2 processes, and also with 3 for the files listed in NP3_FILES.
+# Any failure, or a run that collects no test (pytest's exit code 5), fails.
+set -uo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${HVD_COMPRESS_VENV:-$REPO/.venv}"
+PY="$VENV/bin/python"
+HVDRUN="$VENV/bin/horovodrun"
+OUT="${HVDC_TEST_OUT:-$REPO/out/tests}"
+export TF_USE_LEGACY_KERAS=1 TF_CPP_MIN_LOG_LEVEL=3 PYTHONUNBUFFERED=1 PYTHONHASHSEED=0
+NP3_FILES="${NP3_FILES:-test_torch_compression.py test_tf_compression.py}"
+CONTROLLERS="${HVDC_CONTROLLERS:-gloo mpi}"
+mkdir -p "$OUT"
+cd "$REPO"
+
+passed=0; failed=0; skipped=0; failures=()
+count() { # junit xml -> add to totals (unless $3 = check-only); missing file = failure
+  local xml="$1" label="$2" mode="${3:-add}"
+  if [ ! -s "$xml" ]; then failed=$((failed+1)); failures+=("$label (no report)"); return; fi
+  read -r t f e s < <("$PY" - "$xml" <<'PYEOF'
+import sys, xml.etree.ElementTree as ET
+root = ET.parse(sys.argv[1]).getroot()
+suites = [root] if root.tag == "testsuite" else list(root)
+t = sum(int(s.get("tests", 0)) for s in suites); f = sum(int(s.get("failures", 0)) for s in suites)
+e = sum(int(s.get("errors", 0)) for s in suites); sk = sum(int(s.get("skipped", 0)) for s in suites)
+print(t, f, e, sk)
+PYEOF
+)
+  if [ "$mode" = check-only ]; then
+    if [ $((f + e)) -gt 0 ] || [ "$t" = 0 ]; then failed=$((failed+1)); failures+=("$label ($((f+e)) failed, $t tests)"); fi
+    return
+  fi
+  passed=$((passed + t - f - e - s)); failed=$((failed + f + e)); skipped=$((skipped + s))
+  if [ "$t" = 0 ]; then failed=$((failed+1)); failures+=("$label (no tests collected)"); fi
+  if [ $((f + e)) -gt 0 ]; then failures+=("$label ($((f+e)) failed)"); fi
+}
+
+run() { # label, command...
+  local label="$1"; shift
+  echo; echo "=== $label: $*"; local start=$SECONDS
+  "$@"; local rc=$?
+  echo "=== $label: exit $rc in $((SECONDS-start)) s"
+  if [ $rc -ne 0 ]; then failures+=("$label (exit $rc)"); [ $rc = 5 ] && failed=$((failed+1)); fi
+  return 0
+}
+
+# 1. tests that need no horovodrun around them
+run "pytest" "$PY" -m pytest -p no:cacheprovider -ra -q --junitxml="$OUT/plain.xml" tests --ignore=tests/horovod "$@"
+count "$OUT/plain.xml" "pytest"
+
+# 2. tests that run inside horovodrun, one launch per file and configuration
+for f in tests/horovod/test_*.py; do
+  base="$(basename "$f")"
+  nps="2"; case " $NP3_FILES " in *" $base "*) nps="2 3";; esac
+  for ctl in $CONTROLLERS; do
+    for np in $nps; do
+      label="${base%.py}[np=$np,$ctl]"
+      xml="$OUT/${base%.py}-np$np-$ctl"
+      rm -f "$xml".rank*.xml
+      run "$label" timeout 900 "$HVDRUN" -np "$np" -H "localhost:$np" "--$ctl" \
+        "$PY" -m pytest -p no:cacheprovider -ra -q "$f" --junitxml="$xml.rank%RANK%.xml" \
+        -o junit_suite_name="$label"
+      # every rank writes a report; count rank 0's, and require all ranks to have passed
+      for r in $(seq 0 $((np-1))); do
+        if [ $r = 0 ]; then count "$xml.rank0.xml" "$label"; else count "$xml.rank$r.xml" "$label rank $r" check-only; fi
+      done
+    done
+  done
+done
+
+echo
+if [ ${#failures[@]} -gt 0 ]; then printf 'FAILED: %s\n' "${failures[@]}"; fi
+echo "total: $passed passed, $failed failed, $skipped skipped"
+[ $failed -eq 0 ] && [ ${#failures[@]} -eq 0 ] && [ $passed -gt 0 ]
