@@ -44,6 +44,7 @@ TopK = _factory(_s.TopK)
 RandomK = _factory(_s.RandomK)
 Threshold = _factory(_s.Threshold)
 DGC = _factory(_s.DGC)
+PowerSGD = _factory(_s.PowerSGD)
 
 __all__ = ["Compressor", "NoCompression", "none", "FP16", "BF16", "Int8", "QSGD", "TernGrad", "SignSGD",
-           "EFSignSGD", "OneBit", "TopK", "RandomK", "Threshold", "DGC"]
+           "EFSignSGD", "OneBit", "TopK", "RandomK", "Threshold", "DGC", "PowerSGD"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .compressor import collective_name, encode_with_feedback, stable_hash
+from .compressor import collective_name, encode_with_feedback, finite_or_zero, stable_hash
 from .schemes.base import EncodeContext
 
 
@@ -31,6 +31,8 @@ class Ctx:
     dtype: str
     numel: int
     size: int
+    transport: str = "allgather"
+    process_set: Any = None
     local: dict = field(default_factory=dict)
     handles: dict = field(default_factory=dict)
     part_lengths: dict = field(default_factory=dict)
@@ -38,6 +40,8 @@ class Ctx:
 
 class AdapterBase:
     B = None  # the framework's backend
+    #: start second rounds of all pending tensors together (eager frameworks)
+    defer_second_rounds = False
 
     def __init__(self):
         self.reset()
@@ -59,6 +63,24 @@ class AdapterBase:
     def allgather(self, tensor, name, process_set):
         raise NotImplementedError
 
+    def allreduce_sum(self, tensor, name, process_set):
+        raise NotImplementedError
+
+    def get_state(self, key, name, init):
+        """Scheme state that persists across steps (PowerSGD's Q)."""
+        raise NotImplementedError
+
+    def set_state(self, key, name, value):
+        raise NotImplementedError
+
+    def launch_second_rounds(self, ctx):
+        """Start the second collective of two-round schemes.  Torch starts
+        those of *every* tensor compressed this round, in sorted key order,
+        before waiting on any: decompress is called in hook order, which
+        differs between ranks, and waiting on one tensor's second round before
+        every rank has launched it would deadlock."""
+        self._second_round(ctx)
+
     def wait(self, handle):
         raise NotImplementedError
 
@@ -73,6 +95,7 @@ class AdapterBase:
 
     def reset(self):
         self.scheme_state = {}
+        self.pending_rounds = []
 
     # --- the shared flow ----------------------------------------------------------
     def compress(self, comp, tensor):
@@ -81,6 +104,7 @@ class AdapterBase:
         shape, numel, dtype = B.shape(tensor), B.numel(tensor), B.dtype_name(tensor)
         key = info.key if info.key is not None else self.fallback_key(tensor, shape)
         scheme, ef = comp.scheme_for(key, numel, shape)
+        transport = scheme.transport_for(shape) if hasattr(scheme, "transport_for") else scheme.transport
         x = B.cast(B.flatten(tensor), "float32")
         step = self.next_step(key)
         private = stable_hash(comp.seed, key, info.rank)
@@ -91,12 +115,14 @@ class AdapterBase:
             shared_seed=self.seed_for(shared, step), shape=shape,
             state=self.scheme_state.setdefault(key, {}))
         residual = self.get_residual(key, numel, x) if ef else None
+        if transport == "powersgd":
+            return self._compress_powersgd(comp, scheme, key, x, residual, info, shape, dtype, numel)
         payload, new_residual = encode_with_feedback(B, scheme, x, residual, ectx)
         deps = [self.set_residual(key, new_residual)] if ef else []
-        ctx = Ctx(self, key, scheme, shape, dtype, numel, info.size,
+        ctx = Ctx(self, key, scheme, shape, dtype, numel, info.size, transport,
                   local={k: v for k, v in payload.items() if k.startswith("_")})
         wire = {k: v for k, v in payload.items() if not k.startswith("_")}
-        if scheme.transport == "allreduce":
+        if transport == "allreduce":
             out = B.identity_with_deps(wire["reduce"], deps)
             self.record_bytes(comp, key, scheme, numel, self.nbytes(out))
             return out, ctx
@@ -118,7 +144,9 @@ class AdapterBase:
 
     def decompress(self, comp, output, ctx):
         B = self.B
-        if ctx.scheme.transport == "allreduce":
+        if ctx.transport == "powersgd":
+            return self._finish_powersgd(output, ctx)
+        if ctx.transport == "allreduce":
             dense = ctx.scheme.decode_reduced(B, output, ctx.numel, ctx.local)
         else:
             gathered = {p: self.wait(h) for p, h in ctx.handles.items()}
@@ -135,6 +163,46 @@ class AdapterBase:
             if ctx.scheme.apply_op_scale:
                 # the placeholder carries Horovod's total scaling times size
                 dense = dense * (B.cast(output, "float32")[0] / float(ctx.size))
+        return B.reshape(B.cast(dense, ctx.dtype), ctx.shape)
+
+    # --- PowerSGD's two rounds ------------------------------------------------------------
+    def _compress_powersgd(self, comp, scheme, key, x, residual, info, shape, dtype, numel):
+        B = self.B
+        acc = x if residual is None else x + residual
+        n, m = scheme.matrix_shape(shape)
+        r = scheme.rank
+        # warm start: Q persists; its first value comes from a seed shared by all ranks
+        q_seed = stable_hash(comp.seed, key, "Q0")
+        q = self.get_state(key, "Q", lambda: B.reshape(B.uniform(m * r, q_seed, like=x) - 0.5, (m, r)))
+        p_local, mat = scheme.first_round(B, acc, q, shape)
+        ctx = Ctx(self, key, scheme, shape, dtype, numel, info.size, "powersgd", info.process_set,
+                  local={"mat": mat, "acc": acc, "ef": residual is not None})
+        ctx.handles["p"] = self.allreduce_sum(B.flatten(p_local), collective_name(key, "p"), info.process_set)
+        ctx.local["p_shape"] = (n, r)
+        if self.defer_second_rounds:
+            self.pending_rounds.append(ctx)
+        self.record_bytes(comp, key, scheme, numel, 4 + 4 * (n + m) * r)
+        return B.ones(1, "float32", like=x), ctx
+
+    def _second_round(self, ctx):
+        B = self.B
+        p_sum = B.reshape(self.wait(ctx.handles.pop("p")), ctx.local["p_shape"])
+        p, q_local = ctx.scheme.second_round(B, p_sum, ctx.local["mat"])
+        ctx.local.update(p=p, q_local=q_local)
+        ctx.handles["q"] = self.allreduce_sum(B.flatten(q_local), collective_name(ctx.key, "q"), ctx.process_set)
+
+    def _finish_powersgd(self, output, ctx):
+        B = self.B
+        if "q" not in ctx.handles:
+            self.launch_second_rounds(ctx)
+        q_local = ctx.local["q_local"]
+        q_sum = B.reshape(self.wait(ctx.handles["q"]), B.shape(q_local))
+        agg, sent = ctx.scheme.finish(B, ctx.local["p"], q_local, q_sum)
+        deps = [self.set_state(ctx.key, "Q", q_sum / float(ctx.size))]
+        if ctx.local["ef"]:
+            deps.append(self.set_residual(ctx.key, finite_or_zero(B, ctx.local["acc"] - sent)))
+        dense = agg * (B.cast(output, "float32")[0] / float(ctx.size))
+        dense = B.identity_with_deps(dense, deps)
         return B.reshape(B.cast(dense, ctx.dtype), ctx.shape)
 
     # --- helpers ----------------------------------------------------------------------

@@ -71,9 +71,12 @@ def encode_with_feedback(B, scheme, x, residual, ectx):
     payload, sent = scheme.encode(B, acc, ectx)
     if residual is None:
         return payload, None
-    new_residual = acc - sent
-    new_residual = B.where(B.isfinite(new_residual), new_residual, B.zeros(B.numel(x), "float32", like=x))
-    return payload, new_residual
+    return payload, finite_or_zero(B, acc - sent)
+
+
+def finite_or_zero(B, r):
+    """The residual without NaN/Inf entries (they are sent, not kept)."""
+    return B.where(B.isfinite(r), r, B.zeros(B.numel(r), "float32", like=r))
 
 
 class Compressor:

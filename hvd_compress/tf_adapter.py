@@ -63,6 +63,7 @@ class TFAdapter(AdapterBase):
         self.residuals = {}
         self.steps = {}
         self.byte_counters = {}
+        self.scheme_vars = {}
 
     def caller_info(self, tensor):
         import horovod.tensorflow as hvd
@@ -104,6 +105,17 @@ class TFAdapter(AdapterBase):
         import horovod.tensorflow as hvd
         return hvd.allgather(tensor, name=name, process_set=process_set, ignore_name_scope=True)
 
+    def allreduce_sum(self, tensor, name, process_set):
+        import horovod.tensorflow as hvd
+        return hvd.allreduce(tensor, op=hvd.Sum, name=name, process_set=process_set, ignore_name_scope=True)
+
+    def get_state(self, key, name, init):
+        v = self._var(self.scheme_vars, key + "/" + name, init, tf.float32)
+        return v.read_value()
+
+    def set_state(self, key, name, value):
+        return self.scheme_vars[key + "/" + name].assign(value)
+
     def wait(self, handle):
         return handle
 
@@ -129,20 +141,22 @@ class TFAdapter(AdapterBase):
         module = tf.Module(name="hvd_compress_state")
         module.residuals = dict(self.residuals)
         module.steps = dict(self.steps)
+        module.scheme_state = dict(self.scheme_vars)
         return module
 
     def state_dict(self):
         out = {f"residual/{k}": v.numpy() for k, v in self.residuals.items()}
         out.update({f"step/{k}": v.numpy() for k, v in self.steps.items()})
+        out.update({f"scheme/{k}": v.numpy() for k, v in self.scheme_vars.items()})
         return out
 
     def load_state_dict(self, state):
         for name, value in state.items():
             kind, _, key = name.partition("/")
-            store = {"residual": self.residuals, "step": self.steps}.get(kind)
+            store = {"residual": self.residuals, "step": self.steps, "scheme": self.scheme_vars}.get(kind)
             if store is None:
                 raise ValueError(f"unknown entry {name!r} in the TF state of hvd_compress")
             if key in store:
                 store[key].assign(value)
             else:
-                self._var(store, key, value, tf.float32 if kind == "residual" else tf.int64)
+                self._var(store, key, value, tf.int64 if kind == "step" else tf.float32)

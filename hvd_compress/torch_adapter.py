@@ -38,6 +38,8 @@ def _find_optimizer_frame(max_depth=8):
 
 
 class TorchAdapter(AdapterBase):
+    defer_second_rounds = True
+
     def __init__(self):
         self.B = backend_for(torch.zeros(0))
         super().__init__()
@@ -89,6 +91,29 @@ class TorchAdapter(AdapterBase):
     def allgather(self, tensor, name, process_set):
         import horovod.torch as hvd
         return hvd.allgather_async(tensor.contiguous(), name=name, process_set=process_set)
+
+    def allreduce_sum(self, tensor, name, process_set):
+        import horovod.torch as hvd
+        return hvd.allreduce_async(tensor.contiguous(), name=name, op=hvd.Sum, process_set=process_set)
+
+    def launch_second_rounds(self, ctx):
+        pending = sorted(self.pending_rounds, key=lambda c: c.key)
+        if ctx not in pending:
+            pending.append(ctx)
+        self.pending_rounds = []
+        for c in pending:
+            if "q" not in c.handles:
+                self._second_round(c)
+
+    def get_state(self, key, name, init):
+        st = self.scheme_state.setdefault(key, {})
+        if name not in st:
+            st[name] = init()
+        return st[name]
+
+    def set_state(self, key, name, value):
+        self.scheme_state.setdefault(key, {})[name] = value
+        return None
 
     def wait(self, handle):
         import horovod.torch as hvd

@@ -471,12 +471,16 @@ class Cluster:
     def env(self, extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
         """Environment for commands run on a host: os.environ with PATH starting with the
         cluster's ssh wrapper (so ssh uses only the cluster's key, config and known_hosts,
-        never ~/.ssh) and the virtualenv's bin.  horovodrun forwards it to every rank
+        never ~/.ssh) and the virtualenv's bin, and OMPI_MCA_oob_tcp_if_include=eth0.
+        horovodrun forwards it to every rank
         (Gloo: inline ``env`` on the ssh command line; MPI: ``mpirun -x``)."""
         env = dict(os.environ)
         path = [p for p in env.get("PATH", _SYS_PATH).split(":")
                 if p and p not in (str(self.key_dir / "bin"), self.venv_bin)]
         env["PATH"] = ":".join([str(self.key_dir / "bin"), self.venv_bin] + path)
+        # horovodrun --mpi passes btl_tcp_if_include=eth0 itself; keep Open MPI's
+        # out-of-band (launch/control) traffic on the hosts' link too.
+        env.setdefault("OMPI_MCA_oob_tcp_if_include", self.iface)
         if extra:
             env.update({k: str(v) for k, v in extra.items()})
         return env
