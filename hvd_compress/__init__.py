@@ -45,6 +45,7 @@ RandomK = _factory(_s.RandomK)
 Threshold = _factory(_s.Threshold)
 DGC = _factory(_s.DGC)
 PowerSGD = _factory(_s.PowerSGD)
+Lossless = _factory(_s.Lossless)
 
 __all__ = ["Compressor", "NoCompression", "none", "FP16", "BF16", "Int8", "QSGD", "TernGrad", "SignSGD",
-           "EFSignSGD", "OneBit", "TopK", "RandomK", "Threshold", "DGC", "PowerSGD"]
+           "EFSignSGD", "OneBit", "TopK", "RandomK", "Threshold", "DGC", "PowerSGD", "Lossless"]

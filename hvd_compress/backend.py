@@ -185,6 +185,12 @@ class TorchBackend:
     def identity_with_deps(self, x, deps):
         return x
 
+    def host_call(self, fn, x, out_dtype, out_len=None):
+        """Run a numpy function on the host (codecs without device kernels)."""
+        import numpy as np
+        out = fn(x.detach().cpu().numpy())
+        return self.torch.from_numpy(np.ascontiguousarray(out)).to(device=x.device, dtype=self._dt[out_dtype])
+
 
 class TensorFlowBackend:
     name = "tensorflow"
@@ -338,6 +344,10 @@ class TensorFlowBackend:
     def identity_with_deps(self, x, deps):
         with self.tf.control_dependencies([d for d in deps if d is not None]):
             return self.tf.identity(x)
+
+    def host_call(self, fn, x, out_dtype, out_len=None):
+        out = self.tf.numpy_function(fn, [x], self._dt[out_dtype], stateful=False)
+        return self.tf.reshape(out, [-1 if out_len is None else out_len])
 
 
 _BACKENDS = {}
