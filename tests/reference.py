@@ -62,7 +62,7 @@ VALUE_SCHEMES = {"NoCompression", "FP16", "BF16", "Int8", "QSGD", "TernGrad", "S
 DEFAULTS = {
     "Int8": {"block_size": None},
     "QSGD": {"levels": 127},
-    "TopK": {"ratio": 0.01, "values": None},
+    "TopK": {"ratio": 0.01, "values": None, "index_coding": "auto"},
     "RandomK": {"ratio": 0.01},
     "Threshold": {"tau": 1e-3, "values": None},
     "DGC": {"ratio": 0.001, "sample_ratio": 0.01, "values": None},
@@ -109,8 +109,35 @@ def parse_values(values):
 
 
 def k_for(ratio, numel):
-    """Kept count of ratio-based sparsifiers: ceil(ratio * n), at least 1, at most n."""
+    """Kept count of ratio-based sparsifiers: ceil(ratio * n), at least 1, at
+    most n (0 for an empty tensor)."""
+    if numel == 0:
+        return 0
     return max(1, min(numel, int(math.ceil(ratio * numel))))
+
+
+INDEX_CODES = ("raw", "bitmap", "elias_fano")
+
+
+def index_code_bytes(code, numel, k):
+    """Bytes of k sorted indices into numel elements in each index code:
+    raw int32 (int64 past 2**31 elements); a bitmap of numel bits; Elias-Fano
+    with L = floor(log2(n/k)) low bits an index packed at fixed width and the
+    high parts in unary (k ones and n >> L zeros, plus one)."""
+    if code == "raw":
+        return k * (4 if numel < 2**31 else 8)
+    if code == "bitmap":
+        return -(-numel // 8)
+    if code == "elias_fano":
+        low = max(0, int(math.floor(math.log2(numel / k)))) if k else 0
+        return -(-(k * low) // 8) + -(-(k + (numel >> low) + 1) // 8)
+    raise ValueError(f"reference: unknown index code {code!r}")
+
+
+def topk_index_bytes(numel, k, index_coding="auto"):
+    """Top-K's indices travel in the smallest code (ties: the simpler code)."""
+    codes_ = INDEX_CODES if index_coding in (None, "auto") else (index_coding,)
+    return min(index_code_bytes(c, numel, k) for c in codes_)
 
 
 # --- primitives ---------------------------------------------------------------------------
@@ -164,8 +191,8 @@ def _check_x(x):
 # --- one scheme's encoding --------------------------------------------------------------------
 def _int8(x, block_size):
     n = x.size
-    block = n if block_size is None else min(block_size, n)
-    nb = -(-n // block)
+    block = max(1, n if block_size is None else min(block_size, n))
+    nb = max(1, -(-n // block))  # an empty tensor still has one scale
     xb = np.concatenate([x, np.zeros(nb * block - n, f32)]).reshape(nb, block)
     amax = np.max(np.abs(xb), axis=1)
     with np.errstate(invalid="ignore"):
@@ -199,7 +226,7 @@ def _sign(x):
 
 
 def _efsign(x):
-    scale = f32(np.sum(np.abs(x.astype(np.float64))) / x.size)
+    scale = f32(np.sum(np.abs(x.astype(np.float64))) / x.size) if x.size else f32("nan")
     return (_sign(x) * scale).astype(f32), scale
 
 
@@ -227,6 +254,8 @@ def dgc_indices(x, ratio, sample_ratio, u_offset):
     offset (``u_offset`` is the single U[0,1) draw) is the threshold."""
     n = x.size
     a = np.abs(x)
+    if n == 0:
+        return np.zeros(0, np.int64)
     m = min(n, max(k_for(sample_ratio, n), 256))
     stride = max(1, n // m)
     offset = int((f32(np.asarray(u_offset, f32).reshape(-1)[0]) * f32(stride)).astype(np.int64))
@@ -281,10 +310,10 @@ def _encode_dense(name, cfg, x, draw, indices=None):
         elif name == "Threshold":
             idx = threshold_indices(x, cfg["tau"])
         else:
-            idx = dgc_indices(x, cfg["ratio"], cfg["sample_ratio"], draw(1))
+            idx = dgc_indices(x, cfg["ratio"], cfg["sample_ratio"], draw(1) if x.size else None)
         vals = x[idx]
         values = parse_values(cfg.get("values"))
-        if values is not None and vals.size:
+        if values is not None:
             vname, vcfg = values
             vals = _dense_sent(vname, _cfg(vname, vcfg), vals, draw)
         out = np.zeros(x.size, f32)
@@ -309,7 +338,7 @@ def kept_indices(scheme, config, x, uniform=None, indices=None):
     if name == "Threshold":
         return threshold_indices(x, cfg["tau"])
     if name == "DGC":
-        return dgc_indices(x, cfg["ratio"], cfg["sample_ratio"], _draws(uniform)(1))
+        return dgc_indices(x, cfg["ratio"], cfg["sample_ratio"], _draws(uniform)(1) if x.size else None)
     if name == "RandomK":
         return np.sort(np.asarray(indices, np.int64))
     raise ValueError(f"reference: {name} is not a sparsifier")
@@ -377,10 +406,8 @@ def _values_bytes(name, cfg, n):
     if name in ("FP16", "BF16"):
         return 2 * n
     if name == "Int8":
-        if n == 0:
-            return 4
-        block = n if cfg["block_size"] is None else min(cfg["block_size"], n)
-        return n + 4 * (-(-n // block))
+        block = max(1, n if cfg["block_size"] is None else min(cfg["block_size"], n))
+        return n + 4 * max(1, -(-n // block))  # at least one scale
     if name == "QSGD":
         return n + 4
     if name == "TernGrad":
@@ -426,7 +453,10 @@ def payload_bytes(scheme, config, numel, kept=None) -> int:
             vname, vcfg = values
             vcfg = _cfg(vname, vcfg)
             vbytes, nvar = _values_bytes(vname, vcfg, k), _values_nparts(vname, vcfg)
-        total = 4 + idx_bytes * k + vbytes
+        if name == "TopK":
+            total = 4 + topk_index_bytes(numel, k, cfg.get("index_coding", "auto")) + vbytes
+        else:
+            total = 4 + idx_bytes * k + vbytes
         if name in VARIABLE_SIZE:
             total += 4 * (1 + nvar)  # the lengths of idx and of the variable value parts
         return total

@@ -7,9 +7,10 @@ from .base import Scheme, check_range
 
 
 def _blocks(B, x, block):
-    """View flat ``x`` as (blocks, block), zero-padded at the end."""
+    """View flat ``x`` as (blocks, block), zero-padded at the end (at least one
+    block, so an empty ``x`` still has one scale and the part's length is fixed)."""
     n = B.numel(x)
-    nb = ceil_div(n, block)
+    nb = max(1, ceil_div(n, block))
     pad = nb * block - n
     if pad:
         x = B.concat([x, B.zeros(pad, "float32", like=x)])
@@ -40,7 +41,7 @@ class Int8(Scheme):
         return {"block_size": self.block_size}
 
     def _block(self, n):
-        return n if self.block_size is None else min(self.block_size, n)
+        return max(1, n if self.block_size is None else min(self.block_size, n))
 
     def encode(self, B, x, ctx):
         n = B.numel(x)
@@ -57,7 +58,7 @@ class Int8(Scheme):
         return B.flatten(xb * B.reshape(payload["scale"], (-1, 1)))[:numel]
 
     def payload_nbytes(self, numel):
-        return numel + 4 * ceil_div(numel, self._block(numel))
+        return numel + 4 * max(1, ceil_div(numel, self._block(numel)))
 
 
 class QSGD(Scheme):
@@ -108,7 +109,7 @@ class TernGrad(Scheme):
 
     def encode(self, B, x, ctx):
         n = B.numel(x)
-        s = B.max(B.abs(x))
+        s = B.max(B.abs(x)) if n else B.zeros(1, "float32", like=x)[0]  # max of nothing is an error
         safe = B.where(s > 0, s, B.ones(1, "float32", like=x)[0])
         keep = B.cast(ctx.uniform(n) < B.abs(x) / safe, "float32")
         t = keep * B.sign(x)  # in {-1, 0, 1}

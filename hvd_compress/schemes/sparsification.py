@@ -13,7 +13,20 @@ from .base import Scheme, check_range
 
 
 def _k_for(ratio, numel):
-    return max(1, min(numel, int(math.ceil(ratio * numel))))
+    return max(1, min(numel, int(math.ceil(ratio * numel)))) if numel else 0
+
+
+def _variable_parts(self):
+    """Parts of a variable-size selection whose length depends on the kept
+    count: the indices, the values, and every per-element part of a
+    ``values=`` quantizer (plus Int8's per-block scales)."""
+    parts = ("idx", "val")
+    if self.values is not None:
+        parts += ("v.q", "v.t", "v.bits")
+        if getattr(self.values, "block_size", None) is not None:
+            parts += ("v.scale",)
+        parts += tuple("v." + p for p in self.values.variable_parts)
+    return parts
 
 
 class _Sparsifier(Scheme):
@@ -21,7 +34,7 @@ class _Sparsifier(Scheme):
 
     def __init__(self, values=None):
         if values is not None and (not isinstance(values, Scheme) or values.transport != "allgather"
-                                   or not hasattr(values, "decode_one")):
+                                   or not hasattr(values, "decode_one") or isinstance(values, _Sparsifier)):
             raise ValueError("values must be a quantizer scheme instance such as Int8(), QSGD(levels) "
                              f"or BF16(); got {values!r}")
         self.values = values
@@ -136,7 +149,7 @@ class Threshold(_Sparsifier):
     ranks (values + int32 indices).  ``tau`` is in gradient units; pick it from
     a few steps of gradient statistics, or use :class:`DGC`, which adapts.
     """
-    variable_parts = ("idx", "val", "v.q")
+    variable_parts = property(_variable_parts)
 
     def __init__(self, tau=1e-3, values=None):
         check_range("tau", tau, 0.0, None, lo_open=True)
@@ -161,7 +174,7 @@ class DGC(_Sparsifier):
     momentum-factor masking are training-side features (see
     :mod:`hvd_compress.training`).
     """
-    variable_parts = ("idx", "val", "v.q")
+    variable_parts = property(_variable_parts)
 
     def __init__(self, ratio=0.001, sample_ratio=0.01, values=None):
         check_range("ratio", ratio, 0.0, 1.0, lo_open=True)
@@ -176,6 +189,8 @@ class DGC(_Sparsifier):
     def encode(self, B, x, ctx):
         n = B.numel(x)
         a = B.abs(x)
+        if n == 0:
+            return self._pack(B, x, B.nonzero_indices(a > 0), ctx)
         m = min(n, max(_k_for(self.sample_ratio, n), 256))
         # stride sampling from a random offset: cheap, no gather of random indices
         stride = max(1, n // m)
