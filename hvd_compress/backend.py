@@ -136,6 +136,9 @@ class TorchBackend:
     def sort(self, x):
         return self.torch.sort(x).values
 
+    def searchsorted(self, sorted_seq, values):
+        return self.torch.searchsorted(sorted_seq, values)
+
     def kth_largest(self, x, k):
         # kthvalue counts from the smallest
         return self.torch.kthvalue(x, x.numel() - k + 1).values
@@ -309,6 +312,9 @@ class TensorFlowBackend:
 
     def sort(self, x):
         return self.tf.sort(x)
+
+    def searchsorted(self, sorted_seq, values):
+        return self.tf.cast(self.tf.searchsorted(sorted_seq, values, side="left"), self.tf.int64)
 
     def kth_largest(self, x, k):
         return self.tf.math.top_k(x, k=k, sorted=True).values[k - 1]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from ..backend import index_dtype
+from ..coding import INDEX_CODES, choose_index_code, decode_indices, encode_indices, index_code_nbytes
 from .base import Scheme, check_range
 
 
@@ -47,11 +47,24 @@ class _Sparsifier(Scheme):
         return {"values": None if self.values is None else repr(self.values)}
 
     # --- shared pieces ---------------------------------------------------
+    def fixed_k(self, numel):
+        """Kept count when it depends only on the size (Top-K), else None."""
+        return None
+
+    def index_code(self, numel):
+        k = self.fixed_k(numel)
+        return "raw" if k is None else choose_index_code(numel, k, self.index_codes)
+
+    index_codes = ("raw",)
+
     def _pack(self, B, x, idx, ctx):
         """Payload and local contribution for the elements at ``idx``."""
         n = B.numel(x)
+        code = self.index_code(n)
+        if code != "raw":
+            idx = B.sort(idx)  # the compact codes store sorted indices
         vals = B.gather(x, idx)
-        payload = {"idx": B.cast(idx, index_dtype(n))}
+        payload = {"idx": encode_indices(B, idx, n, code)}
         if self.values is None:
             payload["val"] = vals
             sent_vals = vals
@@ -60,26 +73,30 @@ class _Sparsifier(Scheme):
             payload.update({"v." + k: v for k, v in vpayload.items()})
         return payload, B.scatter_add(n, idx, sent_vals)
 
-    def _values_of(self, B, payload):
+    def _unpack(self, B, payload, numel):
+        """(indices, values) of one rank's payload."""
+        k = self.fixed_k(numel)
+        if k is None:
+            idx = payload["idx"]
+        else:
+            idx = decode_indices(B, payload["idx"], numel, k, self.index_code(numel))
         if self.values is None:
-            return payload["val"]
-        k = B.numel(payload["idx"])
+            return idx, payload["val"]
         vp = {name[2:]: t for name, t in payload.items() if name.startswith("v.")}
-        return self.values.decode_one(B, vp, k)
+        return idx, self.values.decode_one(B, vp, B.numel(idx) if k is None else k)
 
     def decode_one(self, B, payload, numel, ctx=None):
-        return B.scatter_add(numel, payload["idx"], self._values_of(B, payload))
+        return B.scatter_add(numel, *self._unpack(B, payload, numel))
 
     def aggregate(self, B, payloads, numel, ctx=None):
         # one scatter for all ranks: duplicate indices add up
-        idx = B.concat([p["idx"] for p in payloads])
-        vals = B.concat([self._values_of(B, p) for p in payloads])
-        return B.scatter_add(numel, idx, vals)
+        pairs = [self._unpack(B, p, numel) for p in payloads]
+        return B.scatter_add(numel, B.concat([i for i, _ in pairs]), B.concat([v for _, v in pairs]))
 
     def _kept_nbytes(self, numel, k):
-        idx = 4 if numel < 2**31 else 8
+        idx = index_code_nbytes(self.index_code(numel), numel, k)
         val = 4 * k if self.values is None else self.values.payload_nbytes(k)
-        return k * idx + val
+        return idx + val
 
 
 class TopK(_Sparsifier):
@@ -87,21 +104,30 @@ class TopK(_Sparsifier):
 
     Aji & Heafield, "Sparse Communication for Distributed Gradient Descent",
     EMNLP 2017; with error feedback as analysed by Stich et al., "Sparsified SGD
-    with Memory", NeurIPS 2018.  Payload: k values + k int32 indices
-    (int64 past 2**31 elements), or the ``values`` quantizer's parts.
+    with Memory", NeurIPS 2018.  Payload: k values (or the ``values``
+    quantizer's parts) + the k indices in the smallest of raw int32, bitmap
+    and Elias-Fano codes for this tensor's size (``index_coding="auto"``; see
+    :mod:`hvd_compress.coding`) -- about 1.1 bytes an index at 1%.
 
     Tuning: 0.01 with error feedback matches dense accuracy on most CNNs/MLPs
     after a short dense warmup; below 0.001 use :class:`DGC` with its
     corrections.  Without error feedback expect a visible accuracy loss.
     """
 
-    def __init__(self, ratio=0.01, values=None):
+    def __init__(self, ratio=0.01, values=None, index_coding="auto"):
         check_range("ratio", ratio, 0.0, 1.0, lo_open=True)
+        if index_coding != "auto" and index_coding not in INDEX_CODES:
+            raise ValueError(f"index_coding must be 'auto' or one of {INDEX_CODES}; got {index_coding!r}")
         super().__init__(values)
         self.ratio = float(ratio)
+        self.index_coding = index_coding
+        self.index_codes = INDEX_CODES if index_coding == "auto" else (index_coding,)
 
     def config(self):
-        return {"ratio": self.ratio, **super().config()}
+        return {"ratio": self.ratio, "index_coding": self.index_coding, **super().config()}
+
+    def fixed_k(self, numel):
+        return _k_for(self.ratio, numel)
 
     def encode(self, B, x, ctx):
         k = _k_for(self.ratio, B.numel(x))
