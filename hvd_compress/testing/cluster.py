@@ -349,7 +349,15 @@ class Cluster:
         if not self._up:
             return
         self._up = False
-        teardown(self.prefix)
+        # Finish the cleanup even if SIGTERM/SIGINT arrive meanwhile (delivered afterwards).
+        block = {signal.SIGTERM, signal.SIGHUP, signal.SIGINT}
+        main = threading.current_thread() is threading.main_thread()
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, block) if main else None
+        try:
+            teardown(self.prefix)
+        finally:
+            if old is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
     def _install_signal_handlers(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -659,7 +667,7 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
         if name == "rate":
             p.add_argument("rate", help="e.g. 100mbit, 1gbit, none")
         if name == "exec":
-            p.add_argument("host", help="host name (PREFIX-h1 or h1) or 0-based index")
+            p.add_argument("host", help="host name: PREFIX-h1 or h1")
             p.add_argument("command", nargs="*", help="after --")
     for p in sub.choices.values():
         p.add_argument("--name", default=DEFAULT_PREFIX, help=f"cluster prefix (default {DEFAULT_PREFIX})")
@@ -704,8 +712,7 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
             cmd = args.command + tail
             if not cmd:
                 raise ClusterError("exec needs a command: exec HOST -- CMD...")
-            host: Union[int, str] = int(args.host) if args.host.isdigit() else args.host
-            return subprocess.call(c._ns_argv(host, cmd), env=c.env())
+            return subprocess.call(c._ns_argv(args.host, cmd), env=c.env())
     except (ClusterError, ValueError, KeyError, IndexError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"{ap.prog}: error: {msg}", file=sys.stderr)
