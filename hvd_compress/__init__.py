@@ -16,6 +16,7 @@ from functools import wraps
 
 from . import schemes as _s
 from .compressor import Compressor
+from .policy import Policy, Rule, Schedule
 
 __version__ = "0.1.0"
 
@@ -47,5 +48,5 @@ DGC = _factory(_s.DGC)
 PowerSGD = _factory(_s.PowerSGD)
 Lossless = _factory(_s.Lossless)
 
-__all__ = ["Compressor", "NoCompression", "none", "FP16", "BF16", "Int8", "QSGD", "TernGrad", "SignSGD",
+__all__ = ["Compressor", "Policy", "Rule", "Schedule", "NoCompression", "none", "FP16", "BF16", "Int8", "QSGD", "TernGrad", "SignSGD",
            "EFSignSGD", "OneBit", "TopK", "RandomK", "Threshold", "DGC", "PowerSGD", "Lossless"]

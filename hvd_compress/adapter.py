@@ -36,6 +36,7 @@ class Ctx:
     local: dict = field(default_factory=dict)
     handles: dict = field(default_factory=dict)
     part_lengths: dict = field(default_factory=dict)
+    coll_key: str = ""
 
 
 class AdapterBase:
@@ -103,10 +104,26 @@ class AdapterBase:
         info = self.caller_info(tensor)
         shape, numel, dtype = B.shape(tensor), B.numel(tensor), B.dtype_name(tensor)
         key = info.key if info.key is not None else self.fallback_key(tensor, shape)
-        scheme, ef = comp.scheme_for(key, numel, shape)
-        transport = scheme.transport_for(shape) if hasattr(scheme, "transport_for") else scheme.transport
+        phases = comp.plan_for(key, numel, shape)
         x = B.cast(B.flatten(tensor), "float32")
         step = self.next_step(key)
+        call = dict(comp=comp, key=key, x=x, step=step, info=info, shape=shape, dtype=dtype, numel=numel)
+        if len(phases) == 1:
+            _, scheme, ef = phases[0]
+            return self._compress_with(scheme, ef, coll_key=key, **call)
+        return self._compress_scheduled(phases, **call)
+
+    def _compress_scheduled(self, phases, step, **call):
+        """Eager frameworks: the phase follows the Python step counter
+        (communications done so far, the same on every rank)."""
+        done = int(step) - 1
+        i = max(j for j, (start, _, _) in enumerate(phases) if start <= done)
+        _, scheme, ef = phases[i]
+        return self._compress_with(scheme, ef, coll_key=f"{call['key']}@{i}", step=step, **call)
+
+    def _compress_with(self, scheme, ef, comp, key, coll_key, x, step, info, shape, dtype, numel):
+        B = self.B
+        transport = scheme.transport_for(shape) if hasattr(scheme, "transport_for") else scheme.transport
         private = stable_hash(comp.seed, key, info.rank)
         shared = stable_hash(comp.seed, key)
         ectx = EncodeContext(
@@ -116,11 +133,11 @@ class AdapterBase:
             state=self.scheme_state.setdefault(key, {}))
         residual = self.get_residual(key, numel, x) if ef else None
         if transport == "powersgd":
-            return self._compress_powersgd(comp, scheme, key, x, residual, info, shape, dtype, numel)
+            return self._compress_powersgd(comp, scheme, key, coll_key, x, residual, info, shape, dtype, numel)
         payload, new_residual = encode_with_feedback(B, scheme, x, residual, ectx)
         deps = [self.set_residual(key, new_residual)] if ef else []
-        ctx = Ctx(self, key, scheme, shape, dtype, numel, info.size, transport,
-                  local={k: v for k, v in payload.items() if k.startswith("_")})
+        ctx = Ctx(self, key, scheme, shape, dtype, numel, info.size, transport, info.process_set,
+                  local={k: v for k, v in payload.items() if k.startswith("_")}, coll_key=coll_key)
         wire = {k: v for k, v in payload.items() if not k.startswith("_")}
         if transport == "allreduce":
             out = B.identity_with_deps(wire["reduce"], deps)
@@ -129,7 +146,7 @@ class AdapterBase:
         nbytes = 4  # the placeholder
         for part in sorted(wire):
             t = B.identity_with_deps(wire[part], deps)
-            name = collective_name(key, part)
+            name = collective_name(coll_key, part)
             ctx.handles[part] = self.allgather(t, name, info.process_set)
             nbytes = nbytes + self.nbytes(t)
             if part in scheme.variable_parts:
@@ -144,6 +161,11 @@ class AdapterBase:
 
     def decompress(self, comp, output, ctx):
         B = self.B
+        if ctx.transport == "resolved":  # aggregated inside compress (TF schedules)
+            dense, apply_scale = ctx.local["dense"], ctx.local["apply_scale"]
+            scale = B.cast(output, "float32")[0] / float(ctx.size)
+            dense = dense * (apply_scale * scale + (1.0 - apply_scale))
+            return B.reshape(B.cast(dense, ctx.dtype), ctx.shape)
         if ctx.transport == "powersgd":
             return self._finish_powersgd(output, ctx)
         if ctx.transport == "allreduce":
@@ -165,8 +187,18 @@ class AdapterBase:
                 dense = dense * (B.cast(output, "float32")[0] / float(ctx.size))
         return B.reshape(B.cast(dense, ctx.dtype), ctx.shape)
 
+    def resolve_now(self, comp, out, ctx):
+        """The unscaled flat fp32 sum over ranks, right away (graph frameworks)."""
+        B = self.B
+        if ctx.transport == "allreduce":
+            out = self.allreduce_sum(out, collective_name(ctx.coll_key, "reduce"), ctx.process_set)
+            ctx = Ctx(**{**ctx.__dict__, "dtype": "float32"})
+            return B.flatten(self.decompress(comp, out, ctx))
+        ctx.dtype = "float32"
+        return B.flatten(self.decompress(comp, B.full(1, float(ctx.size), "float32", like=out), ctx))
+
     # --- PowerSGD's two rounds ------------------------------------------------------------
-    def _compress_powersgd(self, comp, scheme, key, x, residual, info, shape, dtype, numel):
+    def _compress_powersgd(self, comp, scheme, key, coll_key, x, residual, info, shape, dtype, numel):
         B = self.B
         acc = x if residual is None else x + residual
         n, m = scheme.matrix_shape(shape)
@@ -176,8 +208,8 @@ class AdapterBase:
         q = self.get_state(key, "Q", lambda: B.reshape(B.uniform(m * r, q_seed, like=x) - 0.5, (m, r)))
         p_local, mat = scheme.first_round(B, acc, q, shape)
         ctx = Ctx(self, key, scheme, shape, dtype, numel, info.size, "powersgd", info.process_set,
-                  local={"mat": mat, "acc": acc, "ef": residual is not None})
-        ctx.handles["p"] = self.allreduce_sum(B.flatten(p_local), collective_name(key, "p"), info.process_set)
+                  local={"mat": mat, "acc": acc, "ef": residual is not None}, coll_key=coll_key)
+        ctx.handles["p"] = self.allreduce_sum(B.flatten(p_local), collective_name(coll_key, "p"), info.process_set)
         ctx.local["p_shape"] = (n, r)
         if self.defer_second_rounds:
             self.pending_rounds.append(ctx)
@@ -189,7 +221,7 @@ class AdapterBase:
         p_sum = B.reshape(self.wait(ctx.handles.pop("p")), ctx.local["p_shape"])
         p, q_local = ctx.scheme.second_round(B, p_sum, ctx.local["mat"])
         ctx.local.update(p=p, q_local=q_local)
-        ctx.handles["q"] = self.allreduce_sum(B.flatten(q_local), collective_name(ctx.key, "q"), ctx.process_set)
+        ctx.handles["q"] = self.allreduce_sum(B.flatten(q_local), collective_name(ctx.coll_key, "q"), ctx.process_set)
 
     def _finish_powersgd(self, output, ctx):
         B = self.B

@@ -120,9 +120,11 @@ class Compressor:
             return tensor
         return ctx.adapter.decompress(self, tensor, ctx)
 
-    # --- per-tensor scheme (overridden by Policy) -----------------------------
-    def scheme_for(self, key, numel, shape):
-        return self.scheme, self.error_feedback
+    # --- per-tensor plan (overridden by Policy and Schedule) ---------------------
+    def plan_for(self, key, numel, shape):
+        """``[(start_step, scheme, error_feedback), ...]`` for one tensor:
+        a single phase here; schedules have several."""
+        return [(0, self.scheme, self.error_feedback)]
 
     def config(self):
         return {"scheme": self.scheme.name, "args": self.scheme.config(),

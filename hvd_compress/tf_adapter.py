@@ -13,7 +13,7 @@ import sys
 
 import tensorflow as tf
 
-from .adapter import AdapterBase, CallerInfo
+from .adapter import AdapterBase, CallerInfo, Ctx
 from .backend import backend_for
 
 
@@ -88,6 +88,28 @@ class TFAdapter(AdapterBase):
             store[key] = v
         return v
 
+    def _compress_scheduled(self, phases, step, **call):
+        """Graph mode: the phase is chosen at run time by ``tf.switch_case`` on
+        the step variable.  Each branch runs its own collectives (all ranks
+        take the same branch: the step is the same everywhere) and returns the
+        aggregated sum, so nothing crosses from compress to decompress but a
+        dense tensor; Horovod's placeholder still supplies the op's scaling."""
+        comp, x, info = call["comp"], call["x"], call["info"]
+        starts = tf.constant([start for start, _, _ in phases[1:]], tf.int64)
+        index = tf.reduce_sum(tf.cast(tf.cast(step, tf.int64) - 1 >= starts, tf.int32))
+
+        def branch(i, scheme, ef):
+            def run():
+                out, ctx = self._compress_with(scheme, ef, coll_key=f"{call['key']}@{i}", step=step, **call)
+                dense = self.resolve_now(comp, out, ctx)
+                return dense, tf.constant(1.0 if scheme.apply_op_scale else 0.0)
+            return run
+
+        dense, apply_scale = tf.switch_case(index, [branch(i, s, ef) for i, (_, s, ef) in enumerate(phases)])
+        ctx = Ctx(self, call["key"], None, call["shape"], call["dtype"], call["numel"], info.size, "resolved",
+                  info.process_set, local={"dense": dense, "apply_scale": apply_scale})
+        return self.B.identity_with_deps(tf.ones([1], tf.float32), [dense]), ctx
+
     def next_step(self, key):
         v = self._var(self.steps, key, 0, tf.int64)
         return v.assign_add(1)
@@ -129,9 +151,8 @@ class TFAdapter(AdapterBase):
         return tf.size(t)
 
     def record_bytes(self, comp, key, scheme, numel, nbytes):
-        if isinstance(nbytes, int):
-            comp.stats.record(key, scheme.name, 4 * numel, nbytes)
-            return
+        # always a variable: under a schedule, branches trace one after another
+        # and only the one that runs may set the count
         counter = self._var(self.byte_counters, key, 0, tf.int64)
         counter.assign(tf.cast(nbytes, tf.int64))
         comp.stats.record(key, scheme.name, 4 * numel, counter)

@@ -1,0 +1,205 @@
+"""Per-layer policies and warmup schedules -- the user's third pitfall is
+"one policy for every layer", and aggressive compression early in training
+makes the first epochs oscillate.
+
+Both are Horovod Compression objects themselves (subclasses of
+:class:`~hvd_compress.Compressor`), so they go straight into
+``compression=``::
+
+    policy = hvd_compress.Policy([
+        hvd_compress.Rule(max_numel=16384, compression=hvd_compress.none()),    # small tensors: latency-bound
+        hvd_compress.Rule(name=["*bias", "*norm*"], compression=hvd_compress.none()),
+        hvd_compress.Rule(name="*embed*", compression=hvd_compress.FP16()),
+        hvd_compress.Rule(min_ndim=2, compression=hvd_compress.Schedule.dgc_warmup(
+            warmup_steps=200, steps_per_stage=500, final_ratio=0.001)),
+    ], default=hvd_compress.Int8())
+    print(policy.describe(model.named_parameters()))
+
+Names reach the policy through Horovod's stock optimizers: the torch
+parameter names given as ``named_parameters=`` (else Horovod's
+``allreduce.noname.<i>``), and TF variable names (``dense/kernel:0``).  Where
+no name is available -- a direct ``compress`` call, or Horovod's grouped TF
+path -- the key is ``anon:<shape>#<n>`` or ``tensor:<graph tensor name>``:
+name patterns then match nothing and only the size/dimension conditions of a
+rule decide.
+"""
+from __future__ import annotations
+
+import fnmatch
+import re
+
+from .compressor import Compressor
+
+
+def _as_compressor(c, what):
+    if not isinstance(c, Compressor):
+        raise ValueError(f"{what} must be an hvd_compress compression object such as hvd_compress.TopK(0.01); "
+                         f"got {c!r}")
+    return c
+
+
+class Rule:
+    """Match tensors by name pattern (glob, or ``re:<regex>``), element count
+    and number of dimensions; all given conditions must hold."""
+
+    def __init__(self, compression, name=None, min_numel=None, max_numel=None, min_ndim=None, max_ndim=None):
+        self.compression = _as_compressor(compression, "compression")
+        names = [name] if isinstance(name, str) else list(name or [])
+        for pat in names:
+            if not isinstance(pat, str):
+                raise ValueError(f"name must be a glob string, 're:<regex>' or a list of those; got {pat!r}")
+        # globs must match the whole name; "re:" patterns may match anywhere (re.search)
+        self._patterns = [(re.compile(p[3:]), False) if p.startswith("re:") else
+                          (re.compile(fnmatch.translate(p)), True) for p in names]
+        self.name = names
+        for label, v in (("min_numel", min_numel), ("max_numel", max_numel),
+                         ("min_ndim", min_ndim), ("max_ndim", max_ndim)):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                raise ValueError(f"{label} must be a non-negative integer or None; got {v!r}")
+        self.min_numel, self.max_numel, self.min_ndim, self.max_ndim = min_numel, max_numel, min_ndim, max_ndim
+
+    def matches(self, key, numel, shape):
+        if self._patterns and not any(p.match(key) if whole else p.search(key) for p, whole in self._patterns):
+            return False
+        if self.min_numel is not None and numel < self.min_numel:
+            return False
+        if self.max_numel is not None and numel > self.max_numel:
+            return False
+        if self.min_ndim is not None and len(shape) < self.min_ndim:
+            return False
+        if self.max_ndim is not None and len(shape) > self.max_ndim:
+            return False
+        return True
+
+    def config(self):
+        return {"name": self.name, "min_numel": self.min_numel, "max_numel": self.max_numel,
+                "min_ndim": self.min_ndim, "max_ndim": self.max_ndim, "compression": self.compression.config()}
+
+    def __repr__(self):
+        conds = {k: v for k, v in self.config().items() if v not in (None, []) and k != "compression"}
+        return f"Rule({self.compression!r}, {conds})"
+
+
+class Schedule(Compressor):
+    """Phases of compression by communication step: ``[(0, none()),
+    (200, TopK(0.25)), (700, TopK(0.0625)), ...]``.
+
+    The step is the tensor's own count of communications, which is the same on
+    every rank (each rank compresses each tensor once per communication,
+    ``backward_passes_per_step`` included) and is saved with the state.  The
+    error-feedback residual carries over between phases.
+    """
+
+    def __init__(self, phases, seed=0):
+        phases = list(phases)
+        if not phases or phases[0][0] != 0:
+            raise ValueError("phases must be a non-empty list of (start_step, compression) starting at step 0; "
+                             f"got {phases!r}")
+        starts = [s for s, _ in phases]
+        if any(not isinstance(s, int) or s < 0 for s in starts) or starts != sorted(set(starts)):
+            raise ValueError(f"phase start steps must be distinct, increasing non-negative integers; got {starts}")
+        self.phases = [(s, _as_compressor(c, "each phase's compression")) for s, c in phases]
+        super().__init__(self.phases[-1][1].scheme, self.phases[-1][1].error_feedback, seed)
+
+    @classmethod
+    def dgc_warmup(cls, warmup_steps, steps_per_stage, final_ratio=0.001, start_ratio=0.25, factor=4.0,
+                   values=None, seed=0):
+        """Dense for ``warmup_steps``, then DGC's exponential ramp of Top-K
+        ratios (Lin et al. 2018: 25%, 6.25%, 1.5625%, 0.4%, 0.1%), each held
+        ``steps_per_stage`` steps, ending at ``final_ratio``."""
+        from . import NoCompression, TopK
+        ratios, r = [], start_ratio
+        while r > final_ratio * (1 + 1e-9):
+            ratios.append(r)
+            r /= factor
+        ratios.append(final_ratio)
+        phases = [(0, NoCompression())] if warmup_steps > 0 else []
+        for i, ratio in enumerate(ratios):
+            phases.append((warmup_steps + i * steps_per_stage, TopK(ratio, values=values)))
+        return cls(phases, seed=seed)
+
+    def plan_for(self, key, numel, shape):
+        return [(s, c.scheme, c.error_feedback) for s, c in self.phases]
+
+    def config(self):
+        return {"schedule": [(s, c.config()) for s, c in self.phases], "seed": self.seed}
+
+    def __repr__(self):
+        return "Schedule(" + ", ".join(f"{s}: {c!r}" for s, c in self.phases) + ")"
+
+
+class Policy(Compressor):
+    """First matching :class:`Rule` decides a tensor's compression; ``default``
+    (dense by default) covers the rest."""
+
+    def __init__(self, rules, default=None, seed=0):
+        from . import NoCompression
+        self.rules = [r if isinstance(r, Rule) else _bad_rule(r) for r in rules]
+        self.default = _as_compressor(default, "default") if default is not None else NoCompression()
+        super().__init__(self.default.scheme, self.default.error_feedback, seed)
+
+    def rule_for(self, key, numel, shape):
+        for rule in self.rules:
+            if rule.matches(key, numel, shape):
+                return rule
+        return None
+
+    def plan_for(self, key, numel, shape):
+        rule = self.rule_for(key, numel, shape)
+        comp = rule.compression if rule is not None else self.default
+        return comp.plan_for(key, numel, shape)
+
+    def config(self):
+        return {"rules": [r.config() for r in self.rules], "default": self.default.config(), "seed": self.seed}
+
+    def describe(self, named_tensors):
+        """A table: each parameter, the rule it got and its expected bytes per
+        step (first phase of a schedule).  Accepts torch ``named_parameters()``,
+        a list of TF variables, or ``(name, shape)`` pairs."""
+        rows = []
+        total_dense = total_payload = 0
+        for item in named_tensors:
+            if isinstance(item, tuple):
+                name, t = item
+                shape = tuple(t.shape) if hasattr(t, "shape") else tuple(t)
+            else:
+                name, shape = item.name, tuple(item.shape)
+            numel = 1
+            for d in shape:
+                numel *= int(d)
+            rule = self.rule_for(name, numel, shape)
+            comp = rule.compression if rule is not None else self.default
+            phases = comp.plan_for(name, numel, shape)
+            scheme = phases[-1][1]
+            payload = _payload_nbytes(scheme, numel, shape)
+            total_dense += 4 * numel
+            total_payload += payload or 0
+            rows.append((name, "x".join(map(str, shape)) or "scalar", numel,
+                         "default" if rule is None else f"rule {self.rules.index(rule)}",
+                         repr(comp), payload))
+        w = max([len(r[0]) for r in rows] + [9])
+        lines = [f"{'parameter':<{w}}  {'shape':>14}  {'elements':>10}  {'rule':>8}  {'bytes/step':>11}  compression"]
+        for name, shape, numel, rule, comp, payload in rows:
+            pb = "variable" if payload is None else str(payload)
+            lines.append(f"{name:<{w}}  {shape:>14}  {numel:>10}  {rule:>8}  {pb:>11}  {comp}")
+        ratio = total_dense / total_payload if total_payload else float("nan")
+        lines.append(f"total dense fp32 {total_dense} bytes, compressed {total_payload} bytes "
+                     f"(final phase; variable-size tensors not counted), ratio {ratio:.1f}x")
+        return "\n".join(lines)
+
+    def __repr__(self):
+        return f"Policy({self.rules!r}, default={self.default!r})"
+
+
+def _payload_nbytes(scheme, numel, shape):
+    try:
+        return scheme.payload_nbytes(numel, shape)
+    except TypeError:
+        n = scheme.payload_nbytes(numel)
+        if n is not None and scheme.transport == "allgather":
+            n += 4  # the placeholder
+        return n
+
+
+def _bad_rule(r):
+    raise ValueError(f"rules must be hvd_compress.Rule instances; got {r!r}")
