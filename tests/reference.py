@@ -196,7 +196,8 @@ def _int8(x, block_size):
     xb = np.concatenate([x, np.zeros(nb * block - n, f32)]).reshape(nb, block)
     amax = np.max(np.abs(xb), axis=1)
     with np.errstate(invalid="ignore"):
-        scale = np.where(amax > 0, amax / f32(127.0), f32(1.0)).astype(f32)
+        # an all-zero block gets scale 1; a NaN/Inf amax stays (non-finite values propagate)
+        scale = np.where(amax == 0, f32(1.0), amax / f32(127.0)).astype(f32)
         q = np.clip(np.round(xb / scale[:, None]), f32(-127), f32(127)).astype(f32)
     return (q * scale[:, None]).reshape(-1)[:n].astype(f32), q.reshape(-1)[:n], scale
 
@@ -204,7 +205,7 @@ def _int8(x, block_size):
 def _qsgd(x, levels, draw):
     n = x.size
     norm = f32(np.sqrt(np.sum(x.astype(np.float64) ** 2)))
-    safe = norm if norm > 0 else f32(1.0)
+    safe = f32(1.0) if norm == 0 else norm
     level = (np.abs(x) / safe) * f32(levels)
     q = np.floor(level + draw(n))
     q = (np.clip(q, f32(0), f32(levels)) * np.sign(x)).astype(f32)

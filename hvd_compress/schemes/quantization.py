@@ -47,7 +47,9 @@ class Int8(Scheme):
         n = B.numel(x)
         xb, _ = _blocks(B, x, self._block(n))
         amax = B.max(B.abs(xb), axis=1)
-        scale = B.where(amax > 0, amax / 127.0, B.ones(B.numel(amax), "float32", like=x))
+        # only an all-zero block gets the dummy scale 1; a NaN/Inf amax stays in the
+        # scale so the non-finite value reaches the receivers (and equals ``sent``)
+        scale = B.where(amax == 0, B.ones(B.numel(amax), "float32", like=x), amax / 127.0)
         q = B.clip(B.round(xb / B.reshape(scale, (-1, 1))), -127.0, 127.0)
         sent = B.flatten(q * B.reshape(scale, (-1, 1)))[:n]
         return {"q": B.cast(B.flatten(q)[:n], "int8"), "scale": scale}, sent
@@ -85,7 +87,7 @@ class QSGD(Scheme):
     def encode(self, B, x, ctx):
         n = B.numel(x)
         norm = B.norm(x)
-        safe = B.where(norm > 0, norm, B.ones(1, "float32", like=x)[0])
+        safe = B.where(norm == 0, B.ones(1, "float32", like=x)[0], norm)  # NaN norm propagates
         level = B.abs(x) / safe * float(self.levels)
         q = B.floor(level + ctx.uniform(n))  # P(round up) = fractional part
         q = B.clip(q, 0.0, float(self.levels)) * B.sign(x)
