@@ -16,7 +16,6 @@ import io
 import tokenize
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 

@@ -8,10 +8,8 @@ limited to <= 50 examples.
 """
 from __future__ import annotations
 
-import math
 
 import numpy as np
-import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

@@ -7,7 +7,6 @@ import functools
 
 import numpy as np
 
-import reference as R
 from hvd_compress import schemes as S
 from hvd_compress.schemes.base import EncodeContext
 
