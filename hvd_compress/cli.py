@@ -1,0 +1,118 @@
+"""The ``hvd-compress`` console script.
+
+    hvd-compress bench micro [--sizes 1M,16M,64M] [--frameworks torch,tf] [--threads 1] ...
+    hvd-compress bench e2e   [--params 16M] [--hosts 2] [--rates none,1000,100] [--schemes ...] ...
+    hvd-compress advise      [--params 110M | --layers sizes.json | --torch-model mod:fn] ...
+    hvd-compress advise --worked-example
+    hvd-compress advise --validate docs/results/e2e.json
+
+See docs/benchmarks.md.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "results")
+
+
+def _env():
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+
+def build_parser():
+    ap = argparse.ArgumentParser(prog="hvd-compress", description="Measure gradient compression honestly "
+                                 "and predict whether it pays.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    bench = sub.add_parser("bench", help="measure: micro (encode/decode cost) or e2e (training steps on the "
+                           "emulated cluster)")
+    bsub = bench.add_subparsers(dest="bench", required=True)
+
+    m = bsub.add_parser("micro", help="encode + error feedback + decode cost of every scheme, in copies",
+                        description="Encode + error feedback + decode time of every scheme on one tensor, as a "
+                        "ratio to dst.copy_(src) of the same tensor measured in the same run.")
+    m.add_argument("--schemes", help="comma-separated specs, e.g. 'TopK(0.01),Int8,hvd_fp16' (default: every "
+                   "scheme)")
+    m.add_argument("--sizes", default="1M,16M,64M", help="tensor sizes in elements (default %(default)s)")
+    m.add_argument("--frameworks", default="torch,tf", help="torch, tf or both (default %(default)s)")
+    m.add_argument("--devices", default="cpu,cuda", help="cpu and/or cuda (cuda only where present)")
+    m.add_argument("--threads", type=int, default=1, help="intra-op threads (torch.set_num_threads, TF intra/"
+                   "inter-op); 0 = framework default (default %(default)s)")
+    m.add_argument("--reps", type=int, default=5, help="timed repetitions (median; default %(default)s)")
+    m.add_argument("--warmup", type=int, default=1)
+    m.add_argument("--out", default=os.path.join(RESULTS, "micro.json"), help="JSON (default %(default)s)")
+    m.add_argument("--png", default=None, help="plot (default: the JSON path with .png)")
+    m.add_argument("--quiet", action="store_true", help="no progress lines")
+
+    e = bsub.add_parser("e2e", help="training steps under horovodrun on the emulated cluster (root)",
+                        description="Median step time, speedups and bytes (at the Horovod call and on the "
+                        "wire) of a communication-bound model on the emulated cluster at several link rates.")
+    e.add_argument("--framework", default="torch", choices=["torch", "tensorflow", "tf"])
+    e.add_argument("--model", default="mlp", choices=["mlp", "transformer"])
+    e.add_argument("--params", default="16M", help="parameter count (default %(default)s)")
+    e.add_argument("--hosts", type=int, default=2)
+    e.add_argument("--workers", type=int, default=None, help="ranks (default: one per host)")
+    e.add_argument("--rates", default="none,1000,100", help="link rates in Mbit/s, 'none' = unshaped "
+                   "(default %(default)s)")
+    e.add_argument("--schemes", default="none,hvd_fp16,TopK(0.01),Int8,EFSignSGD,FP16,DGC(0.01)",
+                   help="'none' and 'hvd_fp16' are Horovod's own (default %(default)s)")
+    e.add_argument("--steps", type=int, default=10, help="timed steps at most (default %(default)s)")
+    e.add_argument("--max-seconds", type=float, default=30.0, help="cap on the timed steps' duration per run "
+                   "(at least 3 steps; default %(default)s)")
+    e.add_argument("--warmup", type=int, default=2)
+    e.add_argument("--batch", type=int, default=32)
+    e.add_argument("--threads", type=int, default=1, help="threads per rank (default %(default)s)")
+    e.add_argument("--controller", default="gloo", choices=["gloo", "mpi"])
+    e.add_argument("--prefix", default="hvdcb", help="cluster name prefix (default %(default)s)")
+    e.add_argument("--no-link-measurement", action="store_true", help="skip the TCP goodput measurement")
+    e.add_argument("--out", default=os.path.join(RESULTS, "e2e.json"), help="JSON (default %(default)s)")
+    e.add_argument("--png", default=None, help="step-time plot (default: the JSON path with .png; the wire "
+                   "plot gets _wire.png)")
+    e.add_argument("--quiet", action="store_true")
+
+    a = sub.add_parser("advise", help="predict per-step communication + compression cost; recommend per tensor",
+                       description="The document's cost model (bytes / bandwidth + latency) with index overhead, "
+                       "allreduce vs allgather transports and measured encode/decode costs.")
+    from .advise import add_arguments
+    add_arguments(a)
+    return ap
+
+
+def main(argv=None):
+    _env()
+    args = build_parser().parse_args(argv)
+    if args.cmd == "advise":
+        from .advise import main_args
+        return main_args(args)
+    if args.bench == "micro":
+        from .bench import micro
+        from .bench.specs import split_specs
+        png = args.png or (os.path.splitext(args.out)[0] + ".png" if args.out else None)
+        rows = micro.run(schemes=split_specs(args.schemes) if args.schemes else None,
+                         frameworks=[f.strip() for f in args.frameworks.split(",") if f.strip()],
+                         sizes=args.sizes, devices=[d.strip() for d in args.devices.split(",")],
+                         threads=args.threads, reps=args.reps, warmup=args.warmup, out_json=args.out,
+                         out_png=png, progress=not args.quiet)
+        return 1 if rows.errors else 0
+    if args.bench == "e2e":
+        from .bench import e2e
+        from .testing.cluster import ClusterError
+        png = args.png or (os.path.splitext(args.out)[0] + ".png" if args.out else None)
+        try:
+            rows = e2e.run(framework=args.framework, model=args.model, params=args.params, hosts=args.hosts,
+                           workers=args.workers, rates=args.rates, schemes=args.schemes, steps=args.steps,
+                           warmup=args.warmup, max_seconds=args.max_seconds, batch=args.batch,
+                           threads=args.threads, controller=args.controller, out_json=args.out, out_png=png,
+                           prefix=args.prefix, measure_link=not args.no_link_measurement,
+                           progress=not args.quiet)
+        except ClusterError as err:
+            print(f"hvd-compress bench e2e: {err}", file=sys.stderr)
+            return 2
+        return 1 if rows.failures else 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""hvd-compress bench (micro, e2e) and advise."""
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from hvd_compress import advise as adv
+from hvd_compress.bench import micro
+from hvd_compress.bench.specs import parse_spec, payload_nbytes, split_specs
+
+REPO = Path(__file__).resolve().parents[2]
+MICRO_FIELDS = {"scheme": str, "framework": str, "device": str, "numel": int, "encode_decode_s": float,
+                "copy_s": float, "ratio_to_copy": float, "payload_bytes": int, "dense_fp32_bytes": int}
+E2E_FIELDS = ("scheme", "framework", "model_params", "workers", "link_mbit", "median_step_s", "speedup_vs_none",
+              "speedup_vs_hvd_fp16", "payload_bytes_per_step", "wire_bytes_per_step")
+
+
+# ----------------------------------------------------------------------------- specs
+def test_specs_parse_and_split():
+    assert split_specs("none, TopK(0.1, values=BF16()),Int8") == ["none", "TopK(0.1, values=BF16())", "Int8"]
+    assert parse_spec("hvd_fp16") == "hvd_fp16"
+    c = parse_spec("TopK(0.1, values=BF16())")
+    assert c.scheme.ratio == 0.1 and type(c.scheme.values).__name__ == "BF16"
+    assert payload_nbytes("none", 1000) == (4000, True)
+    assert payload_nbytes("hvd_fp16", 1000) == (2000, True)
+    with pytest.raises(ValueError, match="unknown scheme"):
+        parse_spec("Nope(1)")
+    with pytest.raises(ValueError, match="unsupported"):
+        parse_spec("os.system('true')")
+    with pytest.raises(ValueError):
+        parse_spec("__import__('os')")
+
+
+# ----------------------------------------------------------------------------- micro
+def test_micro_tiny_both_frameworks(tmp_path):
+    out, png = tmp_path / "micro.json", tmp_path / "micro.png"
+    rows = micro.run(schemes=["TopK(0.01)", "Int8"], frameworks=("torch", "tf"), sizes="4096", reps=2,
+                     out_json=str(out), out_png=str(png), progress=False, stream=open(os.devnull, "w"))
+    assert not rows.errors, rows.errors
+    data = json.loads(out.read_text())
+    assert len(data) == 4
+    assert {(r["framework"], r["scheme"]) for r in data} == {
+        (f, s) for f in ("torch", "tensorflow") for s in ("TopK(0.01)", "Int8")}
+    for r in data:
+        for k, t in MICRO_FIELDS.items():
+            assert isinstance(r[k], t), (k, r[k])
+        assert r["numel"] == 4096 and r["dense_fp32_bytes"] == 4 * 4096 and r["device"] == "cpu"
+        assert r["encode_decode_s"] > 0 and r["copy_s"] > 0
+        assert math.isclose(r["ratio_to_copy"], r["encode_decode_s"] / r["copy_s"])
+        assert 0 < r["payload_bytes"] < r["dense_fp32_bytes"]
+        assert r["threads"] == 1
+    # Int8: one byte an element + a 4-byte scale + the 4-byte placeholder
+    assert all(r["payload_bytes"] == 4096 + 8 for r in data if r["scheme"] == "Int8")
+    assert png.stat().st_size > 1000
+
+
+def test_micro_bad_spec_fails_early():
+    with pytest.raises(ValueError):
+        micro.run(schemes=["NoSuchScheme(3)"], frameworks=("torch",), sizes="4096", progress=False)
+
+
+# ----------------------------------------------------------------------------- advise
+def test_worked_example_reproduced_and_corrected():
+    w = adv.worked_example()
+    # the document's own numbers (section 五): 440 -> 220 -> 22 MB, 35 / 18 / ~3 ms at 100 Gbit/s
+    assert round(w["naive_mb"]["none"]) == 440
+    assert round(w["naive_mb"]["fp16"]) == 220
+    assert round(w["naive_mb"]["fp16_top10"]) == 22
+    assert round(w["naive_ms"]["none"]) == 35 and round(w["naive_ms"]["fp16"]) == 18
+    c = w["corrected"]
+    # Top-10% of 16-bit values + int32 indices: 11M x (2 + 4) bytes = 66 MB, not 22
+    assert round(c["top10_values_mb"]) == 22 and round(c["top10_index_mb"]) == 44
+    assert round(c["top10_payload_mb"]) == 66
+    # ring allreduce moves 2(N-1)/N of the payload; the sparse allgather (N-1) payloads
+    assert round(c["none_wire_mb"]) == 770 and round(c["fp16_wire_mb"]) == 385
+    assert round(c["top10_allgather_mb"]) == 7 * 66
+    assert c["top10_allgather_mb"] > c["fp16_wire_mb"]
+    # allgather traffic grows linearly with N; FP16 allreduce stays below 2x its payload
+    g = {r["workers"]: r for r in w["growth"]}
+    assert g[64]["top10_allgather_mb"] == pytest.approx(63 * 66, rel=1e-3)
+    assert all(r["fp16_allreduce_mb"] < 440 for r in w["growth"])
+    text = adv.format_worked_example(w)
+    assert "66 MB per rank, not 22 MB" in text and "462 MB" in text
+
+
+def _synthetic_micro():
+    rows = []
+    for n in (1_000_000, 16_000_000, 64_000_000):
+        copy = n * 4 / 10e9
+        for spec, enc_per, dec_per, frac in (("TopK(0.01)", 20e-9, 2e-9, 0.0127),
+                                             ("Int8", 8e-9, 2e-9, 0.25), ("hvd_fp16", 1e-9, 1e-9, 0.5)):
+            rows.append({"scheme": spec, "framework": "torch", "device": "cpu", "numel": n,
+                         "encode_decode_s": (enc_per + dec_per) * n, "encode_s": enc_per * n,
+                         "decode_s": dec_per * n, "copy_s": copy, "ratio_to_copy": (enc_per + dec_per) * n / copy,
+                         "payload_bytes": int(frac * 4 * n), "dense_fp32_bytes": 4 * n})
+    return rows
+
+
+def test_advise_recommends_compression_on_a_slow_link_and_none_on_a_fast_one():
+    ov = adv.Overhead(_synthetic_micro())
+    layers = [("fc1.weight", 16_000_000), ("fc1.bias", 4000)]
+    slow = adv.advise(layers, workers=2, bandwidth=adv.parse_bandwidth("100mbit"), overhead=ov)
+    assert slow.per_layer[0]["choice"] == "TopK(0.01)"
+    mid = adv.advise(layers, workers=2, bandwidth=adv.parse_bandwidth("10gbit"), overhead=ov)
+    assert mid.per_layer[1]["choice"] == "none"  # a bias on a LAN: latency-bound, nothing to gain
+    fast = adv.advise(layers, workers=2, bandwidth=adv.parse_bandwidth("100000gbit"), overhead=ov)
+    assert [L["choice"] for L in fast.per_layer] == ["none", "none"]
+    assert "does not pay" in fast.per_layer[0]["why"]
+    assert "Compression does not pay for this model" in adv.format_advice(fast)
+
+
+def test_advise_overhead_interpolation_and_transports():
+    ov = adv.Overhead(_synthetic_micro())
+    e, d = ov.encode_decode("TopK(0.01)", 8_000_000)
+    assert e == pytest.approx(20e-9 * 8e6) and d == pytest.approx(2e-9 * 8e6)
+    p = adv.predict("TopK(0.01)", 16_000_000, 4, 1e9, 0.0, ov)
+    assert p.transport == "allgather" and p.wire_bytes == pytest.approx(3 * p.payload_bytes)
+    assert p.decode_s == pytest.approx(4 * 2e-9 * 16e6)  # every rank's payload is decoded
+    q = adv.predict("none", 16_000_000, 4, 1e9, 0.0, ov)
+    assert q.wire_bytes == pytest.approx(2 * 3 / 4 * 64e6) and q.overhead_s == 0
+
+
+def test_advise_validate_reports_error(tmp_path):
+    ov = adv.Overhead(_synthetic_micro())
+    e2e_rows = [{"scheme": s, "framework": "torch", "model_params": 16_000_000, "layer_numels": [16_000_000],
+                 "workers": 2, "link_mbit": 100.0, "link_measured_mbit": 95.0, "median_step_s": t + 0.1,
+                 "compute_s": 0.1, "comm_s_measured": t, "payload_bytes_per_step": pb,
+                 "wire_bytes_per_step": pb * 1.05}
+                for s, t, pb in (("none", 5.5, 64e6), ("TopK(0.01)", 0.5, 0.8e6))]
+    v = adv.validate(e2e_rows, ov, latency=0.0)
+    assert [r["scheme"] for r in v] == ["none", "TopK(0.01)"]
+    none = v[0]
+    assert none["predicted_s"] == pytest.approx(64e6 / (95e6 / 8))
+    assert none["error"] == pytest.approx((none["predicted_s"] - 5.5) / 5.5)
+    text = adv.format_validation(v)
+    assert "| 100 Mbit/s (95 measured) | none |" in text and "mean absolute error" in text
+
+
+def test_advise_cli(tmp_path):
+    from hvd_compress.cli import main
+    mp = tmp_path / "micro.json"
+    mp.write_text(json.dumps(_synthetic_micro()))
+    layers = tmp_path / "layers.json"
+    layers.write_text(json.dumps({"emb": [30522, 768], "fc": 4096}))
+    out = tmp_path / "advice.md"
+    assert main(["advise", "--layers", str(layers), "--workers", "4", "--bandwidth", "1gbit", "--micro", str(mp),
+                 "--worked-example", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "66 MB per rank" in text and "| emb |" in text
+    e2e = tmp_path / "e2e.json"
+    e2e.write_text(json.dumps([{"scheme": "none", "framework": "torch", "model_params": 1000, "workers": 2,
+                                "link_mbit": 100.0, "median_step_s": 1.0, "compute_s": 0.5,
+                                "comm_s_measured": 0.5, "payload_bytes_per_step": 4000}]))
+    val = tmp_path / "val.md"
+    assert main(["advise", "--validate", str(e2e), "--micro", str(mp), "--out", str(val)]) == 0
+    assert "predicted vs measured" in val.read_text()
+
+
+# ----------------------------------------------------------------------------- e2e
+def _cluster_usable():
+    try:
+        from hvd_compress.testing import cluster  # noqa: F401
+    except ImportError:
+        return "hvd_compress.testing.cluster does not exist"
+    if os.geteuid() != 0:
+        return "bench e2e needs root (network namespaces)"
+    for tool in ("ip", "sshd", "tc"):
+        if not shutil.which(tool, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin"):
+            return f"{tool} not found"
+    return None
+
+
+def test_e2e_smoke_two_hosts(tmp_path):
+    why = _cluster_usable()
+    if why:
+        pytest.skip(why)
+    from hvd_compress.bench import e2e
+    from hvd_compress.testing import cluster
+    cluster.teardown("hvdcbt")  # this test's own prefix: clear a crashed run's leftovers
+    out = tmp_path / "e2e.json"
+    rows = e2e.run(params="200k", hosts=2, rates="none", schemes=["none", "TopK(0.01)"], steps=3, warmup=1,
+                   max_seconds=5, out_json=str(out), out_png=str(tmp_path / "e2e.png"), prefix="hvdcbt",
+                   measure_link=False, run_timeout=80, progress=False, stream=open(os.devnull, "w"))
+    assert not rows.failures, rows.failures
+    data = json.loads(out.read_text())
+    assert [r["scheme"] for r in data] == ["none", "TopK(0.01)"]
+    for r in data:
+        for k in E2E_FIELDS:
+            assert k in r, k
+        assert r["workers"] == 2 and r["hosts"] == 2 and r["link_mbit"] is None
+        assert r["median_step_s"] > 0 and r["wire_bytes_per_step"] > 0
+        assert 150_000 < r["model_params"] < 250_000
+    none, topk = data
+    assert none["speedup_vs_none"] == pytest.approx(1.0)
+    assert none["payload_bytes_per_step"] == pytest.approx(4 * none["model_params"])
+    # dense allreduce with 2 ranks: each host sends about one payload (+ TCP/IP headers)
+    assert 0.95 < none["wire_bytes_per_step"] / none["payload_bytes_per_step"] < 1.5
+    assert topk["payload_bytes_per_step"] < 0.05 * none["payload_bytes_per_step"]
+    assert (tmp_path / "e2e.png").exists() and (tmp_path / "e2e_wire.png").exists()
+    assert "hvdcbt" not in cluster.existing_clusters()
