@@ -20,6 +20,7 @@ class CallerInfo:
     process_set: Any
     rank: int
     size: int
+    params: Any = None  # [(name, shape)] of every tensor the optimizer reduces, when known
 
 
 @dataclass
@@ -94,6 +95,10 @@ class AdapterBase:
     def seed_for(self, base, step):
         raise NotImplementedError
 
+    def check_fingerprint(self, comp, info):
+        """Once per compressor: every rank compares its configuration with the others'."""
+        raise NotImplementedError
+
     def reset(self):
         self.scheme_state = {}
         self.pending_rounds = []
@@ -104,14 +109,17 @@ class AdapterBase:
         info = self.caller_info(tensor)
         shape, numel, dtype = B.shape(tensor), B.numel(tensor), B.dtype_name(tensor)
         key = info.key if info.key is not None else self.fallback_key(tensor, shape)
+        check = self.check_fingerprint(comp, info)
         phases = comp.plan_for(key, numel, shape)
         x = B.cast(B.flatten(tensor), "float32")
         step = self.next_step(key)
         call = dict(comp=comp, key=key, x=x, step=step, info=info, shape=shape, dtype=dtype, numel=numel)
         if len(phases) == 1:
             _, scheme, ef = phases[0]
-            return self._compress_with(scheme, ef, coll_key=key, **call)
-        return self._compress_scheduled(phases, **call)
+            out, ctx = self._compress_with(scheme, ef, coll_key=key, **call)
+        else:
+            out, ctx = self._compress_scheduled(phases, **call)
+        return (B.identity_with_deps(out, [check]) if check is not None else out), ctx
 
     def _compress_scheduled(self, phases, step, **call):
         """Eager frameworks: the phase follows the Python step counter

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from .adapter import AdapterBase, CallerInfo, Ctx
 from .backend import backend_for
+from .fingerprint import compare, describe_side
 
 
 def _find_horovod_frames(max_depth=80):
@@ -41,10 +42,11 @@ def _find_horovod_frames(max_depth=80):
             if index is not None and "vars" in loc and f.f_code.co_name != "<listcomp>":
                 variables = loc["vars"]
                 if variables and 0 <= index < len(variables):
-                    return process_set, variables[index].name
-                return process_set, None
+                    params = [(v.name, tuple(v.shape.as_list())) for v in variables]
+                    return process_set, variables[index].name, params
+                return process_set, None, None
         f = f.f_back
-    return process_set, None
+    return process_set, None, None
 
 
 class TFAdapter(AdapterBase):
@@ -60,6 +62,7 @@ class TFAdapter(AdapterBase):
                 v.assign(0)
             return
         super().reset()
+        self.fingerprint_checked = False
         self.residuals = {}
         self.steps = {}
         self.byte_counters = {}
@@ -67,10 +70,30 @@ class TFAdapter(AdapterBase):
 
     def caller_info(self, tensor):
         import horovod.tensorflow as hvd
-        ps, name = _find_horovod_frames()
+        ps, name, params = _find_horovod_frames()
         if ps is None:
             ps = hvd.global_process_set
-        return CallerInfo(name, ps, ps.rank(), ps.size())
+        return CallerInfo(name, ps, ps.rank(), ps.size(), params)
+
+    def check_fingerprint(self, comp, info):
+        """Run once, eagerly, while the first trace is being built: every rank
+        traces the same step function at its first call, so every rank gets
+        here together.  Doing it in the graph instead would let mismatched
+        payload collectives start alongside the check and hang."""
+        if self.fingerprint_checked:
+            return None
+        import horovod.tensorflow as hvd
+        import numpy as np
+        blob = describe_side(comp, info.params or [], info.size)
+        with tf.init_scope():
+            mine = tf.constant(np.frombuffer(blob, dtype=np.uint8))
+            gathered = hvd.allgather(mine, name="hvdc.fingerprint", process_set=info.process_set,
+                                     ignore_name_scope=True).numpy()
+            lengths = hvd.allgather(tf.constant([len(blob)], tf.int32), name="hvdc.fingerprint.len",
+                                    process_set=info.process_set, ignore_name_scope=True).numpy()
+        self.fingerprint_checked = True
+        compare(np.split(gathered, np.cumsum(lengths)[:-1]))
+        return None
 
     def fallback_key(self, tensor, shape):
         # Graph tensor names are deterministic for the same program on every rank.

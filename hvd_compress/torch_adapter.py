@@ -8,6 +8,7 @@ import torch
 
 from .adapter import AdapterBase, CallerInfo
 from .backend import backend_for
+from .fingerprint import compare, describe_side
 
 
 class AdasumNotSupported(ValueError):
@@ -46,6 +47,7 @@ class TorchAdapter(AdapterBase):
 
     def reset(self):
         super().reset()
+        self.fingerprint_checked = False
         self.residuals = {}
         self.steps = {}
         self._occurrence = {}
@@ -62,7 +64,23 @@ class TorchAdapter(AdapterBase):
             return CallerInfo(None, ps, hvd.rank(), hvd.size())
         ps = opt.process_set
         key = opt._parameter_names.get(param) if param is not None else None
-        return CallerInfo(key, ps, ps.rank(), ps.size())
+        params = [(n, tuple(p.shape)) for p, n in opt._parameter_names.items()]
+        return CallerInfo(key, ps, ps.rank(), ps.size(), params)
+
+    def check_fingerprint(self, comp, info):
+        # Blocking is safe here: it is the first collective every rank issues
+        # for this compressor, under one fixed name.
+        if self.fingerprint_checked:
+            return None
+        import horovod.torch as hvd
+        blob = describe_side(comp, info.params or [], info.size)
+        mine = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+        gathered = hvd.allgather(mine, name="hvdc.fingerprint", process_set=info.process_set)
+        lengths = hvd.allgather(torch.tensor([mine.numel()], dtype=torch.int32), name="hvdc.fingerprint.len",
+                                process_set=info.process_set)
+        self.fingerprint_checked = True
+        compare([b.numpy().tobytes() for b in torch.split(gathered, lengths.tolist())])
+        return None
 
     def fallback_key(self, tensor, shape):
         base = "anon:" + "x".join(map(str, shape))
