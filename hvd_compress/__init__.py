@@ -16,6 +16,7 @@ from functools import wraps
 
 from . import schemes as _s
 from .compressor import Compressor
+from .memory import DGCMemory, ResidualMemory
 from .policy import Policy, Rule, Schedule
 
 __version__ = "0.1.0"
@@ -44,9 +45,24 @@ OneBit = _factory(_s.OneBit)
 TopK = _factory(_s.TopK)
 RandomK = _factory(_s.RandomK)
 Threshold = _factory(_s.Threshold)
-DGC = _factory(_s.DGC)
+_dgc_selection = _factory(_s.DGC)
+
+
+def DGC(ratio=0.001, sample_ratio=0.01, values=None, *, momentum=0.0, clip_norm=None, error_feedback=None,
+        seed=0):
+    """Deep Gradient Compression (Lin et al., ICLR 2018): sampled-threshold
+    Top-K selection (:class:`hvd_compress.schemes.DGC`) plus, with
+    ``momentum > 0`` or ``clip_norm``, the paper's momentum correction, local
+    gradient clipping and momentum factor masking (:class:`DGCMemory`); then
+    use plain SGD without momentum in the optimizer."""
+    memory = DGCMemory(momentum, clip_norm) if (momentum or clip_norm is not None) else None
+    comp = _dgc_selection(ratio, sample_ratio, values=values, error_feedback=error_feedback, seed=seed)
+    if memory is not None:
+        comp = Compressor(comp.scheme, error_feedback=True if error_feedback is None else error_feedback,
+                          seed=seed, memory=memory)
+    return comp
 PowerSGD = _factory(_s.PowerSGD)
 Lossless = _factory(_s.Lossless)
 
-__all__ = ["Compressor", "Policy", "Rule", "Schedule", "NoCompression", "none", "FP16", "BF16", "Int8", "QSGD", "TernGrad", "SignSGD",
+__all__ = ["Compressor", "DGCMemory", "ResidualMemory", "Policy", "Rule", "Schedule", "NoCompression", "none", "FP16", "BF16", "Int8", "QSGD", "TernGrad", "SignSGD",
            "EFSignSGD", "OneBit", "TopK", "RandomK", "Threshold", "DGC", "PowerSGD", "Lossless"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .compressor import collective_name, encode_with_feedback, finite_or_zero, stable_hash
+from .compressor import collective_name, encode_with_memory, finite_or_zero, stable_hash
 from .schemes.base import EncodeContext
 
 
@@ -55,11 +55,12 @@ class AdapterBase:
     def next_step(self, key):
         raise NotImplementedError
 
-    def get_residual(self, key, numel, like):
+    def get_memory(self, name, key, numel, like):
+        """Error-feedback state ``name`` ("residual", "momentum") of a tensor."""
         raise NotImplementedError
 
-    def set_residual(self, key, value):
-        """Store the new residual; return a dependency the outputs must wait on."""
+    def set_memory(self, name, key, value):
+        """Store new state; return a dependency the outputs must wait on."""
         raise NotImplementedError
 
     def allgather(self, tensor, name, process_set):
@@ -139,11 +140,17 @@ class AdapterBase:
             uniform=lambda n: B.uniform(n, self.seed_for(private, step), like=x),
             shared_seed=self.seed_for(shared, step), shape=shape,
             state=self.scheme_state.setdefault(key, {}))
-        residual = self.get_residual(key, numel, x) if ef else None
+        memory = ef
         if transport == "powersgd":
+            residual = self.get_memory("residual", key, numel, x) if memory is not None else None
             return self._compress_powersgd(comp, scheme, key, coll_key, x, residual, info, shape, dtype, numel)
-        payload, new_residual = encode_with_feedback(B, scheme, x, residual, ectx)
-        deps = [self.set_residual(key, new_residual)] if ef else []
+        if memory is None:
+            payload, _ = scheme.encode(B, x, ectx)
+            deps = []
+        else:
+            state = {n: self.get_memory(n, key, numel, x) for n in memory.names}
+            payload, new_state = encode_with_memory(B, scheme, x, state, ectx, memory)
+            deps = [self.set_memory(n, key, new_state[n]) for n in memory.names]
         ctx = Ctx(self, key, scheme, shape, dtype, numel, info.size, transport, info.process_set,
                   local={k: v for k, v in payload.items() if k.startswith("_")}, coll_key=coll_key)
         wire = {k: v for k, v in payload.items() if not k.startswith("_")}
@@ -240,7 +247,7 @@ class AdapterBase:
         agg, sent = ctx.scheme.finish(B, ctx.local["p"], q_local, q_sum)
         deps = [self.set_state(ctx.key, "Q", q_sum / float(ctx.size))]
         if ctx.local["ef"]:
-            deps.append(self.set_residual(ctx.key, finite_or_zero(B, ctx.local["acc"] - sent)))
+            deps.append(self.set_memory("residual", ctx.key, finite_or_zero(B, ctx.local["acc"] - sent)))
         dense = agg * (B.cast(output, "float32")[0] / float(ctx.size))
         dense = B.identity_with_deps(dense, deps)
         return B.reshape(B.cast(dense, ctx.dtype), ctx.shape)

@@ -40,6 +40,7 @@ import json
 import re
 
 from .backend import backend_for
+from .memory import ResidualMemory, finite_or_zero  # noqa: F401  (finite_or_zero is re-exported)
 from .schemes.base import Scheme
 from .stats import CompressionStats
 
@@ -59,24 +60,27 @@ def stable_hash(*parts):
 
 
 def encode_with_feedback(B, scheme, x, residual, ectx):
-    """Error feedback around ``scheme.encode``; returns (payload, new_residual).
+    """Plain error feedback around ``scheme.encode``; returns (payload, new_residual).
 
     ``acc = x + residual``; the scheme sends ``sent``; the residual becomes
     ``acc - sent``, so over any number of steps
-    ``sum(sent) + residual == sum(x)``: nothing is lost.  A non-finite value
-    (overflow, NaN) still goes out like an uncompressed gradient would, but is
-    not kept in the residual, so one bad step cannot poison later ones.
+    ``sum(sent) + residual == sum(x)``: nothing is lost.  ``residual=None``
+    means no error feedback.
     """
-    acc = x if residual is None else x + residual
-    payload, sent = scheme.encode(B, acc, ectx)
     if residual is None:
+        payload, _ = scheme.encode(B, x, ectx)
         return payload, None
-    return payload, finite_or_zero(B, acc - sent)
+    payload, state = encode_with_memory(B, scheme, x, {"residual": residual}, ectx, ResidualMemory())
+    return payload, state["residual"]
 
 
-def finite_or_zero(B, r):
-    """The residual without NaN/Inf entries (they are sent, not kept)."""
-    return B.where(B.isfinite(r), r, B.zeros(B.numel(r), "float32", like=r))
+def encode_with_memory(B, scheme, x, state, ectx, memory):
+    """``memory.compensate`` -> ``scheme.encode`` -> ``memory.update``;
+    returns (payload, new_state)."""
+    state = dict(state)
+    acc = memory.compensate(B, x, state)
+    payload, sent = scheme.encode(B, acc, ectx)
+    return payload, memory.update(B, acc, sent, state)
 
 
 class Compressor:
@@ -95,7 +99,7 @@ class Compressor:
     requires.  One object serves both frameworks.
     """
 
-    def __init__(self, scheme: Scheme, error_feedback=None, seed=0):
+    def __init__(self, scheme: Scheme, error_feedback=None, seed=0, memory=None):
         if not isinstance(scheme, Scheme):
             raise ValueError(f"scheme must be an hvd_compress scheme instance; got {scheme!r}")
         if error_feedback not in (None, True, False):
@@ -104,6 +108,12 @@ class Compressor:
             raise ValueError(f"seed must be a non-negative integer; got {seed!r}")
         self.scheme = scheme
         self.error_feedback = scheme.error_feedback_default if error_feedback is None else error_feedback
+        if memory is not None and not hasattr(memory, "compensate"):
+            raise ValueError(f"memory must be an hvd_compress memory such as DGCMemory(); got {memory!r}")
+        if memory is not None and not self.error_feedback:
+            raise ValueError("memory= needs error_feedback enabled")
+        #: what error feedback keeps between steps (None without error feedback)
+        self.memory = (memory or ResidualMemory()) if self.error_feedback else None
         self.seed = seed
         self.stats = CompressionStats()
         self._adapters = {}
@@ -122,13 +132,14 @@ class Compressor:
 
     # --- per-tensor plan (overridden by Policy and Schedule) ---------------------
     def plan_for(self, key, numel, shape):
-        """``[(start_step, scheme, error_feedback), ...]`` for one tensor:
+        """``[(start_step, scheme, memory or None), ...]`` for one tensor:
         a single phase here; schedules have several."""
-        return [(0, self.scheme, self.error_feedback)]
+        return [(0, self.scheme, self.memory)]
 
     def config(self):
         return {"scheme": self.scheme.name, "args": self.scheme.config(),
-                "error_feedback": self.error_feedback, "seed": self.seed}
+                "error_feedback": self.error_feedback, "seed": self.seed,
+                "memory": None if self.memory is None else self.memory.config()}
 
     def fingerprint(self):
         """Hash of the configuration; ranks must agree on it."""

@@ -99,7 +99,8 @@ class Schedule(Compressor):
         if any(not isinstance(s, int) or s < 0 for s in starts) or starts != sorted(set(starts)):
             raise ValueError(f"phase start steps must be distinct, increasing non-negative integers; got {starts}")
         self.phases = [(s, _as_compressor(c, "each phase's compression")) for s, c in phases]
-        super().__init__(self.phases[-1][1].scheme, self.phases[-1][1].error_feedback, seed)
+        last = self.phases[-1][1]
+        super().__init__(last.scheme, last.error_feedback, seed, memory=last.memory)
 
     @classmethod
     def dgc_warmup(cls, warmup_steps, steps_per_stage, final_ratio=0.001, start_ratio=0.25, factor=4.0,
@@ -119,7 +120,7 @@ class Schedule(Compressor):
         return cls(phases, seed=seed)
 
     def plan_for(self, key, numel, shape):
-        return [(s, c.scheme, c.error_feedback) for s, c in self.phases]
+        return [(s, c.scheme, c.memory) for s, c in self.phases]
 
     def config(self):
         return {"schedule": [(s, c.config()) for s, c in self.phases], "seed": self.seed}
@@ -136,7 +137,7 @@ class Policy(Compressor):
         from . import NoCompression
         self.rules = [r if isinstance(r, Rule) else _bad_rule(r) for r in rules]
         self.default = _as_compressor(default, "default") if default is not None else NoCompression()
-        super().__init__(self.default.scheme, self.default.error_feedback, seed)
+        super().__init__(self.default.scheme, self.default.error_feedback, seed, memory=self.default.memory)
 
     def rule_for(self, key, numel, shape):
         for rule in self.rules:

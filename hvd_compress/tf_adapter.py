@@ -56,7 +56,7 @@ class TFAdapter(AdapterBase):
 
     def reset(self):
         if getattr(self, "residuals", None):
-            for v in self.residuals.values():
+            for v in list(self.residuals.values()) + [v for st in self.memories.values() for v in st.values()]:
                 v.assign(tf.zeros_like(v))
             for v in self.steps.values():
                 v.assign(0)
@@ -64,6 +64,7 @@ class TFAdapter(AdapterBase):
         super().reset()
         self.fingerprint_checked = False
         self.residuals = {}
+        self.memories = {}
         self.steps = {}
         self.byte_counters = {}
         self.scheme_vars = {}
@@ -137,11 +138,14 @@ class TFAdapter(AdapterBase):
         v = self._var(self.steps, key, 0, tf.int64)
         return v.assign_add(1)
 
-    def get_residual(self, key, numel, like):
-        return self._var(self.residuals, key, lambda: tf.zeros([numel]), tf.float32).read_value()
+    def _store(self, name):
+        return self.residuals if name == "residual" else self.memories.setdefault(name, {})
 
-    def set_residual(self, key, value):
-        return self.residuals[key].assign(value)
+    def get_memory(self, name, key, numel, like):
+        return self._var(self._store(name), key, lambda: tf.zeros([numel]), tf.float32).read_value()
+
+    def set_memory(self, name, key, value):
+        return self._store(name)[key].assign(value)
 
     def seed_for(self, base, step):
         return tf.constant(base % 1_000_000_007, tf.int64) * 1_000_003 + tf.cast(step, tf.int64)
@@ -184,6 +188,7 @@ class TFAdapter(AdapterBase):
     def checkpointable(self):
         module = tf.Module(name="hvd_compress_state")
         module.residuals = dict(self.residuals)
+        module.memories = {n: dict(st) for n, st in self.memories.items()}
         module.steps = dict(self.steps)
         module.scheme_state = dict(self.scheme_vars)
         return module
@@ -191,13 +196,18 @@ class TFAdapter(AdapterBase):
     def state_dict(self):
         out = {f"residual/{k}": v.numpy() for k, v in self.residuals.items()}
         out.update({f"step/{k}": v.numpy() for k, v in self.steps.items()})
+        out.update({f"memory/{n}/{k}": v.numpy() for n, st in self.memories.items() for k, v in st.items()})
         out.update({f"scheme/{k}": v.numpy() for k, v in self.scheme_vars.items()})
         return out
 
     def load_state_dict(self, state):
         for name, value in state.items():
             kind, _, key = name.partition("/")
-            store = {"residual": self.residuals, "step": self.steps, "scheme": self.scheme_vars}.get(kind)
+            if kind == "memory":
+                mem, _, key = key.partition("/")
+                store = self._store(mem)
+            else:
+                store = {"residual": self.residuals, "step": self.steps, "scheme": self.scheme_vars}.get(kind)
             if store is None:
                 raise ValueError(f"unknown entry {name!r} in the TF state of hvd_compress")
             if key in store:

@@ -49,6 +49,7 @@ class TorchAdapter(AdapterBase):
         super().reset()
         self.fingerprint_checked = False
         self.residuals = {}
+        self.memories = {}
         self.steps = {}
         self._occurrence = {}
 
@@ -92,15 +93,19 @@ class TorchAdapter(AdapterBase):
         self.steps[key] = self.steps.get(key, 0) + 1
         return self.steps[key]
 
-    def get_residual(self, key, numel, like):
-        r = self.residuals.get(key)
+    def _store(self, name):
+        return self.residuals if name == "residual" else self.memories.setdefault(name, {})
+
+    def get_memory(self, name, key, numel, like):
+        store = self._store(name)
+        r = store.get(key)
         if r is None or r.numel() != numel or r.device != like.device:
             r = torch.zeros(numel, dtype=torch.float32, device=like.device)
-            self.residuals[key] = r
+            store[key] = r
         return r
 
-    def set_residual(self, key, value):
-        self.residuals[key] = value
+    def set_memory(self, name, key, value):
+        self._store(name)[key] = value
         return None
 
     def seed_for(self, base, step):
@@ -145,6 +150,9 @@ class TorchAdapter(AdapterBase):
         out = {}
         for k, v in self.residuals.items():
             out[f"residual/{k}"] = v.detach().clone()
+        for name, store in self.memories.items():
+            for k, v in store.items():
+                out[f"memory/{name}/{k}"] = v.detach().clone()
         for k, v in self.steps.items():
             out[f"step/{k}"] = torch.tensor(v, dtype=torch.int64)
         for k, st in self.scheme_state.items():
@@ -159,6 +167,9 @@ class TorchAdapter(AdapterBase):
             kind, _, rest = name.partition("/")
             if kind == "residual":
                 self.residuals[rest] = v.clone()
+            elif kind == "memory":
+                name, _, key = rest.partition("/")
+                self.memories.setdefault(name, {})[key] = v.clone()
             elif kind == "step":
                 self.steps[rest] = int(v)
             elif kind == "scheme":
