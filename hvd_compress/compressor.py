@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 
 from .backend import backend_for
@@ -83,6 +84,10 @@ def encode_with_memory(B, scheme, x, state, ectx, memory):
     return payload, memory.update(B, acc, sent, state)
 
 
+class ElasticNotSupported(RuntimeError):
+    pass
+
+
 class Compressor:
     """A Horovod compression object: ``scheme`` + error feedback + transport.
 
@@ -120,6 +125,11 @@ class Compressor:
 
     # --- Horovod's interface -----------------------------------------------
     def compress(self, tensor):
+        if os.environ.get("HOROVOD_ELASTIC") == "1":
+            raise ElasticNotSupported(
+                "hvd_compress does not support elastic Horovod (HOROVOD_ELASTIC=1, hvd.elastic.run): error-feedback "
+                "residuals and per-tensor step counters would not follow a change of membership; run with a fixed "
+                "set of workers (horovodrun without --min-np/--max-np/--host-discovery-script)")
         B = backend_for(tensor)
         if not B.is_floating(tensor):
             return tensor, None  # integers and bools always pass through
