@@ -192,7 +192,7 @@ class TorchBackend:
         """Run a numpy function on the host (codecs without device kernels)."""
         import numpy as np
         out = fn(x.detach().cpu().numpy())
-        return self.torch.from_numpy(np.ascontiguousarray(out)).to(device=x.device, dtype=self._dt[out_dtype])
+        return self.torch.from_numpy(np.array(out, copy=True)).to(device=x.device, dtype=self._dt[out_dtype])
 
 
 class TensorFlowBackend:
