@@ -18,6 +18,10 @@ host by default).  Per run:
   around the timed steps), mean over hosts; ``wire_to_payload`` is their
   ratio and ``expected_wire_bytes_per_step`` what the transport should send
   (ring allreduce ``2(N-1)/N x payload``, allgather ``(N-1) x payload``).
+  ``idle_wire_bytes_per_s`` is what the interface sends while no tensor is
+  pending (Horovod's background coordination, measured for 1 s after the
+  timed steps); ``control_bytes_per_step`` = that rate x the mean step time,
+  and ``wire_minus_control_to_payload`` the ratio without it.
   ``wire_bytes_run_total`` is the whole launch (start-up, broadcasts and
   warm-up included) from the cluster's own counters, for cross-checking.
 * ``speedup_vs_none`` / ``speedup_vs_hvd_fp16`` -- ratio of median step times
@@ -102,6 +106,7 @@ def run(framework="torch", model="mlp", params="16M", hosts=2, workers=None, rat
                        "--threads", str(threads), "--iface", c.iface, "--out", out]
                 argv = c.horovodrun_command(cmd, np=workers, controller=controller, slots=slots)
                 before = c.link_bytes()
+                load_before = os.getloadavg()[0]
                 t0 = time.monotonic()
                 try:
                     r = c.run(0, argv, env=env, timeout=run_timeout, cwd=str(REPO))
@@ -121,6 +126,9 @@ def run(framework="torch", model="mlp", params="16M", hosts=2, workers=None, rat
                 row["link_measured_mbit"] = measured
                 row["controller"] = controller
                 row["launch_s"] = time.monotonic() - t0
+                # load of the machine (other users' work competes for the same CPUs)
+                row["loadavg_1m_before"], row["loadavg_1m_after"] = load_before, os.getloadavg()[0]
+                row["cpus"] = os.cpu_count()
                 row["wire_bytes_run_total"] = sum(after[h].tx - before[h].tx for h in c.hosts) / len(c.hosts)
                 row["expected_wire_bytes_per_step"] = expected_wire(row["transport"], row["payload_bytes_per_step"],
                                                                     row["workers"])
@@ -130,6 +138,12 @@ def run(framework="torch", model="mlp", params="16M", hosts=2, workers=None, rat
                 row["wire_to_expected"] = (row["wire_bytes_per_step"] / row["expected_wire_bytes_per_step"]
                                            if row.get("wire_bytes_per_step") and row["expected_wire_bytes_per_step"]
                                            else None)
+                idle = row.get("idle_wire_bytes_per_s")
+                row["control_bytes_per_step"] = idle * row["mean_step_s"] if idle is not None else None
+                row["wire_minus_control_to_payload"] = (
+                    (row["wire_bytes_per_step"] - row["control_bytes_per_step"]) / row["payload_bytes_per_step"]
+                    if row["control_bytes_per_step"] is not None and row.get("wire_bytes_per_step")
+                    and row["payload_bytes_per_step"] else None)
                 row["comm_s_measured"] = (row["median_step_s"] - row["compute_s"]
                                           if row.get("compute_s") is not None else None)
                 rows.append(row)
@@ -188,6 +202,8 @@ def format_table(rows):
             ("payload/step", lambda r: human_bytes(r["payload_bytes_per_step"]), ">"),
             ("wire/step", lambda r: human_bytes(r.get("wire_bytes_per_step")), ">"),
             ("wire/payload", lambda r: f2(r.get("wire_to_payload")), ">"),
+            ("idle ctl/s", lambda r: human_bytes(r.get("idle_wire_bytes_per_s")), ">"),
+            ("(wire-ctl)/payload", lambda r: f2(r.get("wire_minus_control_to_payload")), ">"),
             ("steps", lambda r: r["steps"], ">")]
     head = ""
     if rows:

@@ -229,9 +229,15 @@ def _timed_loop(a, hvd, barrier, dist_step, comp, compute, layer_numels, bcast, 
     barrier()
     wall = time.perf_counter() - t_start
     c1 = read_iface(a.iface)
+    # Horovod's background loop keeps coordinating while no tensor is pending:
+    # measure that idle control traffic too, to explain wire > payload
+    time.sleep(a.idle_seconds)
+    c2 = read_iface(a.iface)
+    barrier()
     me = {"rank": hvd.rank(), "host": socket.gethostname(), "times": times, "warmup_times": warm,
           "compute": compute, "wall": wall,
           "rx": None if c0 is None else c1[0] - c0[0], "tx": None if c0 is None else c1[1] - c0[1],
+          "idle_tx": None if c0 is None else c2[1] - c1[1],
           "payload_bytes_per_step": _payload_per_step(comp, steps), "loss_first": losses[0],
           "loss_last": losses[-1]}
     everyone = gather(me)
@@ -244,6 +250,7 @@ def _timed_loop(a, hvd, barrier, dist_step, comp, compute, layer_numels, bcast, 
     for r in everyone:  # one set of counters per host (ranks on one host share its interface)
         hosts.setdefault(r["host"], r)
     tx = [r["tx"] for r in hosts.values() if r["tx"] is not None]
+    idle = [r["idle_tx"] for r in hosts.values() if r["idle_tx"] is not None]
     rx = [r["rx"] for r in hosts.values() if r["rx"] is not None]
     result = {
         "scheme": a.scheme, "framework": a.framework, "model": a.model,
@@ -255,6 +262,7 @@ def _timed_loop(a, hvd, barrier, dist_step, comp, compute, layer_numels, bcast, 
         "payload_bytes_per_step": statistics.mean(r["payload_bytes_per_step"] for r in everyone),
         "wire_bytes_per_step": (statistics.mean(tx) / steps) if tx else None,
         "wire_rx_bytes_per_step": (statistics.mean(rx) / steps) if rx else None,
+        "idle_wire_bytes_per_s": (statistics.mean(idle) / a.idle_seconds) if idle and a.idle_seconds else None,
         "wire_iface": a.iface, "loss_first": me["loss_first"], "loss_last": me["loss_last"],
         "per_rank": [{k: r[k] for k in ("rank", "host", "tx", "rx", "payload_bytes_per_step")}
                      for r in everyone],
@@ -283,6 +291,8 @@ def main(argv=None):
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--iface", default="eth0")
+    p.add_argument("--idle-seconds", type=float, default=1.0,
+                   help="after the timed steps, measure the interface's idle traffic this long")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
     if a.framework == "tf":

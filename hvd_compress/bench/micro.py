@@ -79,7 +79,7 @@ def default_schemes():
 def scheme_kind(spec: str) -> str:
     """'sparsifier', 'quantizer' or 'other' (for the targets)."""
     if spec in HOROVOD_SPECS:
-        return "quantizer" if spec == "hvd_fp16" else "other"
+        return "other"  # Horovod's own: a reference, not a product target
     from ..schemes import casts, quantization, sparsification
     s = parse_spec(spec).scheme
     if isinstance(s, (sparsification._Sparsifier, sparsification.RandomK)):
@@ -149,7 +149,8 @@ def _row(spec, framework, device, n, copy_t, enc_t, tot_t, payload, cfg, copy_me
             "payload_ratio": payload / (4.0 * n), "encode_s": es, "decode_s": max(ts - es, 0.0),
             "encode_decode_s_min": min(tot_t), "encode_decode_s_max": max(tot_t),
             "copy_s_min": min(copy_t), "reps": len(tot_t), "threads": cfg["threads"],
-            "copy_method": copy_method, "kind": scheme_kind(spec)}
+            "copy_method": copy_method, "kind": scheme_kind(spec),
+            "loadavg_1m": os.getloadavg()[0], "cpus": os.cpu_count()}
 
 
 # ----------------------------------------------------------------------------- workers

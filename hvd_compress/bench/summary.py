@@ -1,0 +1,156 @@
+"""Markdown summary of bench results against issue #4's targets::
+
+    python -m hvd_compress.bench.summary docs/results/micro.json docs/results/e2e.json
+
+Prints the micro table at 16M elements, the e2e table and a target-by-target
+verdict (met / NOT met, with the measured number).  Nothing is tuned: the
+numbers are read from the JSON files as they are.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from .report import human_bytes, human_count, human_seconds
+
+MICRO_TARGET_NUMEL = 16_000_000
+TARGET_SCHEME = "TopK(0.01)"
+
+
+def _rate(r):
+    return "unshaped" if r is None else f"{r:g} Mbit/s"
+
+
+def micro_markdown(rows, numel=MICRO_TARGET_NUMEL):
+    from .micro import TARGETS
+    out = []
+    for fw in sorted({r["framework"] for r in rows}):
+        sub = [r for r in rows if r["framework"] == fw]
+        sizes = sorted({r["numel"] for r in sub})
+        schemes = list(dict.fromkeys(r["scheme"] for r in sub))
+        thr = sub[0].get("threads")
+        out += [f"**{fw}**, {sub[0]['device']}, {thr} thread(s): encode + error feedback + decode as multiples "
+                f"of `dst.copy_(src)` (copy time in the header)", "",
+                "| scheme | " + " | ".join(
+                    f"{human_count(n)} (copy {human_seconds(_copy(sub, n))})" for n in sizes)
+                + " | payload / fp32 | target at 16M |",
+                "|---|" + "---:|" * len(sizes) + "---:|---|"]
+        for s in schemes:
+            cells, verdict, frac = [], "", None
+            for n in sizes:
+                m = [r for r in sub if r["scheme"] == s and r["numel"] == n]
+                if not m:
+                    cells.append("-")
+                    continue
+                r = m[0]
+                cells.append(f"{r['ratio_to_copy']:.1f}x ({human_seconds(r['encode_decode_s'])})")
+                frac = r["payload_bytes"] / r["dense_fp32_bytes"]
+                t = TARGETS.get(r.get("kind"))
+                if n == numel and t is not None:
+                    verdict = f"<= {t:g}x: {'met' if r['ratio_to_copy'] <= t else '**NOT met**'}"
+            out.append(f"| {s} | " + " | ".join(cells) + f" | {100 * frac:.3g}% | {verdict} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def _copy(sub, n):
+    m = [r["copy_s"] for r in sub if r["numel"] == n]
+    return sorted(m)[len(m) // 2] if m else None
+
+
+def e2e_markdown(rows):
+    def f2(v):
+        return "-" if v is None else f"{v:.2f}"
+    r0 = rows[0]
+    out = [f"{r0['framework']} {r0['model']}, {human_count(r0['model_params'])} parameters, {r0['workers']} workers "
+           f"on {r0['hosts']} hosts, batch {r0['batch']}, {r0['threads']} thread(s) per rank, "
+           f"{r0.get('controller', 'gloo')}", "",
+           "| link (measured goodput) | scheme | median step | compute | vs none | vs hvd fp16 | payload/step | "
+           "wire/step | wire/payload | Horovod idle traffic | (wire - idle)/payload | load avg |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        meas = r.get("link_measured_mbit")
+        link = _rate(r["link_mbit"]) + (f" ({meas:.0f})" if meas else "")
+        out.append(f"| {link} | {r['scheme']} | {human_seconds(r['median_step_s'])} | "
+                   f"{human_seconds(r.get('compute_s'))} | {f2(r.get('speedup_vs_none'))} | "
+                   f"{f2(r.get('speedup_vs_hvd_fp16'))} | {human_bytes(r['payload_bytes_per_step'])} | "
+                   f"{human_bytes(r.get('wire_bytes_per_step'))} | {f2(r.get('wire_to_payload'))} | "
+                   f"{human_bytes(r.get('idle_wire_bytes_per_s'))}/s | "
+                   f"{f2(r.get('wire_minus_control_to_payload'))} | "
+                   f"{_load(r)} |")
+    return "\n".join(out)
+
+
+def _load(r):
+    v = r.get("loadavg_1m_before")
+    return "-" if v is None else f"{v:.1f}"
+
+
+def verdicts(micro_rows, e2e_rows):
+    """[(target, measured, met)] for issue #4's targets."""
+    out = []
+
+    def row(scheme, rate):
+        m = [r for r in e2e_rows if r["scheme"] == scheme and r["link_mbit"] == rate]
+        return m[0] if m else None
+
+    t100 = row(TARGET_SCHEME, 100.0)
+    if t100:
+        v = t100.get("speedup_vs_none")
+        out.append((f"{TARGET_SCHEME}+EF >= 20x faster than none at 100 Mbit/s", f"{v:.2f}x", v is not None and v >= 20))
+        v = t100.get("speedup_vs_hvd_fp16")
+        if v is not None:
+            out.append((f"{TARGET_SCHEME}+EF >= 10x faster than hvd fp16 at 100 Mbit/s", f"{v:.2f}x", v >= 10))
+    t1g = row(TARGET_SCHEME, 1000.0)
+    if t1g and t1g.get("speedup_vs_none") is not None:
+        v = t1g["speedup_vs_none"]
+        out.append((f"{TARGET_SCHEME}+EF >= 2x faster than none at 1 Gbit/s", f"{v:.2f}x", v >= 2))
+    for r in e2e_rows:
+        if r["link_mbit"] is None and r["scheme"] != "none" and r.get("speedup_vs_none") is not None:
+            v = r["speedup_vs_none"]
+            out.append((f"unshaped: {r['scheme']} no more than 1.1x slower than none",
+                        f"{1 / v:.2f}x {'slower' if v < 1 else 'faster' if v > 1 else ''}".strip(), v >= 1 / 1.1))
+    for r in e2e_rows:
+        w = r.get("wire_to_payload")
+        if w is not None and r["workers"] == 2:
+            out.append((f"wire within 10% of payload: {r['scheme']} @ {_rate(r['link_mbit'])}", f"{w:.2f}",
+                        0.9 <= w <= 1.1))
+    from .micro import TARGETS
+    for r in micro_rows or []:
+        t = TARGETS.get(r.get("kind"))
+        if t is not None and r["numel"] == MICRO_TARGET_NUMEL and r.get("threads") == 1:
+            out.append((f"micro 16M, 1 thread, {r['framework']}: {r['scheme']} <= {t:g}x copy",
+                        f"{r['ratio_to_copy']:.1f}x", r["ratio_to_copy"] <= t))
+    return out
+
+
+def verdict_markdown(v):
+    lines = ["| target (issue #4) | measured | |", "|---|---:|---|"]
+    for what, meas, ok in v:
+        lines.append(f"| {what} | {meas} | {'met' if ok else '**NOT met**'} |")
+    met = sum(1 for _, _, ok in v if ok)
+    lines.append("")
+    lines.append(f"{met} of {len(v)} targets met.")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    with open(argv[0]) as f:
+        micro_rows = json.load(f)
+    with open(argv[1]) as f:
+        e2e_rows = json.load(f)
+    print("### bench micro\n")
+    print(micro_markdown(micro_rows))
+    print("### bench e2e\n")
+    print(e2e_markdown(e2e_rows))
+    print("\n### Targets\n")
+    print(verdict_markdown(verdicts(micro_rows, e2e_rows)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
