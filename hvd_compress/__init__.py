@@ -24,10 +24,11 @@ __version__ = "0.1.0"
 
 def _factory(scheme_cls):
     @wraps(scheme_cls, assigned=("__doc__", "__name__", "__qualname__"), updated=())
-    def make(*args, error_feedback=None, seed=0, **kwargs):
+    def make(*args, error_feedback=None, seed=0, transport="allgather", **kwargs):
         if isinstance(kwargs.get("values"), Compressor):
             kwargs["values"] = kwargs["values"].scheme
-        return Compressor(scheme_cls(*args, **kwargs), error_feedback=error_feedback, seed=seed)
+        return Compressor(scheme_cls(*args, **kwargs), error_feedback=error_feedback, seed=seed,
+                          transport=transport)
     make.__module__ = __name__
     return make
 

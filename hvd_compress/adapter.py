@@ -10,7 +10,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .backend import ceil_div
 from .compressor import collective_name, encode_with_memory, finite_or_zero, stable_hash
+from .memory import ResidualMemory
+
+
+def choose_two_phase(mode, n_ranks, numel):
+    """``auto``: two-phase once there are 3+ ranks (allgather makes each rank
+    receive N-1 payloads, two-phase about 2) and the tensor is large enough
+    (64Ki elements) for the extra round's latency not to dominate."""
+    if mode == "two_phase":
+        return n_ranks > 1
+    if mode == "auto":
+        return n_ranks >= 3 and numel >= 65536
+    return False
 from .schemes.base import EncodeContext
 
 
@@ -69,6 +82,10 @@ class AdapterBase:
     def allreduce_sum(self, tensor, name, process_set):
         raise NotImplementedError
 
+    def alltoall(self, tensor, name, process_set):
+        """Equal splits along the first dimension."""
+        raise NotImplementedError
+
     def get_state(self, key, name, init):
         """Scheme state that persists across steps (PowerSGD's Q)."""
         raise NotImplementedError
@@ -116,8 +133,7 @@ class AdapterBase:
         step = self.next_step(key)
         call = dict(comp=comp, key=key, x=x, step=step, info=info, shape=shape, dtype=dtype, numel=numel)
         if len(phases) == 1:
-            _, scheme, ef = phases[0]
-            out, ctx = self._compress_with(scheme, ef, coll_key=key, **call)
+            out, ctx = self._compress_with(phases[0], coll_key=key, **call)
         else:
             out, ctx = self._compress_scheduled(phases, **call)
         return (B.identity_with_deps(out, [check]) if check is not None else out), ctx
@@ -126,13 +142,15 @@ class AdapterBase:
         """Eager frameworks: the phase follows the Python step counter
         (communications done so far, the same on every rank)."""
         done = int(step) - 1
-        i = max(j for j, (start, _, _) in enumerate(phases) if start <= done)
-        _, scheme, ef = phases[i]
-        return self._compress_with(scheme, ef, coll_key=f"{call['key']}@{i}", step=step, **call)
+        i = max(j for j, phase in enumerate(phases) if phase.start <= done)
+        return self._compress_with(phases[i], coll_key=f"{call['key']}@{i}", step=step, **call)
 
-    def _compress_with(self, scheme, ef, comp, key, coll_key, x, step, info, shape, dtype, numel):
+    def _compress_with(self, phase, comp, key, coll_key, x, step, info, shape, dtype, numel):
         B = self.B
+        scheme, memory = phase.scheme, phase.memory
         transport = scheme.transport_for(shape) if hasattr(scheme, "transport_for") else scheme.transport
+        if transport == "allgather" and choose_two_phase(phase.transport, info.size, numel):
+            transport = "two_phase"
         private = stable_hash(comp.seed, key, info.rank)
         shared = stable_hash(comp.seed, key)
         ectx = EncodeContext(
@@ -140,7 +158,9 @@ class AdapterBase:
             uniform=lambda n: B.uniform(n, self.seed_for(private, step), like=x),
             shared_seed=self.seed_for(shared, step), shape=shape,
             state=self.scheme_state.setdefault(key, {}))
-        memory = ef
+        if transport == "two_phase":
+            return self._compress_two_phase(comp, scheme, memory, key, coll_key, x, step, info, shape, dtype,
+                                            numel, ectx)
         if transport == "powersgd":
             residual = self.get_memory("residual", key, numel, x) if memory is not None else None
             return self._compress_powersgd(comp, scheme, key, coll_key, x, residual, info, shape, dtype, numel)
@@ -183,6 +203,8 @@ class AdapterBase:
             return B.reshape(B.cast(dense, ctx.dtype), ctx.shape)
         if ctx.transport == "powersgd":
             return self._finish_powersgd(output, ctx)
+        if ctx.transport == "two_phase":
+            return self._finish_two_phase(output, ctx)
         if ctx.transport == "allreduce":
             dense = ctx.scheme.decode_reduced(B, output, ctx.numel, ctx.local)
         else:
@@ -212,6 +234,94 @@ class AdapterBase:
         ctx.dtype = "float32"
         return B.flatten(self.decompress(comp, B.full(1, float(ctx.size), "float32", like=out), ctx))
 
+    # --- two-phase compressed allreduce ------------------------------------------------------
+    # Allgathering everybody's payload makes each rank receive (N-1) payloads.
+    # Here each rank owns one of N chunks: phase 1 sends every chunk's payload
+    # to its owner (alltoall), the owner decodes and sums its chunk, re-encodes
+    # the sum with its own (second-stage) error feedback, and phase 2 allgathers
+    # the N chunk payloads.  Each rank sends and receives about 2 payloads
+    # whatever N is (as in 1-bit Adam, ByteGrad and CGX).  Conservation holds
+    # end to end: sum(applied) + sum(stage-1 residuals) + sum(stage-2
+    # residuals) == sum(gradients).
+    def _compress_two_phase(self, comp, scheme, memory, key, coll_key, x, step, info, shape, dtype, numel, ectx):
+        B = self.B
+        n_ranks = info.size
+        chunk = ceil_div(numel, n_ranks)
+        if memory is not None:
+            state = {n: self.get_memory(n, key, numel, x) for n in memory.names}
+            acc = memory.compensate(B, x, dict(state))
+        else:
+            acc = x
+        pad = chunk * n_ranks - numel
+        padded = B.concat([acc, B.zeros(pad, "float32", like=x)]) if pad else acc
+        private = stable_hash(comp.seed, key, info.rank, "two_phase")
+        payloads, sents = [], []
+        for j in range(n_ranks):  # one encode per destination chunk (a loop over ranks, not elements)
+            cctx = EncodeContext(key=key, step=step, rank=info.rank, size=n_ranks, shape=(chunk,),
+                                 uniform=lambda n, j=j: B.uniform(n, self.seed_for(private + j, step), like=x),
+                                 shared_seed=ectx.shared_seed, state={})
+            p, s = scheme.encode(B, padded[j * chunk:(j + 1) * chunk], cctx)
+            payloads.append(p)
+            sents.append(s)
+        deps = []
+        if memory is not None:
+            sent = B.concat(sents)[:numel] if pad else B.concat(sents)
+            new_state = memory.update(B, acc, sent, dict(state))
+            deps = [self.set_memory(n, key, new_state[n]) for n in memory.names]
+        ctx = Ctx(self, key, scheme, shape, dtype, numel, n_ranks, "two_phase", info.process_set, coll_key=coll_key)
+        ctx.local.update(chunk=chunk, step=step, seed=stable_hash(comp.seed, key, info.rank, "phase2"),
+                         rank=info.rank, stage2=memory is not None)
+        nbytes = 4
+        for part in sorted(payloads[0]):
+            send = B.identity_with_deps(B.concat([p[part] for p in payloads]), deps)
+            ctx.part_lengths[part] = B.numel(payloads[0][part])
+            ctx.handles["1." + part] = self.alltoall(send, collective_name(coll_key, "a2a." + part), info.process_set)
+            nbytes += self.nbytes(send) + self.nbytes(payloads[0][part])  # phase 1 + phase 2
+        if self.defer_second_rounds:
+            self.pending_rounds.append(ctx)
+        self.record_bytes(comp, key, scheme, numel, nbytes)
+        return B.identity_with_deps(B.ones(1, "float32", like=x), deps), ctx
+
+    def _second_phase(self, ctx):
+        B = self.B
+        n_ranks, chunk = ctx.size, ctx.local["chunk"]
+        received = [dict() for _ in range(n_ranks)]
+        for part, length in ctx.part_lengths.items():
+            got = self.wait(ctx.handles.pop("1." + part))
+            for r, piece in enumerate(B.split(got, [length] * n_ranks, n_ranks)):
+                received[r][part] = piece
+        chunk_sum = ctx.scheme.aggregate(B, received, chunk)
+        seed, step = ctx.local["seed"], ctx.local["step"]
+        c2 = EncodeContext(key=ctx.key, step=step, rank=ctx.local["rank"], size=n_ranks, shape=(chunk,),
+                           uniform=lambda n: B.uniform(n, self.seed_for(seed, step), like=chunk_sum),
+                           shared_seed=0, state={})
+        key2 = ctx.key + "#owned_chunk"
+        if ctx.local["stage2"]:
+            state = {"residual": self.get_memory("residual", key2, chunk, chunk_sum)}
+            payload2, new_state = encode_with_memory(B, ctx.scheme, chunk_sum, state, c2, ResidualMemory())
+            deps = [self.set_memory("residual", key2, new_state["residual"])]
+        else:
+            payload2, _ = ctx.scheme.encode(B, chunk_sum, c2)
+            deps = []
+        for part in sorted(payload2):
+            t = B.identity_with_deps(payload2[part], deps)
+            ctx.handles["2." + part] = self.allgather(t, collective_name(ctx.coll_key, "ag." + part), ctx.process_set)
+
+    def _finish_two_phase(self, output, ctx):
+        B = self.B
+        if not any(h.startswith("2.") for h in ctx.handles):
+            self.launch_second_rounds(ctx)
+        n_ranks, chunk = ctx.size, ctx.local["chunk"]
+        per_chunk = [dict() for _ in range(n_ranks)]
+        for part, length in ctx.part_lengths.items():
+            got = self.wait(ctx.handles["2." + part])
+            for r, piece in enumerate(B.split(got, [length] * n_ranks, n_ranks)):
+                per_chunk[r][part] = piece
+        dense = B.concat([ctx.scheme.decode_one(B, p, chunk) for p in per_chunk])[:ctx.numel]
+        if ctx.scheme.apply_op_scale:
+            dense = dense * (B.cast(output, "float32")[0] / float(ctx.size))
+        return B.reshape(B.cast(dense, ctx.dtype), ctx.shape)
+
     # --- PowerSGD's two rounds ------------------------------------------------------------
     def _compress_powersgd(self, comp, scheme, key, coll_key, x, residual, info, shape, dtype, numel):
         B = self.B
@@ -232,6 +342,8 @@ class AdapterBase:
         return B.ones(1, "float32", like=x), ctx
 
     def _second_round(self, ctx):
+        if ctx.transport == "two_phase":
+            return self._second_phase(ctx)
         B = self.B
         p_sum = B.reshape(self.wait(ctx.handles.pop("p")), ctx.local["p_shape"])
         p, q_local = ctx.scheme.second_round(B, p_sum, ctx.local["mat"])

@@ -202,6 +202,7 @@ class TensorFlowBackend:
         import tensorflow as tf
         self.tf = tf
         self._dt = {n: getattr(tf, n) for n in DTYPES}
+        _exclude_from_autograph()
 
     def dtype_name(self, x):
         return x.dtype.name
@@ -354,6 +355,22 @@ class TensorFlowBackend:
     def host_call(self, fn, x, out_dtype, out_len=None):
         out = self.tf.numpy_function(fn, [x], self._dt[out_dtype], stateful=False)
         return self.tf.reshape(out, [-1 if out_len is None else out_len])
+
+
+def _exclude_from_autograph():
+    """Horovod's TF code is converted by autograph, and it would convert ours
+    too (every call below ``compress``): slow on every trace and pointless,
+    since our code has no tensor-dependent Python control flow.  Autograph has
+    no public per-module opt-out, so this adds a DoNotConvert rule for
+    ``hvd_compress`` to its rule list; if that internal moves, conversion
+    simply stays on."""
+    try:
+        from tensorflow.python.autograph.core import config, config_lib
+    except ImportError:
+        return
+    if not any(isinstance(r, config_lib.DoNotConvert) and r._prefix == "hvd_compress"
+               for r in config.CONVERSION_RULES):
+        config.CONVERSION_RULES = (config_lib.DoNotConvert("hvd_compress"),) + tuple(config.CONVERSION_RULES)
 
 
 _BACKENDS = {}

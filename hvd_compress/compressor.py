@@ -39,6 +39,7 @@ import hashlib
 import json
 import os
 import re
+from typing import Any, NamedTuple
 
 from .backend import backend_for
 from .memory import ResidualMemory, finite_or_zero  # noqa: F401  (finite_or_zero is re-exported)
@@ -84,6 +85,21 @@ def encode_with_memory(B, scheme, x, state, ectx, memory):
     return payload, memory.update(B, acc, sent, state)
 
 
+TRANSPORTS = ("allgather", "two_phase", "auto")
+
+
+class Phase(NamedTuple):
+    start: int
+    scheme: Scheme
+    memory: Any
+    transport: str
+
+
+def supports_two_phase(scheme):
+    """Two-phase exchange needs equal-size payload chunks."""
+    return scheme.transport == "allgather" and not scheme.variable_parts
+
+
 class ElasticNotSupported(RuntimeError):
     pass
 
@@ -104,11 +120,17 @@ class Compressor:
     requires.  One object serves both frameworks.
     """
 
-    def __init__(self, scheme: Scheme, error_feedback=None, seed=0, memory=None):
+    def __init__(self, scheme: Scheme, error_feedback=None, seed=0, memory=None, transport="allgather"):
         if not isinstance(scheme, Scheme):
             raise ValueError(f"scheme must be an hvd_compress scheme instance; got {scheme!r}")
         if error_feedback not in (None, True, False):
             raise ValueError(f"error_feedback must be True, False or None (scheme default); got {error_feedback!r}")
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}; got {transport!r}")
+        if transport != "allgather" and not supports_two_phase(scheme):
+            raise ValueError(f"transport={transport!r} needs a fixed-size allgather scheme (Int8, QSGD, TernGrad, "
+                             f"BF16, the sign family or TopK); {scheme!r} travels by {scheme.transport}")
+        self.transport = transport
         if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
             raise ValueError(f"seed must be a non-negative integer; got {seed!r}")
         self.scheme = scheme
@@ -142,14 +164,14 @@ class Compressor:
 
     # --- per-tensor plan (overridden by Policy and Schedule) ---------------------
     def plan_for(self, key, numel, shape):
-        """``[(start_step, scheme, memory or None), ...]`` for one tensor:
+        """``[Phase(start_step, scheme, memory or None, transport), ...]`` for one tensor:
         a single phase here; schedules have several."""
-        return [(0, self.scheme, self.memory)]
+        return [Phase(0, self.scheme, self.memory, self.transport)]
 
     def config(self):
         return {"scheme": self.scheme.name, "args": self.scheme.config(),
                 "error_feedback": self.error_feedback, "seed": self.seed,
-                "memory": None if self.memory is None else self.memory.config()}
+                "memory": None if self.memory is None else self.memory.config(), "transport": self.transport}
 
     def fingerprint(self):
         """Hash of the configuration; ranks must agree on it."""

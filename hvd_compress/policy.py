@@ -28,7 +28,7 @@ from __future__ import annotations
 import fnmatch
 import re
 
-from .compressor import Compressor
+from .compressor import Compressor, Phase
 
 
 def _as_compressor(c, what):
@@ -120,7 +120,7 @@ class Schedule(Compressor):
         return cls(phases, seed=seed)
 
     def plan_for(self, key, numel, shape):
-        return [(s, c.scheme, c.memory) for s, c in self.phases]
+        return [Phase(s, c.scheme, c.memory, c.transport) for s, c in self.phases]
 
     def config(self):
         return {"schedule": [(s, c.config()) for s, c in self.phases], "seed": self.seed}

@@ -119,17 +119,17 @@ class TFAdapter(AdapterBase):
         aggregated sum, so nothing crosses from compress to decompress but a
         dense tensor; Horovod's placeholder still supplies the op's scaling."""
         comp, x, info = call["comp"], call["x"], call["info"]
-        starts = tf.constant([start for start, _, _ in phases[1:]], tf.int64)
+        starts = tf.constant([phase.start for phase in phases[1:]], tf.int64)
         index = tf.reduce_sum(tf.cast(tf.cast(step, tf.int64) - 1 >= starts, tf.int32))
 
-        def branch(i, scheme, ef):
+        def branch(i, phase):
             def run():
-                out, ctx = self._compress_with(scheme, ef, coll_key=f"{call['key']}@{i}", step=step, **call)
+                out, ctx = self._compress_with(phase, coll_key=f"{call['key']}@{i}", step=step, **call)
                 dense = self.resolve_now(comp, out, ctx)
-                return dense, tf.constant(1.0 if scheme.apply_op_scale else 0.0)
+                return dense, tf.constant(1.0 if phase.scheme.apply_op_scale else 0.0)
             return run
 
-        dense, apply_scale = tf.switch_case(index, [branch(i, s, ef) for i, (_, s, ef) in enumerate(phases)])
+        dense, apply_scale = tf.switch_case(index, [branch(i, phase) for i, phase in enumerate(phases)])
         ctx = Ctx(self, call["key"], None, call["shape"], call["dtype"], call["numel"], info.size, "resolved",
                   info.process_set, local={"dense": dense, "apply_scale": apply_scale})
         return self.B.identity_with_deps(tf.ones([1], tf.float32), [dense]), ctx
@@ -157,6 +157,10 @@ class TFAdapter(AdapterBase):
     def allreduce_sum(self, tensor, name, process_set):
         import horovod.tensorflow as hvd
         return hvd.allreduce(tensor, op=hvd.Sum, name=name, process_set=process_set, ignore_name_scope=True)
+
+    def alltoall(self, tensor, name, process_set):
+        import horovod.tensorflow as hvd
+        return hvd.alltoall(tensor, name=name, process_set=process_set, ignore_name_scope=True)
 
     def get_state(self, key, name, init):
         v = self._var(self.scheme_vars, key + "/" + name, init, tf.float32)

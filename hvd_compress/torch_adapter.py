@@ -119,13 +119,17 @@ class TorchAdapter(AdapterBase):
         import horovod.torch as hvd
         return hvd.allreduce_async(tensor.contiguous(), name=name, op=hvd.Sum, process_set=process_set)
 
+    def alltoall(self, tensor, name, process_set):
+        import horovod.torch as hvd
+        return hvd.alltoall_async(tensor.contiguous(), name=name, process_set=process_set)
+
     def launch_second_rounds(self, ctx):
         pending = sorted(self.pending_rounds, key=lambda c: c.key)
         if ctx not in pending:
             pending.append(ctx)
         self.pending_rounds = []
         for c in pending:
-            if "q" not in c.handles:
+            if not any(h in c.handles for h in ("q",)) and not any(h.startswith("2.") for h in c.handles):
                 self._second_round(c)
 
     def get_state(self, key, name, init):
@@ -140,7 +144,8 @@ class TorchAdapter(AdapterBase):
 
     def wait(self, handle):
         import horovod.torch as hvd
-        return hvd.synchronize(handle)
+        out = hvd.synchronize(handle)
+        return out[0] if isinstance(out, tuple) else out  # alltoall also returns the received splits
 
     def nbytes(self, tensor):
         return tensor.numel() * tensor.element_size()
