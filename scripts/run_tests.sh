@@ -52,6 +52,7 @@ run "pytest" "$PY" -m pytest -p no:cacheprovider -ra -q --junitxml="$OUT/plain.x
 count "$OUT/plain.xml" "pytest"
 
 # 2. tests that run inside horovodrun, one launch per file and configuration
+shopt -s nullglob
 for f in tests/horovod/test_*.py; do
   base="$(basename "$f")"
   nps="2"; case " $NP3_FILES " in *" $base "*) nps="2 3";; esac
