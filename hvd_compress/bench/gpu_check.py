@@ -97,8 +97,9 @@ KNOWN_SYNCS = {
 def cases():
     """``[(id, factory, how)]``: the schemes checked.  ``how`` is the comparison
     rule for the *same draws* check: ``exact``, ``reducing`` (a float
-    reduction inside), ``topk`` (exact, ties reported), ``lowrank`` or
-    ``lossless``."""
+    reduction inside), ``topk`` (exact, ties reported), ``topk-reducing``
+    (Top-K with QSGD values), ``lowrank`` or ``lossless`` (see
+    :func:`compare_runs`)."""
     from .. import schemes as S
     return [
         ("none", S.NoCompression, "exact"),
