@@ -2,8 +2,8 @@
 steps so that nothing a lossy scheme drops is lost.
 
 A memory turns the raw gradient into the tensor to compress
-(:meth:`compensate`) and updates its state from what was actually sent
-(:meth:`update`).  States are dicts of flat fp32 tensors; the adapters own
+(:meth:`ResidualMemory.compensate`) and updates its state from what was actually sent
+(:meth:`ResidualMemory.update`).  States are dicts of flat fp32 tensors; the adapters own
 their storage (plain tensors in torch, ``tf.Variable`` in TF) and checkpoints.
 """
 from __future__ import annotations

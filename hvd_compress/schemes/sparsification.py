@@ -198,7 +198,7 @@ class DGC(_Sparsifier):
     it are kept, so the kept count is about ``ratio * n`` and varies between
     steps and ranks (the payload is variable-length).  DGC's momentum correction, clipping and
     momentum-factor masking are training-side features (see
-    :mod:`hvd_compress.training`).
+    :class:`hvd_compress.memory.DGCMemory`).
     """
     variable_parts = property(_variable_parts)
 
