@@ -69,8 +69,10 @@ def default_schemes():
             continue
         spec = _PREFERRED.get(name, name)
         try:
-            parse_spec(spec)
+            built = parse_spec(spec)
         except Exception:  # a factory that needs arguments we do not know: skip
+            continue
+        if not isinstance(built, hvd_compress.Compressor):  # e.g. DGCMemory, Rule: not compressors
             continue
         out.append(spec)
     return out + list(_EXTRA) + ["hvd_fp16"]
