@@ -183,7 +183,7 @@ def test_e2e_smoke_two_hosts(tmp_path):
     out = tmp_path / "e2e.json"
     rows = e2e.run(params="200k", hosts=2, rates="none", schemes=["none", "TopK(0.01)"], steps=3, warmup=1,
                    max_seconds=5, out_json=str(out), out_png=str(tmp_path / "e2e.png"), prefix="hvdcbt",
-                   measure_link=False, run_timeout=80, progress=False, stream=open(os.devnull, "w"))
+                   measure_link=False, run_timeout=150, progress=False, stream=open(os.devnull, "w"))
     assert not rows.failures, rows.failures
     data = json.loads(out.read_text())
     assert [r["scheme"] for r in data] == ["none", "TopK(0.01)"]

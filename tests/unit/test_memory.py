@@ -1,0 +1,242 @@
+"""Unit tests of the error-feedback memories (:mod:`hvd_compress.memory`)
+against a numpy reference written here from the papers, over several steps,
+in both framework backends.
+
+* ``ResidualMemory`` -- plain error feedback: ``acc = g + e``; ``e' = acc - sent``.
+* ``DGCMemory`` -- Deep Gradient Compression's corrections (Lin et al., ICLR
+  2018, Algorithm 1 with §3.2-3.3):
+
+  - local gradient clipping: ``g <- g * min(1, C / ||g||_2)``;
+  - momentum correction: ``u <- m u + g``; ``v <- v + u``; ``v`` is compressed;
+  - momentum factor masking: where an element was sent, ``v <- 0`` and ``u <- 0``.
+
+The memories are driven exactly as the adapters drive them, through
+``compressor.encode_with_memory`` with a real scheme (Top-K, whose selection
+the reference reproduces with ``tests/reference.py``).  Single process, no
+Horovod; the aggregated result across ranks is checked under horovodrun in
+tests/horovod/test_training_*.py.
+"""
+import numpy as np
+import pytest
+
+import hvd_compress as hc
+import reference as ref
+from hvd_compress.compressor import Compressor, encode_with_memory
+from hvd_compress.memory import DGCMemory, ResidualMemory
+from unit_helpers import FRAMEWORKS, framework, make_ctx
+
+f32 = np.float32
+
+
+def grads(n, steps, seed, scale=1.0):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal(n) * scale).astype(f32) for _ in range(steps)]
+
+
+# --- the numpy reference -------------------------------------------------------------------------
+def clip_ref(g, clip_norm):
+    if clip_norm is None:
+        return g
+    norm = np.linalg.norm(g.astype(np.float64))
+    return (g * f32(clip_norm / norm)).astype(f32) if norm > clip_norm else g
+
+
+def dgc_reference(gs, momentum, clip_norm, select):
+    """Per step: (sent, u, v) after the step.  ``select(v) -> dense sent``."""
+    n = gs[0].size
+    u, v = np.zeros(n, f32), np.zeros(n, f32)
+    out = []
+    for g in gs:
+        g = clip_ref(g, clip_norm)
+        u = (u * f32(momentum) + g).astype(f32)
+        v = (v + u).astype(f32)
+        sent = select(v)
+        mask = sent != 0
+        v = np.where(mask, f32(0), (v - sent).astype(f32)).astype(f32)
+        u = np.where(mask, f32(0), u).astype(f32)
+        out.append((sent, u.copy(), v.copy()))
+    return out
+
+
+def residual_reference(gs, select):
+    e = np.zeros(gs[0].size, f32)
+    out = []
+    for g in gs:
+        acc = (g + e).astype(f32)
+        sent = select(acc)
+        e = (acc - sent).astype(f32)
+        out.append((sent, e.copy()))
+    return out
+
+
+def topk_select(ratio):
+    return lambda x: ref.sent("TopK", {"ratio": ratio}, x)
+
+
+# --- driving the product -------------------------------------------------------------------------
+def run_memory(fwname, memory, scheme, gs):
+    """The product's states after each step (numpy), driven like the adapters do."""
+    fw = framework(fwname)
+    B = fw.B
+    n = gs[0].size
+    state = {name: fw.tensor(np.zeros(n, f32)) for name in memory.names}
+    out = []
+    for g in gs:
+        _, state = encode_with_memory(B, scheme, fw.tensor(g), state, make_ctx(fw, None, shape=(n,)), memory)
+        assert set(state) == set(memory.names), sorted(state)  # nothing private ('_velocity') is kept
+        out.append({k: fw.np(v).astype(f32) for k, v in state.items()})
+    return out
+
+
+def close(got, want, what, scale=1.0):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * scale, err_msg=what)
+
+
+# --- DGCMemory vs the reference --------------------------------------------------------------------------
+@pytest.mark.parametrize("fwname", FRAMEWORKS)
+@pytest.mark.parametrize("momentum, clip_norm", [(0.9, None), (0.9, 12.0), (0.5, 1e6), (0.0, 8.0), (0.99, 3.0)])
+def test_dgc_memory_matches_reference_over_steps(fwname, momentum, clip_norm):
+    """8 steps of Top-K(10%) on 300 elements: velocity ``u`` (state 'momentum') and
+    accumulation ``v`` (state 'residual') equal the reference after every step; clipping
+    active on some steps only (||g|| ~ 17 * scale)."""
+    gs = [g * f32(s) for g, s in zip(grads(300, 8, seed=1), [0.5, 1.0, 2.0, 0.3, 1.0, 1.5, 0.7, 1.0])]
+    want = dgc_reference(gs, momentum, clip_norm, topk_select(0.1))
+    got = run_memory(fwname, DGCMemory(momentum, clip_norm), hc.TopK(0.1).scheme, gs)
+    for step, ((sent, u, v), st) in enumerate(zip(want, got)):
+        close(st["momentum"], u, f"{fwname} u at step {step}", scale=float(np.abs(u).max()))
+        close(st["residual"], v, f"{fwname} v at step {step}", scale=float(np.abs(v).max()))
+        assert (sent != 0).sum() == 30
+        # momentum factor masking: where sent, both u and v are zero; elsewhere u kept its momentum
+        assert np.all(st["momentum"][sent != 0] == 0) and np.all(st["residual"][sent != 0] == 0)
+        if momentum > 0:
+            assert np.all(st["momentum"][sent == 0] != 0)
+
+
+@pytest.mark.parametrize("fwname", FRAMEWORKS)
+def test_dgc_momentum_correction_first_steps_by_hand(fwname):
+    """Two steps on 4 elements, Top-K keeping 1, m = 0.5, written out:
+    step 1: g=[1,2,3,4]: u=[1,2,3,4], v=u, sent element 3 (4) -> u=v=[1,2,3,0];
+    step 2: g=[1,1,1,1]: u=0.5u+g=[1.5,2,2.5,1], v=v+u=[2.5,4,5.5,1], sent element 2 (5.5)
+            -> u=[1.5,2,0,1], v=[2.5,4,0,1]."""
+    gs = [np.array([1, 2, 3, 4], f32), np.array([1, 1, 1, 1], f32)]
+    got = run_memory(fwname, DGCMemory(0.5), hc.TopK(0.25).scheme, gs)
+    np.testing.assert_array_equal(got[0]["momentum"], [1, 2, 3, 0])
+    np.testing.assert_array_equal(got[0]["residual"], [1, 2, 3, 0])
+    np.testing.assert_array_equal(got[1]["momentum"], [1.5, 2, 0, 1])
+    np.testing.assert_array_equal(got[1]["residual"], [2.5, 4, 0, 1])
+
+
+@pytest.mark.parametrize("fwname", FRAMEWORKS)
+@pytest.mark.parametrize("g, clip_norm, want", [
+    ([3.0, 4.0], 10.0, [3.0, 4.0]),    # ||g|| = 5 <= C: untouched
+    ([3.0, 4.0], 5.0, [3.0, 4.0]),     # at the threshold: untouched
+    ([3.0, 4.0], 2.5, [1.5, 2.0]),     # scaled to norm C
+    ([0.0, 0.0], 1.0, [0.0, 0.0]),     # zero gradient: no division by zero
+])
+def test_dgc_local_clipping(fwname, g, clip_norm, want):
+    fw = framework(fwname)
+    mem = DGCMemory(momentum=0.0, clip_norm=clip_norm)
+    state = {"residual": fw.tensor(np.zeros(2, f32)), "momentum": fw.tensor(np.zeros(2, f32))}
+    acc = fw.np(mem.compensate(fw.B, fw.tensor(np.array(g, f32)), state))
+    np.testing.assert_allclose(acc, want, rtol=1e-6)
+    assert np.all(np.isfinite(acc))
+
+
+@pytest.mark.parametrize("fwname", FRAMEWORKS)
+def test_dgc_without_momentum_or_clipping_is_plain_error_feedback(fwname):
+    gs = grads(200, 5, seed=3)
+    scheme = hc.TopK(0.05).scheme
+    dgc = run_memory(fwname, DGCMemory(0.0, None), scheme, gs)
+    plain = run_memory(fwname, ResidualMemory(), scheme, gs)
+    for a, b in zip(dgc, plain):
+        np.testing.assert_array_equal(a["residual"], b["residual"])
+
+
+@pytest.mark.parametrize("fwname", FRAMEWORKS)
+def test_dgc_conservation_of_velocities(fwname):
+    """The documented law: sum over steps of what was sent + v == sum of the velocities u."""
+    gs = grads(500, 6, seed=4)
+    mom = 0.9
+    want = dgc_reference(gs, mom, None, topk_select(0.02))
+    got = run_memory(fwname, DGCMemory(mom), hc.TopK(0.02).scheme, gs)
+    sent_total = np.sum([s for s, _, _ in want], axis=0, dtype=np.float64)
+    # the velocity before masking at each step, from the reference's recursion
+    u_prev, us = np.zeros(500, f32), []
+    for g, (sent, u_after, _) in zip(gs, want):
+        u = (u_prev * f32(mom) + g).astype(f32)
+        us.append(u)
+        u_prev = u_after
+    total_u = np.sum(us, axis=0, dtype=np.float64)
+    np.testing.assert_allclose(sent_total + got[-1]["residual"], total_u, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("fwname", FRAMEWORKS)
+def test_dgc_non_finite_gradient_is_not_kept(fwname):
+    g = grads(50, 1, seed=5)[0]
+    g[7] = np.nan
+    g[8] = np.inf
+    got = run_memory(fwname, DGCMemory(0.9), hc.TopK(0.1).scheme, [g, grads(50, 1, seed=6)[0]])
+    for st in got:
+        assert np.all(np.isfinite(st["residual"])) and np.all(np.isfinite(st["momentum"]))
+
+
+# --- ResidualMemory vs the reference -------------------------------------------------------------------
+@pytest.mark.parametrize("fwname", FRAMEWORKS)
+def test_residual_memory_matches_reference_and_conserves(fwname):
+    gs = grads(400, 6, seed=7)
+    want = residual_reference(gs, topk_select(0.05))
+    got = run_memory(fwname, ResidualMemory(), hc.TopK(0.05).scheme, gs)
+    for step, ((_, e), st) in enumerate(zip(want, got)):
+        np.testing.assert_array_equal(st["residual"], e, err_msg=f"{fwname} residual at step {step}")
+    sent_total = np.sum([s for s, _ in want], axis=0, dtype=np.float64)
+    np.testing.assert_allclose(sent_total + got[-1]["residual"], np.sum(gs, axis=0, dtype=np.float64),
+                               rtol=1e-5, atol=1e-5)
+
+
+# --- configuration and validation -----------------------------------------------------------------------
+@pytest.mark.parametrize("kw, param", [
+    (dict(momentum=1.0), "momentum"),
+    (dict(momentum=-0.1), "momentum"),
+    (dict(momentum="0.9"), "momentum"),
+    (dict(momentum=True), "momentum"),
+    (dict(momentum=0.9, clip_norm=0.0), "clip_norm"),
+    (dict(momentum=0.9, clip_norm=-1.0), "clip_norm"),
+    (dict(momentum=0.9, clip_norm="1"), "clip_norm"),
+])
+def test_dgc_memory_validation_names_the_parameter(kw, param):
+    with pytest.raises(ValueError, match=param):
+        DGCMemory(**kw)
+
+
+def test_dgc_factory_memories():
+    plain = hc.DGC(0.01)
+    assert isinstance(plain.memory, ResidualMemory) and plain.error_feedback
+    both = hc.DGC(0.01, momentum=0.9, clip_norm=2.0)
+    assert isinstance(both.memory, DGCMemory)
+    assert (both.memory.momentum, both.memory.clip_norm) == (0.9, 2.0)
+    assert both.scheme.name == "DGC" and both.error_feedback
+    assert isinstance(hc.DGC(0.01, clip_norm=1.0).memory, DGCMemory)  # clipping alone: m = 0
+    assert hc.DGC(0.01, clip_norm=1.0).memory.momentum == 0.0
+    assert both.config()["memory"] == {"memory": "dgc", "momentum": 0.9, "clip_norm": 2.0}
+    assert both.fingerprint() != plain.fingerprint()
+    assert both.fingerprint() != hc.DGC(0.01, momentum=0.8, clip_norm=2.0).fingerprint()
+
+
+@pytest.mark.parametrize("kw, param", [
+    (dict(momentum=1.5), "momentum"),
+    (dict(momentum=0.9, error_feedback=False), "error_feedback"),
+    (dict(clip_norm=0), "clip_norm"),
+])
+def test_dgc_factory_validation(kw, param):
+    with pytest.raises(ValueError, match=param):
+        hc.DGC(0.01, **kw)
+
+
+def test_compressor_memory_validation():
+    with pytest.raises(ValueError, match="memory"):
+        Compressor(hc.TopK(0.1).scheme, memory=object())
+    with pytest.raises(ValueError, match="error_feedback"):
+        Compressor(hc.TopK(0.1).scheme, error_feedback=False, memory=DGCMemory(0.9))
+    c = Compressor(hc.TopK(0.1).scheme, memory=DGCMemory(0.9))  # any sparsifier can take DGC's corrections
+    assert isinstance(c.memory, DGCMemory)
+    assert Compressor(hc.FP16().scheme).memory is None  # no error feedback: nothing kept
