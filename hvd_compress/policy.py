@@ -44,6 +44,8 @@ class Rule:
 
     def __init__(self, compression, name=None, min_numel=None, max_numel=None, min_ndim=None, max_ndim=None):
         self.compression = _as_compressor(compression, "compression")
+        if name is not None and not isinstance(name, (str, list, tuple)):
+            raise ValueError(f"name must be a glob string, 're:<regex>' or a list of those; got {name!r}")
         names = [name] if isinstance(name, str) else list(name or [])
         for pat in names:
             if not isinstance(pat, str):
@@ -109,6 +111,12 @@ class Schedule(Compressor):
         ratios (Lin et al. 2018: 25%, 6.25%, 1.5625%, 0.4%, 0.1%), each held
         ``steps_per_stage`` steps, ending at ``final_ratio``."""
         from . import NoCompression, TopK
+        from .schemes.base import check_range
+        check_range("warmup_steps", warmup_steps, 0, None, kind=int)
+        check_range("steps_per_stage", steps_per_stage, 1, None, kind=int)
+        check_range("factor", factor, 1.0, None, lo_open=True)
+        check_range("start_ratio", start_ratio, 0.0, 1.0, lo_open=True)
+        check_range("final_ratio", final_ratio, 0.0, 1.0, lo_open=True)
         ratios, r = [], start_ratio
         while r > final_ratio * (1 + 1e-9):
             ratios.append(r)
