@@ -74,5 +74,6 @@ done
 
 echo
 if [ ${#failures[@]} -gt 0 ]; then printf 'FAILED: %s\n' "${failures[@]}"; fi
+[ -n "${HVDC_CI_START:-}" ] && echo "wall time since CI start (set-up included): $(( $(date +%s) - HVDC_CI_START )) s"
 echo "total: $passed passed, $failed failed, $skipped skipped"
 [ $failed -eq 0 ] && [ ${#failures[@]} -eq 0 ] && [ $passed -gt 0 ]
