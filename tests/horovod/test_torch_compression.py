@@ -24,9 +24,10 @@ import torch
 
 import horovod.torch as hvd
 
-from compression_cases import (EF_DEFAULT_OFF, EF_DEFAULT_ON, IDS, PATHS, SCHEMES, TRAIN_LR, G,
-                               assert_matches, check_indices, conservation, covered_names, ref,
-                               residual_tolerance, tolerance, train_scheme, world_size_from_env)
+from compression_cases import (EF_DEFAULT_OFF, EF_DEFAULT_ON, EXTRA, IDS, PATHS, SCHEMES, TRAIN_IDS, TRAIN_LR, G,
+                               aggregate_conservation, assert_matches, check_indices, conservation,
+                               covered_names, exported_schemes, ref, residual_tolerance, shuffle_zstd_nbytes, tolerance,
+                               train_scheme, uncovered, world_size_from_env)
 from compression_cases import simulate as ref_simulate
 
 import hvd_compress
@@ -50,13 +51,13 @@ SPECS = {  # name -> shape; 'big' has > 256 elements so DGC really samples with 
 }
 
 
-def test_every_scheme_with_a_reference_is_covered():
-    """Every scheme hvd_compress exports and tests/reference.py knows is exercised here."""
-    names = covered_names()
-    exported = {n for n in hvd_compress.__all__ if n not in ("Compressor", "none")}
-    assert names <= exported
-    missing = (exported & set(ref.SCHEMES)) - names
-    assert not missing, f"schemes with a reference but not covered by these tests: {missing}"
+def test_every_scheme_is_covered():
+    """Every scheme hvd_compress exports is exercised here: against tests/reference.py where it
+    has the scheme's math, by the scheme's own laws otherwise (EXTRA)."""
+    assert covered_names() <= exported_schemes()
+    with_reference, not_at_all = uncovered()
+    assert not with_reference, f"schemes with a reference but not covered by these tests: {with_reference}"
+    assert not not_at_all, f"schemes not covered by these tests: {not_at_all}"
 
 
 # --- driving the stock optimizer -------------------------------------------------------------------
@@ -397,6 +398,64 @@ def test_half_and_double_gradients_keep_their_dtype():
     assert torch.equal(model.h.grad.double(), want_h), model.h.grad
 
 
+# --- schemes without a numpy reference: their own laws ------------------------------------------------------
+def test_lossless_is_exact_and_counts_its_bytes():
+    """Lossless: the aggregate is exactly the uncompressed one, and the counter is the placeholder,
+    the blob's length (4) and the blob: byte planes of the floats, zstd level 1."""
+    comp = EXTRA["Lossless"]()
+    got = run_injected(comp)
+    stats = comp.stats.per_tensor()
+    for name, shape in SPECS.items():
+        grads = [[G(name, r, s, shape).reshape(-1) for r in range(SIZE)] for s in range(3)]
+        sim = ref.simulate("NoCompression", {}, grads, error_feedback=False, op="average")
+        assert_matches("Lossless", [g[name] for g in got], sim.aggregated, f"{name} (rank {RANK})")
+        assert stats[name]["payload_bytes"] == 8 + shuffle_zstd_nbytes(grads[-1][RANK]), (name, stats[name])
+    assert not comp._adapters["torch"].residuals
+
+
+def _powersgd_bytes(shape, rank=2):
+    """Two factors of (n + m) * rank fp32 for a matrix n x m (+ the 4-byte placeholder), or the
+    dense tensor where that would not save bytes (vectors, small matrices)."""
+    if len(shape) < 2:
+        return 4 * int(np.prod(shape))
+    n, m = shape[0], int(np.prod(shape[1:]))
+    return 4 + 4 * (n + m) * rank if (n + m) * rank < n * m else 4 * n * m
+
+
+def _powersgd_check(comp, got, specs, what):
+    residuals = comp._adapters["torch"].residuals
+    mine = torch.cat([residuals[n].reshape(-1) for n in specs])
+    everyone = hvd.allgather(mine.reshape(1, -1), name=f"powersgd.{what}").numpy()
+    offset = 0
+    for name, shape in specs.items():
+        n = int(np.prod(shape))
+        grads_all = [G(name, r, s, shape) for s in range(len(got)) for r in range(SIZE)]
+        aggregate_conservation(f"PowerSGD {name} {what} (rank {RANK})", [g[name] for g in got],
+                               everyone[:, offset:offset + n], grads_all)
+        assert comp.stats.per_tensor()[name]["payload_bytes"] == _powersgd_bytes(shape), name
+        offset += n
+
+
+def test_powersgd_conservation_and_bytes():
+    """PowerSGD (op=Sum, error feedback): what the ranks aggregate plus what they keep is
+    everything they were given; factors cost (n + m) * rank floats."""
+    comp = EXTRA["PowerSGD"]()
+    got = run_injected(comp, op=hvd.Sum)
+    assert set(comp._adapters["torch"].residuals) == set(SPECS)
+    _powersgd_check(comp, got, SPECS, "op=Sum")
+    low = [g["big.weight"].reshape(40, 25) for g in got]
+    assert all(np.linalg.matrix_rank(m, tol=1e-4 * np.abs(m).max()) <= 2 for m in low), "not a rank-2 aggregate"
+
+
+def test_powersgd_shuffled_hooks_and_set_to_none():
+    """PowerSGD's two rounds with hooks firing in a different order on every rank and step
+    (its second round must not deadlock) and grads set to None between steps."""
+    comp = EXTRA["PowerSGD"]()
+    specs = {"pa": (8, 8), "pb": (8, 8), "pc": (4, 16)}
+    got = run_injected(comp, steps=3, specs=specs, order=_shuffled, op=hvd.Sum)
+    _powersgd_check(comp, got, specs, "shuffled")
+
+
 # --- training: replicas stay identical and the loss falls ----------------------------------------------------
 def _dataset():
     rng = np.random.default_rng(2024)
@@ -406,7 +465,7 @@ def _dataset():
     return torch.from_numpy(x), torch.from_numpy(y.astype(np.float32))
 
 
-@pytest.mark.parametrize("sid", IDS)
+@pytest.mark.parametrize("sid", TRAIN_IDS)
 def test_training_replicas_identical_and_loss_falls(sid):
     torch.manual_seed(100 + RANK)  # deliberately different initial weights: the broadcast fixes them
     model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
