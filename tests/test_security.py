@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 GEN_KEYS = REPO / "docker" / "entrypoint" / "gen_keys.sh"
 # Built from pieces so that this file does not match its own scan.
 PEM = re.compile(b"-----" + b"BEGIN [A-Z0-9 ]*-----")
-PRIVATE = re.compile(b"-----" + b"BEGIN [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----")
+PRIVATE = re.compile(b"-----" + b"BEGIN [A-Z0-9 ]*PRIVATE" + b" KEY[A-Z ]*-----")
 KEY_FILE_NAMES = re.compile(r"(^|/)(id_(rsa|dsa|ecdsa|ed25519)(\.pub)?|ssh_host_.*_key(\.pub)?|.*\.(pem|key|p12|pfx)"
                             r"|known_hosts|authorized_keys)$")
 
