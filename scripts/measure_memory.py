@@ -12,18 +12,23 @@ error-feedback residual and Horovod's buffers; the second is the steady state).
 
 Each rank measures, with Linux's resident-set high-water mark (``VmHWM`` in
 ``/proc/self/status``, reset at the start of each phase by writing ``5`` to
-``/proc/self/clear_refs``), for each phase of each step:
+``/proc/self/clear_refs``), for each phase of each step (model creation is a
+phase too):
 
 * ``rss_start`` -- resident memory when the phase starts;
 * ``peak`` -- the highest resident memory during the phase;
 * ``transient = peak - rss_start`` -- what the phase allocated at its worst;
 * ``rss_end``.
 
+``peak`` of the whole run is the largest phase peak.  (``getrusage``'s
+``ru_maxrss`` is not used: it keeps the high-water mark of the process that
+``horovodrun`` forked and exec'd into the worker, about 1.3 GB here, whatever the
+worker does.)
+
 Phases: ``backward`` (forward + backward: Horovod's hooks call ``compress``, which
 launches the allgathers), ``synchronize`` (waits for the collectives and calls
 ``decompress``: the aggregation of the N gathered payloads) and ``step``
-(``optimizer.step()``).  ``ru_maxrss`` (``resource.getrusage``) is the process's
-overall peak.  Everything is reported in MiB and in *dense copies* of the
+(``optimizer.step()``).  Everything is reported in MiB and in *dense copies* of the
 weight (256 MiB).  Background threads (Horovod's, Gloo's) count: they are part
 of the process.
 
@@ -37,7 +42,6 @@ import json
 import os
 import platform
 import re
-import resource
 import shlex
 import subprocess
 import sys
@@ -87,9 +91,15 @@ def worker(args):
     hvd.init()
     rank = hvd.rank()
     base = _status_mib("VmRSS")
-    model = torch.nn.Linear(COLS, ROWS, bias=False)
-    with torch.no_grad():
-        model.weight.normal_(0, 0.01, generator=torch.Generator().manual_seed(0))
+    made = {}
+
+    def make_model():
+        made["model"] = torch.nn.Linear(COLS, ROWS, bias=False)
+        with torch.no_grad():
+            made["model"].weight.normal_(0, 0.01, generator=torch.Generator().manual_seed(0))
+
+    model_phase = _phase(make_model)
+    model = made["model"]
     comp = eval(SCHEMES[args.scheme], {"hvd_compress": hvd_compress})
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1e-3),
                                    named_parameters=model.named_parameters(), compression=comp)
@@ -111,9 +121,10 @@ def worker(args):
 
         steps.append({"backward": _phase(backward), "synchronize": _phase(synchronize), "step": _phase(step)})
     finite = bool(torch.isfinite(model.weight).all())
+    peak = max([model_phase["peak"]] + [ph["peak"] for st in steps for ph in st.values()])
     res = {"rank": rank, "size": hvd.size(), "scheme": args.scheme, "rss_after_init": round(base, 1),
-           "rss_after_model": round(after_model, 1), "steps": steps, "weight_finite": finite,
-           "ru_maxrss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)}
+           "model": model_phase, "rss_after_model": round(after_model, 1), "steps": steps,
+           "peak_mib": peak, "weight_finite": finite}
     Path(args.result_dir, f"{args.scheme}.rank{rank}.json").write_text(json.dumps(res))
 
 
@@ -141,7 +152,7 @@ def summarize(ranks):
             row[phase] = {k: max(r["steps"][s][phase][k] for r in ranks) for k in ("rss_start", "peak",
                                                                                    "transient", "rss_end")}
         out.append(row)
-    return {"steps": out, "ru_maxrss_mib": max(r["ru_maxrss_mib"] for r in ranks),
+    return {"steps": out, "peak_mib": max(r["peak_mib"] for r in ranks),
             "rss_after_model_mib": max(r["rss_after_model"] for r in ranks),
             "weight_finite": all(r["weight_finite"] for r in ranks)}
 
@@ -186,18 +197,20 @@ def main():
 
 def table(doc):
     dense = doc["dense_copy_mib"]
-    lines = [f"peak RSS per rank, max over {doc['np']} ranks, MiB (dense copy = {dense:.0f} MiB); "
-             "transient = phase peak - RSS at phase start; step 2 (steady state)",
-             f"{'scheme':<12} {'after model':>11} {'backward':>17} {'synchronize':>17} {'step':>13} {'ru_maxrss':>10}"]
+    lines = [f"RSS per rank, max over {doc['np']} ranks, MiB (dense copy = {dense:.0f} MiB); transient = phase peak - "
+             "RSS at phase start, step 1 / step 2",
+             f"{'scheme':<12} {'after model':>11} {'peak':>6} {'vs none':>7} {'backward (compress)':>21} "
+             f"{'synchronize (decompress)':>26} {'after step 2':>12}"]
+    none_peak = doc["results"].get("none", {}).get("summary", {}).get("peak_mib")
     for scheme, res in doc["results"].items():
         s = res["summary"]
-        st = s["steps"][-1]
 
         def cell(ph):
-            t = st[ph]["transient"]
-            return f"{t:7.0f} ({t / dense:4.1f}x)"
-        lines.append(f"{scheme:<12} {s['rss_after_model_mib']:11.0f} {cell('backward'):>17} {cell('synchronize'):>17} "
-                     f"{st['step']['transient']:13.0f} {s['ru_maxrss_mib']:10.0f}")
+            a, b = (st[ph]["transient"] for st in s["steps"][:2])
+            return f"{a:5.0f} / {b:5.0f} ({b / dense:3.1f}x)"
+        rel = f"{s['peak_mib'] / none_peak:6.2f}x" if none_peak else "   n/a"
+        lines.append(f"{scheme:<12} {s['rss_after_model_mib']:11.0f} {s['peak_mib']:6.0f} {rel:>7} "
+                     f"{cell('backward'):>21} {cell('synchronize'):>26} {s['steps'][-1]['step']['rss_end']:12.0f}")
     return "\n".join(lines)
 
 
