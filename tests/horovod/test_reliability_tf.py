@@ -49,9 +49,6 @@ SCHEMES = {
     "PowerSGD": lambda: hvd_compress.PowerSGD(rank=1),
 }
 IDS = list(SCHEMES)
-POWERSGD_Q_BUG = ("BUG: PowerSGD's warm-start factor Q is stored as q_sum / size without dropping "
-                  "non-finite values (adapter._finish_powersgd -> set_state(key, 'Q', ...)); after one "
-                  "NaN/Inf gradient Q is NaN and every later aggregate of that tensor is NaN forever.")
 
 
 def grad_values(name, rank, step, shape):
@@ -213,8 +210,7 @@ def test_error_feedback_state_clean_after_non_finite_step(sid):
         assert memories_ok, f"{sid}: an error-feedback variable is not finite after step {step}"
 
 
-@pytest.mark.parametrize("sid", [pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=POWERSGD_Q_BUG))
-                                 if s == "PowerSGD" else s for s in IDS])
+@pytest.mark.parametrize("sid", IDS)
 def test_next_steps_finite_after_non_finite_step(sid):
     got, state, _, _ = run(sid)
     for step in range(STEPS):

@@ -58,11 +58,6 @@ SCHEMES = {
 IDS = list(SCHEMES)
 REQUIRED = ["TopK", "Int8", "EFSignSGD", "PowerSGD"]  # issue 7's minimum set
 
-POWERSGD_Q_BUG = ("BUG: PowerSGD's warm-start factor Q is stored as q_sum / size without dropping "
-                  "non-finite values (adapter._finish_powersgd -> set_state(key, 'Q', ...)); after one "
-                  "NaN/Inf gradient Q is NaN, so every later aggregate of that tensor is NaN forever "
-                  "(the residual is cleaned, Q is not).  Fix: reset Q (e.g. to its seeded initial value) "
-                  "or finite_or_zero it when q_sum is not finite.")
 
 
 def grad_values(name, rank, step, shape):
@@ -326,8 +321,7 @@ def test_error_feedback_state_clean_after_non_finite_step(sid, kind):
 
 
 @pytest.mark.parametrize("kind", ["nan", "inf"])
-@pytest.mark.parametrize("sid", [pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=POWERSGD_Q_BUG))
-                                 if s == "PowerSGD" else s for s in IDS])
+@pytest.mark.parametrize("sid", IDS)
 def test_next_steps_finite_after_non_finite_step(sid, kind):
     grads, state_finite, _ = nonfinite_run(sid, kind)
     for step in range(BAD_STEP + 1, NF_STEPS):
@@ -370,8 +364,7 @@ def _skip_step_training(sid):
     return before, after, skipped, w, everyone
 
 
-@pytest.mark.parametrize("sid", [pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=POWERSGD_Q_BUG))
-                                 if s == "PowerSGD" else s for s in REQUIRED])
+@pytest.mark.parametrize("sid", REQUIRED)
 def test_training_recovers_after_a_nan_step(sid):
     before, after, skipped, w, everyone = _skip_step_training(sid)
     for r in range(SIZE):

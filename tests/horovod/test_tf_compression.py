@@ -455,8 +455,9 @@ _KEYING = {}
 
 @pytest.mark.parametrize("sid", KEYING)
 def test_keying_sources_in_changing_order(sid):
-    """Two variables of identical shape; two tf.functions that list the sources in different orders, alternating between steps, share each compressor: every
-    residual, draw and side collective follows its own variable."""
+    """Two variables of identical shape; two tf.functions that list the sources in different
+    orders, alternating between steps, share each compressor: every residual, draw and side
+    collective follows its own variable."""
     if not _KEYING:
         cases = {_tag(s, True): (s, SCHEMES[s](error_feedback=True)) for s in KEYING}
         _KEYING.update(tape_run(cases, steps=4, specs=TWINS, autograph=False,
