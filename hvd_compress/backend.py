@@ -89,6 +89,14 @@ class TorchBackend:
     def clip(self, x, lo, hi):
         return self.torch.clamp(x, lo, hi)
 
+    def round_clip(self, x, lo, hi):
+        # round then clamp in the same buffer: one temporary fewer
+        return self.torch.round(x).clamp_(lo, hi)
+
+    def abs_max(self, x, axis):
+        # the inf-norm reduces |x| without materialising it; NaN propagates
+        return self.torch.linalg.vector_norm(x, ord=float("inf"), dim=axis)
+
     def where(self, cond, a, b):
         return self.torch.where(cond, a, b)
 
@@ -97,6 +105,17 @@ class TorchBackend:
 
     def isfinite(self, x):
         return self.torch.isfinite(x)
+
+    def finite_or_zero(self, x):
+        # Nearly always everything is finite: on the CPU one read-only sum
+        # proves it (a NaN or Inf anywhere makes the sum non-finite; a sum that
+        # merely overflows takes the slow path, which is still right), and
+        # costs a fraction of rewriting the tensor.  On CUDA the test would be
+        # a host sync, so there it is always the single fused pass.
+        if x.device.type == "cpu" and not self.torch.compiler.is_compiling() \
+                and bool(self.torch.isfinite(x.sum())):
+            return x
+        return self.torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
 
     def shift_left(self, x, bits):
         return self.torch.bitwise_left_shift(x, bits)
@@ -290,6 +309,12 @@ class TensorFlowBackend:
     def clip(self, x, lo, hi):
         return self.tf.clip_by_value(x, lo, hi)
 
+    def round_clip(self, x, lo, hi):
+        return self.tf.clip_by_value(self.tf.round(x), lo, hi)
+
+    def abs_max(self, x, axis):
+        return self.tf.reduce_max(self.tf.abs(x), axis=axis)
+
     def where(self, cond, a, b):
         return self.tf.where(cond, a, b)
 
@@ -298,6 +323,13 @@ class TensorFlowBackend:
 
     def isfinite(self, x):
         return self.tf.math.is_finite(x)
+
+    def finite_or_zero(self, x):
+        # as in torch: one read-only sum decides, and only a tensor with a
+        # NaN/Inf is rewritten (tf.cond runs the branch it takes)
+        tf = self.tf
+        return tf.cond(tf.math.is_finite(tf.reduce_sum(x)), lambda: tf.identity(x),
+                       lambda: tf.where(tf.math.is_finite(x), x, tf.zeros_like(x)))
 
     def shift_left(self, x, bits):
         return self.tf.bitwise.left_shift(x, self.tf.cast(bits, x.dtype))

@@ -44,6 +44,9 @@ def build_parser():
     m.add_argument("--warmup", type=int, default=1)
     m.add_argument("--out", default=os.path.join(RESULTS, "micro.json"), help="JSON (default %(default)s)")
     m.add_argument("--png", default=None, help="plot (default: the JSON path with .png)")
+    m.add_argument("--allocators", default="default",
+                   help="comma list of glibc malloc settings to repeat the run under: default, no-mmap "
+                        "(MALLOC_MMAP_MAX_=0; see docs/benchmarks.md) (default %(default)s)")
     m.add_argument("--quiet", action="store_true", help="no progress lines")
 
     e = bsub.add_parser("e2e", help="training steps under horovodrun on the emulated cluster (root)",
@@ -70,6 +73,8 @@ def build_parser():
     e.add_argument("--out", default=os.path.join(RESULTS, "e2e.json"), help="JSON (default %(default)s)")
     e.add_argument("--png", default=None, help="step-time plot (default: the JSON path with .png; the wire "
                    "plot gets _wire.png)")
+    e.add_argument("--allocator", default="default", help="glibc malloc settings of every rank: default or "
+                   "no-mmap (MALLOC_MMAP_MAX_=0; see docs/benchmarks.md) (default %(default)s)")
     e.add_argument("--quiet", action="store_true")
 
     a = sub.add_parser("advise", help="predict per-step communication + compression cost; recommend per tensor",
@@ -82,7 +87,15 @@ def build_parser():
 
 def main(argv=None):
     _env()
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return _dispatch(args)
+    except ValueError as err:  # bad input: say which parameter and what is allowed, no traceback
+        parser.exit(2, f"hvd-compress: error: {err}\n")
+
+
+def _dispatch(args):
     if args.cmd == "advise":
         from .advise import main_args
         return main_args(args)
@@ -94,7 +107,8 @@ def main(argv=None):
                          frameworks=[f.strip() for f in args.frameworks.split(",") if f.strip()],
                          sizes=args.sizes, devices=[d.strip() for d in args.devices.split(",")],
                          threads=args.threads, reps=args.reps, warmup=args.warmup, out_json=args.out,
-                         out_png=png, progress=not args.quiet)
+                         out_png=png, progress=not args.quiet,
+                         allocators=[a.strip() for a in args.allocators.split(",") if a.strip()])
         return 1 if rows.errors else 0
     if args.bench == "e2e":
         from .bench import e2e
@@ -106,7 +120,7 @@ def main(argv=None):
                            warmup=args.warmup, max_seconds=args.max_seconds, batch=args.batch,
                            threads=args.threads, controller=args.controller, out_json=args.out, out_png=png,
                            prefix=args.prefix, measure_link=not args.no_link_measurement,
-                           progress=not args.quiet)
+                           progress=not args.quiet, allocator=args.allocator)
         except ClusterError as err:
             print(f"hvd-compress bench e2e: {err}", file=sys.stderr)
             return 2

@@ -14,7 +14,7 @@ from .schemes.base import check_range
 def finite_or_zero(B, r):
     """Without NaN/Inf entries: a non-finite value is sent like an uncompressed
     gradient would be, but never kept, so one bad step cannot poison later ones."""
-    return B.where(B.isfinite(r), r, B.zeros(B.numel(r), "float32", like=r))
+    return B.finite_or_zero(r)
 
 
 class ResidualMemory:

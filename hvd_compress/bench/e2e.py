@@ -69,8 +69,11 @@ def _rate_label(r):
 def run(framework="torch", model="mlp", params="16M", hosts=2, workers=None, rates=DEFAULT_RATES,
         schemes=DEFAULT_SCHEMES, steps=10, warmup=2, max_seconds=30.0, batch=32, threads=1,
         controller="gloo", out_json=None, out_png=None, prefix="hvdcb", measure_link=True,
-        run_timeout=900, progress=True, stream=None):
-    """Bring up the cluster, run every (rate, scheme), tear it down; return the rows."""
+        run_timeout=900, progress=True, stream=None, allocator="default"):
+    """Bring up the cluster, run every (rate, scheme), tear it down; return the rows.
+    ``allocator``: one of :data:`hvd_compress.bench.micro.ALLOCATORS`, the glibc
+    malloc settings every rank starts with."""
+    from .micro import ALLOCATORS
     from ..testing.cluster import Cluster
 
     stream = stream or sys.stdout
@@ -79,13 +82,15 @@ def run(framework="torch", model="mlp", params="16M", hosts=2, workers=None, rat
     for s in schemes:
         parse_spec(s)
     rates = parse_rates(rates)
+    if allocator not in ALLOCATORS:
+        raise ValueError(f"allocator: unknown allocator {allocator!r} (allowed: {', '.join(ALLOCATORS)})")
     params = parse_count(params)
     workers = workers or hosts
     slots = -(-workers // hosts)
     prog = Progress(len(rates) * len(schemes), enabled=progress)
     rows, failures = [], []
     env = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1",
-           "OMP_NUM_THREADS": str(threads)}
+           "OMP_NUM_THREADS": str(threads), **ALLOCATORS[allocator]}
     with tempfile.TemporaryDirectory(prefix="hvdc_e2e_") as tmp, Cluster(hosts, prefix=prefix) as c:
         prog.note(f"cluster '{prefix}': {', '.join(c.hosts)}; {workers} worker(s), {framework} {model} "
                   f"~{human_count(params)} params, schemes: {', '.join(schemes)}")
@@ -125,6 +130,7 @@ def run(framework="torch", model="mlp", params="16M", hosts=2, workers=None, rat
                 row["link_mbit"] = rate
                 row["link_measured_mbit"] = measured
                 row["controller"] = controller
+                row["allocator"] = allocator
                 row["launch_s"] = time.monotonic() - t0
                 # load of the machine (other users' work competes for the same CPUs)
                 row["loadavg_1m_before"], row["loadavg_1m_after"] = load_before, os.getloadavg()[0]

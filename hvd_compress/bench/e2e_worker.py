@@ -266,6 +266,8 @@ def _timed_loop(a, hvd, barrier, dist_step, comp, compute, layer_numels, bcast, 
         "wire_iface": a.iface, "loss_first": me["loss_first"], "loss_last": me["loss_last"],
         "per_rank": [{k: r[k] for k in ("rank", "host", "tx", "rx", "payload_bytes_per_step")}
                      for r in everyone],
+        # what reached this rank through horovodrun, not what was asked for
+        "malloc_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("MALLOC_")},
     }
     with open(a.out + ".tmp", "w") as f:
         json.dump(result, f)

@@ -53,6 +53,13 @@ FIELDS = ("scheme", "framework", "device", "numel", "encode_decode_s", "copy_s",
 #: issue #4's targets at 16M elements on one CPU thread (ratio to a copy)
 TARGETS = {"sparsifier": 10.0, "quantizer": 5.0}
 
+#: glibc malloc settings a run can be repeated under.  With the defaults every
+#: tensor of 128 KiB or more is a fresh mmap, so each temporary of a 16M-element
+#: encode pays its page faults again (measured here: about 2/3 of Int8's time).
+#: ``no-mmap`` keeps freed memory in the heap for reuse -- what jemalloc or
+#: tcmalloc (PyTorch's CPU tuning guide) give too.  The process must start with it.
+ALLOCATORS = {"default": {}, "no-mmap": {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "68719476736"}}
+
 _PREFERRED = {"TopK": "TopK(0.01)", "RandomK": "RandomK(0.01)", "DGC": "DGC(0.01)",
               "Threshold": "Threshold(2.576)", "PowerSGD": "PowerSGD(2)"}
 _EXTRA = ("TopK(0.1, values=BF16())",)
@@ -152,7 +159,9 @@ def _row(spec, framework, device, n, copy_t, enc_t, tot_t, payload, cfg, copy_me
             "encode_decode_s_min": min(tot_t), "encode_decode_s_max": max(tot_t),
             "copy_s_min": min(copy_t), "reps": len(tot_t), "threads": cfg["threads"],
             "copy_method": copy_method, "kind": scheme_kind(spec),
-            "loadavg_1m": os.getloadavg()[0], "cpus": os.cpu_count()}
+            "loadavg_1m": os.getloadavg()[0], "cpus": os.cpu_count(), "allocator": cfg.get("allocator", "default"),
+            # read back from the worker's environment, not from the request
+            "malloc_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("MALLOC_")}}
 
 
 # ----------------------------------------------------------------------------- workers
@@ -334,11 +343,12 @@ def _worker(cfg):
 # ----------------------------------------------------------------------------- driver
 def run(schemes=None, frameworks=("torch", "tensorflow"), sizes=DEFAULT_SIZES, devices=("cpu", "cuda"),
         threads=1, reps=5, warmup=1, out_json=None, out_png=None, progress=True, stream=None,
-        strict=False):
+        strict=False, allocators=("default",)):
     """Run the micro benchmark, each framework in its own subprocess (thread
     settings must precede framework initialisation).  Returns the rows (a
     list with an ``errors`` attribute: schemes that failed are reported there
-    and left out of the JSON; ``strict`` raises instead)."""
+    and left out of the JSON; ``strict`` raises instead).  ``allocators``
+    repeats the run under each of :data:`ALLOCATORS`' malloc settings."""
     stream = stream or sys.stdout
     schemes = list(schemes or default_schemes())
     for s in schemes:
@@ -348,7 +358,11 @@ def run(schemes=None, frameworks=("torch", "tensorflow"), sizes=DEFAULT_SIZES, d
     for f in frameworks:
         if f not in ("torch", "tensorflow"):
             raise ValueError(f"unknown framework {f!r} (torch, tf)")
-    n_dev = 1 + (1 if "cuda" in devices and _cuda_present() else 0)
+    allocators = [allocators] if isinstance(allocators, str) else list(allocators)
+    for a in allocators:
+        if a not in ALLOCATORS:
+            raise ValueError(f"allocators: unknown allocator {a!r} (allowed: {', '.join(ALLOCATORS)})")
+    n_dev = (1 + (1 if "cuda" in devices and _cuda_present() else 0)) * len(allocators)
     # weight the progress by element count: the 64M items dominate the run time
     total_weight = n_dev * len(frameworks) * len(schemes) * sum(sizes)
     prog = Progress(n_dev * len(frameworks) * len(schemes) * len(sizes), enabled=progress)
@@ -359,12 +373,12 @@ def run(schemes=None, frameworks=("torch", "tensorflow"), sizes=DEFAULT_SIZES, d
     if threads:
         for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
             env[v] = str(threads)
-    for fw in frameworks:
+    for alloc, fw in [(a, f) for a in allocators for f in frameworks]:
         cfg = {"framework": fw, "schemes": schemes, "sizes": sizes, "devices": list(devices),
-               "threads": threads, "reps": reps, "warmup": warmup}
+               "threads": threads, "reps": reps, "warmup": warmup, "allocator": alloc}
         with tempfile.TemporaryFile("w+") as err:
             p = subprocess.Popen([sys.executable, "-m", "hvd_compress.bench.micro", "--worker", json.dumps(cfg)],
-                                 stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+                                 stdout=subprocess.PIPE, stderr=err, text=True, env={**env, **ALLOCATORS[alloc]})
             for line in p.stdout:
                 if not line.startswith("HVDC_MICRO "):
                     continue
@@ -373,7 +387,7 @@ def run(schemes=None, frameworks=("torch", "tensorflow"), sizes=DEFAULT_SIZES, d
                     ev.pop("event")
                     rows.append(ev)
                     done_weight += ev["numel"]
-                    prog.step(f"{fw:<10} {ev['device']} {human_count(ev['numel']):>4} {ev['scheme']:<24}",
+                    prog.step(f"{fw:<10} {ev['device']} {alloc:<7} {human_count(ev['numel']):>4} {ev['scheme']:<24}",
                               f"enc+dec {human_seconds(ev['encode_decode_s']):>9} = {ev['ratio_to_copy']:7.1f}x copy, "
                               f"payload {100 * ev['payload_ratio']:.3g}% of fp32",
                               weight_done=done_weight / total_weight)
@@ -429,6 +443,7 @@ def format_table(rows):
         return f"<={t:g}x {'met' if r['ratio_to_copy'] <= t else 'NOT met'}"
 
     cols = [("framework", lambda r: r["framework"], "<"), ("dev", lambda r: r["device"], "<"),
+            ("malloc", lambda r: r.get("allocator", "default"), "<"),
             ("numel", lambda r: human_count(r["numel"]), ">"), ("scheme", lambda r: r["scheme"], "<"),
             ("enc+dec", lambda r: human_seconds(r["encode_decode_s"]), ">"),
             ("encode", lambda r: human_seconds(r["encode_s"]), ">"),
@@ -447,10 +462,11 @@ def plot(rows, path):
     import matplotlib.pyplot as plt
     import numpy as np
 
-    groups = sorted({(r["framework"], r["device"]) for r in rows})
+    alloc = lambda r: r.get("allocator", "default")  # noqa: E731
+    groups = sorted({(r["framework"], r["device"], alloc(r)) for r in rows})
     fig, axes = plt.subplots(len(groups), 1, figsize=(13, 4.2 * len(groups)), squeeze=False)
-    for ax, (fw, dev) in zip(axes[:, 0], groups):
-        sub = [r for r in rows if r["framework"] == fw and r["device"] == dev]
+    for ax, (fw, dev, al) in zip(axes[:, 0], groups):
+        sub = [r for r in rows if r["framework"] == fw and r["device"] == dev and alloc(r) == al]
         schemes = list(dict.fromkeys(r["scheme"] for r in sub))
         sizes = sorted({r["numel"] for r in sub})
         width = 0.8 / max(len(sizes), 1)
@@ -473,7 +489,7 @@ def plot(rows, path):
         ax.set_xticklabels(labels, rotation=35, ha="right", fontsize=7)
         thr = sub[0].get("threads")
         ax.set_ylabel("encode+EF+decode / copy")
-        ax.set_title(f"{fw} on {dev}, {thr or 'default'} thread(s): cost as multiples of dst.copy_(src)")
+        ax.set_title(f"{fw} on {dev}, {thr or 'default'} thread(s), malloc {al}: cost as multiples of dst.copy_(src)")
         ax.grid(axis="y", which="both", alpha=0.3)
         ax.legend(fontsize=7, ncol=3)
     fig.tight_layout()

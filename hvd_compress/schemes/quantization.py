@@ -46,11 +46,11 @@ class Int8(Scheme):
     def encode(self, B, x, ctx):
         n = B.numel(x)
         xb, _ = _blocks(B, x, self._block(n))
-        amax = B.max(B.abs(xb), axis=1)
+        amax = B.abs_max(xb, axis=1)
         # only an all-zero block gets the dummy scale 1; a NaN/Inf amax stays in the
         # scale so the non-finite value reaches the receivers (and equals ``sent``)
         scale = B.where(amax == 0, B.ones(B.numel(amax), "float32", like=x), amax / 127.0)
-        q = B.clip(B.round(xb / B.reshape(scale, (-1, 1))), -127.0, 127.0)
+        q = B.round_clip(xb / B.reshape(scale, (-1, 1)), -127.0, 127.0)
         sent = B.flatten(q * B.reshape(scale, (-1, 1)))[:n]
         return {"q": B.cast(B.flatten(q)[:n], "int8"), "scale": scale}, sent
 

@@ -57,6 +57,21 @@ def test_micro_tiny_both_frameworks(tmp_path):
     assert png.stat().st_size > 1000
 
 
+def test_micro_repeats_under_each_allocator(tmp_path):
+    """Each allocator's worker really starts with its malloc settings: the
+    worker's own environment is what the row reports."""
+    rows = micro.run(schemes=["Int8"], frameworks=("torch",), sizes="4096", reps=2, progress=False,
+                     allocators=("default", "no-mmap"), stream=open(os.devnull, "w"))
+    assert not rows.errors, rows.errors
+    assert [r["allocator"] for r in rows] == ["default", "no-mmap"]
+    assert [r["malloc_env"] for r in rows] == [{}, micro.ALLOCATORS["no-mmap"]]
+
+
+def test_micro_unknown_allocator_is_named():
+    with pytest.raises(ValueError, match="allocators: unknown allocator 'jemalloc'"):
+        micro.run(schemes=["Int8"], frameworks=("torch",), sizes="4096", progress=False, allocators=("jemalloc",))
+
+
 def test_micro_bad_spec_fails_early():
     with pytest.raises(ValueError):
         micro.run(schemes=["NoSuchScheme(3)"], frameworks=("torch",), sizes="4096", progress=False)

@@ -136,12 +136,8 @@ def test_mismatch_raised_on_every_rank_naming_the_difference(framework, controll
     assert core[0] == core[1], core
 
 
-@pytest.mark.xfail(strict=True, reason="MISSING: a parameter-set mismatch is reported only as "
-                   "'parameters differs -- rank 0: {count, digest}; rank 1: {count, digest}'; the message "
-                   "does not name the parameter that is missing/extra or whose shape differs "
-                   "(fingerprint.describe_side hashes the list; it could send the names or compare "
-                   "per-name digests)")
-@pytest.mark.parametrize("kind,needle", [("params", "extra"), ("shapes", "layer")])
+@pytest.mark.parametrize("kind,needle", [("params", "rank 1 has parameters rank 0 lacks: extra.weight"),
+                                          ("shapes", "parameter layer.weight has shape [32, 16] on rank 0 and [16, 32] on rank 1")])
 def test_parameter_mismatch_names_the_parameter(kind, needle):
     res = job("torch", "gloo")["results"]
     for r in (0, 1):

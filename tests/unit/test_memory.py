@@ -240,3 +240,21 @@ def test_compressor_memory_validation():
     c = Compressor(hc.TopK(0.1).scheme, memory=DGCMemory(0.9))  # any sparsifier can take DGC's corrections
     assert isinstance(c.memory, DGCMemory)
     assert Compressor(hc.FP16().scheme).memory is None  # no error feedback: nothing kept
+
+
+# --- finite_or_zero: the backends' fast path must not change the result -------------------------------
+@pytest.mark.parametrize("fwname", FRAMEWORKS)
+@pytest.mark.parametrize("case", ["finite", "nan", "posinf", "neginf", "overflowing_sum"])
+def test_finite_or_zero_drops_exactly_the_non_finite_entries(fwname, case):
+    """The backends skip the rewrite when one sum shows everything is finite;
+    values whose sum overflows (all finite) must come back unchanged, and a
+    single NaN/Inf anywhere must become 0 with every other entry kept."""
+    fw = framework(fwname)
+    x = np.linspace(-3, 3, 1001).astype(f32)
+    if case == "overflowing_sum":
+        x[:] = f32(3e38)
+    elif case != "finite":
+        x[500] = {"nan": np.nan, "posinf": np.inf, "neginf": -np.inf}[case]
+    want = np.where(np.isfinite(x), x, f32(0))
+    got = fw.np(fw.B.finite_or_zero(fw.tensor(x)))
+    np.testing.assert_array_equal(got, want)
