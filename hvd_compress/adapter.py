@@ -276,7 +276,11 @@ class AdapterBase:
             send = B.identity_with_deps(B.concat([p[part] for p in payloads]), deps)
             ctx.part_lengths[part] = B.numel(payloads[0][part])
             ctx.handles["1." + part] = self.alltoall(send, collective_name(coll_key, "a2a." + part), info.process_set)
-            nbytes += self.nbytes(send) + self.nbytes(payloads[0][part])  # phase 1 + phase 2
+            nbytes += self.nbytes(send)  # phase 1
+            if scheme.stage2() is scheme:
+                nbytes += self.nbytes(payloads[0][part])  # phase 2: the owned chunk's payload
+        if scheme.stage2() is not scheme:
+            nbytes += scheme.stage2().payload_nbytes(chunk)
         if self.defer_second_rounds:
             self.pending_rounds.append(ctx)
         self.record_bytes(comp, key, scheme, numel, nbytes)
@@ -296,13 +300,15 @@ class AdapterBase:
                            uniform=lambda n: B.uniform(n, self.seed_for(seed, step), like=chunk_sum),
                            shared_seed=0, state={})
         key2 = ctx.key + "#owned_chunk"
+        stage2 = ctx.scheme.stage2()
         if ctx.local["stage2"]:
             state = {"residual": self.get_memory("residual", key2, chunk, chunk_sum)}
-            payload2, new_state = encode_with_memory(B, ctx.scheme, chunk_sum, state, c2, ResidualMemory())
+            payload2, new_state = encode_with_memory(B, stage2, chunk_sum, state, c2, ResidualMemory())
             deps = [self.set_memory("residual", key2, new_state["residual"])]
         else:
-            payload2, _ = ctx.scheme.encode(B, chunk_sum, c2)
+            payload2, _ = stage2.encode(B, chunk_sum, c2)
             deps = []
+        ctx.local["part_lengths2"] = {part: B.numel(t) for part, t in payload2.items()}
         for part in sorted(payload2):
             t = B.identity_with_deps(payload2[part], deps)
             ctx.handles["2." + part] = self.allgather(t, collective_name(ctx.coll_key, "ag." + part), ctx.process_set)
@@ -312,12 +318,13 @@ class AdapterBase:
         if not any(h.startswith("2.") for h in ctx.handles):
             self.launch_second_rounds(ctx)
         n_ranks, chunk = ctx.size, ctx.local["chunk"]
+        stage2 = ctx.scheme.stage2()
         per_chunk = [dict() for _ in range(n_ranks)]
-        for part, length in ctx.part_lengths.items():
+        for part, length in ctx.local["part_lengths2"].items():
             got = self.wait(ctx.handles["2." + part])
             for r, piece in enumerate(B.split(got, [length] * n_ranks, n_ranks)):
                 per_chunk[r][part] = piece
-        dense = B.concat([ctx.scheme.decode_one(B, p, chunk) for p in per_chunk])[:ctx.numel]
+        dense = B.concat([stage2.decode_one(B, p, chunk) for p in per_chunk])[:ctx.numel]
         if ctx.scheme.apply_op_scale:
             dense = dense * (B.cast(output, "float32")[0] / float(ctx.size))
         return B.reshape(B.cast(dense, ctx.dtype), ctx.shape)

@@ -181,7 +181,8 @@ def simulate(scheme, config, grads, error_feedback, op="average",
             sums.append(chunk_sum)
             acc2 = chunk_sum if r2[j] is None else (chunk_sum + r2[j]).astype(f32)
             draw = None if uniform2 is None else (lambda m, s=step, j=j: uniform2(s, j, m))
-            s2 = _sent(name, config, acc2, draw, select)
+            # SignSGD's owner sends its vote exactly (2 bits: a tie stays 0)
+            s2 = np.sign(acc2).astype(f32) if name == "SignSGD" else _sent(name, config, acc2, draw, select)
             if error_feedback:
                 r2[j] = _finite(acc2 - s2)
             sent2.append(s2)
@@ -238,7 +239,8 @@ def payload_bytes_two_phase(scheme, config, numel, size):
     (each chunk's payload without the placeholder the allgather transport adds)."""
     c = chunk_size(numel, size)
     one = ref.payload_bytes(scheme, config, c) - 4  # payload_bytes counts the placeholder once
-    return 4 + size * one + one
+    owned = -(-c // 4) if scheme == "SignSGD" else one  # SignSGD's vote goes out in 2 bits an element
+    return 4 + size * one + owned
 
 
 def expected_ratio(scheme, config, numel, size):

@@ -75,6 +75,11 @@ class Scheme:
     #: (a majority vote is a sign, not a sum, so it opts out)
     apply_op_scale = True
 
+    def stage2(self):
+        """The scheme a two-phase owner re-encodes its combined chunk with
+        (itself, unless the combination leaves the scheme's alphabet)."""
+        return self
+
     @property
     def name(self):
         return type(self).__name__

@@ -160,6 +160,29 @@ class SignSGD(Scheme):
     def payload_nbytes(self, numel):
         return ceil_div(numel, 8)
 
+    def stage2(self):
+        # The owner's vote is in {-1, 0, +1}: a tie (even number of ranks) is 0,
+        # which one bit cannot carry, so the second stage spends two.
+        return TernaryVote()
+
+
+class TernaryVote(Scheme):
+    """A vote in {-1, 0, +1} carried exactly in 2 bits an element (packed 4 to
+    a byte, no scale): the second stage of two-phase :class:`SignSGD`, so that
+    a tied vote stays 0 as it does over allgather."""
+    error_feedback_default = False
+    apply_op_scale = False
+
+    def encode(self, B, x, ctx):
+        t = B.sign(x)
+        return {"t": pack_bits(B, B.cast(t + 1.0, "int32"), 2)}, t
+
+    def decode_one(self, B, payload, numel, ctx=None):
+        return B.cast(unpack_bits(B, payload["t"], 2, numel), "float32") - 1.0
+
+    def payload_nbytes(self, numel):
+        return ceil_div(numel, 4)
+
 
 class EFSignSGD(Scheme):
     """Scaled sign with error feedback (Karimireddy et al., "Error Feedback
