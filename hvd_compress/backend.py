@@ -356,7 +356,27 @@ class TensorFlowBackend:
         return self.tf.math.count_nonzero(x)
 
     def topk_indices(self, x, k):
-        return self.tf.math.top_k(x, k=k, sorted=False).indices
+        """Exact, by the same sampled-threshold shortcut as the torch backend
+        (``tf.math.top_k`` over millions of elements is slower still); the
+        fallback to the full top-k is a ``tf.cond``, so no host round trip."""
+        tf = self.tf
+        n = x.shape[0]
+        if n is None or n < (1 << 18) or k * 8 > n:
+            return tf.math.top_k(x, k=k, sorted=False).indices
+        stride = max(1, n // 65536)
+        sample = x[::stride]
+        m = -(-n // stride)
+        want = min(m, max(1, int(2.0 * k * m / n) + 8))  # aim at ~2k candidates
+        thr = tf.reduce_min(tf.math.top_k(sample, k=want, sorted=False).values)
+        cand = tf.cast(tf.reshape(tf.where(x >= thr), [-1]), tf.int32)
+
+        def among_candidates():
+            return tf.gather(cand, tf.math.top_k(tf.gather(x, cand), k=k, sorted=False).indices)
+
+        def full():
+            return tf.math.top_k(x, k=k, sorted=False).indices
+
+        return tf.cond(tf.size(cand) >= k, among_candidates, full)
 
     def gather(self, x, idx):
         return self.tf.gather(x, idx)
