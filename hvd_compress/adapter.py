@@ -7,7 +7,7 @@ parameter name and process set, state storage, and the collectives.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .backend import ceil_div
@@ -165,7 +165,7 @@ class AdapterBase:
             residual = self.get_memory("residual", key, numel, x) if memory is not None else None
             return self._compress_powersgd(comp, scheme, key, coll_key, x, residual, info, shape, dtype, numel)
         if memory is None:
-            payload, _ = scheme.encode(B, x, ectx)
+            payload, _ = scheme.encode(B, x, replace(ectx, need_sent=False))
             deps = []
         else:
             state = {n: self.get_memory(n, key, numel, x) for n in memory.names}

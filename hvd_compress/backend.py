@@ -106,14 +106,19 @@ class TorchBackend:
     def isfinite(self, x):
         return self.torch.isfinite(x)
 
+    def host_reads_are_free(self, x):
+        """True where reading a value on the host costs no device sync (CPU
+        tensors, outside torch.compile tracing).  The CPU stand-in of the
+        sync test turns it off to walk the CUDA path."""
+        return x.device.type == "cpu" and not self.torch.compiler.is_compiling()
+
     def finite_or_zero(self, x):
         # Nearly always everything is finite: on the CPU one read-only sum
         # proves it (a NaN or Inf anywhere makes the sum non-finite; a sum that
         # merely overflows takes the slow path, which is still right), and
         # costs a fraction of rewriting the tensor.  On CUDA the test would be
         # a host sync, so there it is always the single fused pass.
-        if x.device.type == "cpu" and not self.torch.compiler.is_compiling() \
-                and bool(self.torch.isfinite(x.sum())):
+        if self.host_reads_are_free(x) and bool(self.torch.isfinite(x.sum())):
             return x
         return self.torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
 

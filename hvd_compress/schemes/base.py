@@ -49,7 +49,9 @@ class EncodeContext:
     rank) -- private to this call, so no global RNG state changes.
     ``shared_seed`` is the same on every rank for this key and step
     (Random-K needs that).  ``state`` is the scheme's per-key state dict
-    (PowerSGD keeps its warm-started Q there).
+    (PowerSGD keeps its warm-started Q there).  ``need_sent`` is False when
+    nothing will read the dense ``sent`` that ``encode`` returns (no error
+    feedback): a scheme whose ``sent`` costs a pass of its own may return None.
     """
     key: str
     step: Any
@@ -59,6 +61,7 @@ class EncodeContext:
     shared_seed: Any
     shape: tuple
     state: Optional[dict] = None
+    need_sent: bool = True
 
 
 class Scheme:

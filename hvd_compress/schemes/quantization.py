@@ -91,7 +91,7 @@ class QSGD(Scheme):
         level = B.abs(x) / safe * float(self.levels)
         q = B.floor(level + ctx.uniform(n))  # P(round up) = fractional part
         q = B.clip(q, 0.0, float(self.levels)) * B.sign(x)
-        sent = q * (safe / float(self.levels))
+        sent = q * (safe / float(self.levels)) if ctx.need_sent else None
         return {"q": B.cast(q, "int8"), "norm": B.reshape(norm, (1,))}, sent
 
     def decode_one(self, B, payload, numel, ctx=None):
@@ -116,7 +116,7 @@ class TernGrad(Scheme):
         keep = B.cast(ctx.uniform(n) < B.abs(x) / safe, "float32")
         t = keep * B.sign(x)  # in {-1, 0, 1}
         codes = B.cast(t + 1.0, "int32")  # {0, 1, 2}
-        return {"t": pack_bits(B, codes, 2), "scale": B.reshape(s, (1,))}, t * s
+        return {"t": pack_bits(B, codes, 2), "scale": B.reshape(s, (1,))}, (t * s if ctx.need_sent else None)
 
     def decode_one(self, B, payload, numel, ctx=None):
         t = B.cast(unpack_bits(B, payload["t"], 2, numel), "float32") - 1.0
@@ -149,7 +149,8 @@ class SignSGD(Scheme):
 
     def encode(self, B, x, ctx):
         bits = _sign_bits(B, x)
-        return {"bits": pack_bits(B, bits, 1)}, B.cast(bits, "float32") * 2.0 - 1.0
+        sent = B.cast(bits, "float32") * 2.0 - 1.0 if ctx.need_sent else None
+        return {"bits": pack_bits(B, bits, 1)}, sent
 
     def decode_one(self, B, payload, numel, ctx=None):
         return _bits_to_sign(B, payload["bits"], numel)

@@ -163,6 +163,8 @@ def test_no_host_reads_at_run_time_on_cpu(case, monkeypatch):
             raise AssertionError(f"host read Tensor.{name} in the hot path of {case}")
         return raiser
 
+    # walk the path a CUDA tensor takes (the backend's CPU-only shortcuts read freely)
+    monkeypatch.setattr(TorchBackend, "host_reads_are_free", lambda self, x: False)
     for name in ("item", "cpu", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__"):
         monkeypatch.setattr(torch.Tensor, name, forbidden(name))
     out, new_residual = _hot_path(B, scheme, x, residual, 1)
