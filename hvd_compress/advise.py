@@ -104,11 +104,14 @@ def torch_model_layers(spec: str) -> List[tuple]:
 # ----------------------------------------------------------------------------- overhead
 class Overhead:
     """Encode and decode seconds of each scheme as a function of the tensor
-    size, from ``bench micro`` rows of one framework and device."""
+    size, from ``bench micro`` rows of one framework, device and malloc
+    setting (``allocator``: the rows' ``allocator`` field, ``default`` for
+    rows that predate it)."""
 
-    def __init__(self, rows, framework="torch", device="cpu"):
+    def __init__(self, rows, framework="torch", device="cpu", allocator="default"):
         framework = "tensorflow" if framework in ("tf", "tensorflow") else framework
-        self.framework, self.device = framework, device
+        self.framework, self.device, self.allocator = framework, device, allocator
+        rows = [r for r in rows or [] if r.get("allocator", "default") == allocator]
         self.points: Dict[str, List[tuple]] = {}
         self.fractions: Dict[str, List[tuple]] = {}
         for r in rows or []:
@@ -124,9 +127,9 @@ class Overhead:
         self.threads = next((r.get("threads") for r in rows or [] if r.get("framework") == framework), None)
 
     @classmethod
-    def from_file(cls, path, framework="torch", device="cpu"):
+    def from_file(cls, path, framework="torch", device="cpu", allocator="default"):
         with open(path) as f:
-            return cls(json.load(f), framework, device)
+            return cls(json.load(f), framework, device, allocator)
 
     def payload_fraction(self, spec, n):
         """payload / fp32 bytes measured at the size nearest to ``n`` (for
@@ -223,6 +226,10 @@ def predict(spec, numel, workers, bandwidth, latency=DEFAULT_LATENCY_S, overhead
     ``payload_fraction`` (bytes / fp32 bytes measured by bench micro) is used
     where the payload depends on the data (Threshold)."""
     payload, exact = payload_nbytes(spec, numel)
+    if payload_fraction is not None and spec not in HOROVOD_SPECS \
+            and parse_spec(spec).scheme.transport == "powersgd":
+        # low rank compresses matrices, and a tensor here is only an element count
+        payload, exact = payload_fraction * 4 * numel, False
     if payload is None:
         if payload_fraction is None:
             raise ValueError(f"{spec}: payload depends on the data and no bench micro measurement is given")
@@ -488,7 +495,10 @@ def validate(e2e_rows, overhead: Overhead, latency=DEFAULT_LATENCY_S, use_measur
                     "predicted_s": pred, "measured_s": meas, "median_step_s": r["median_step_s"],
                     "compute_s": r["compute_s"], "predicted_wire_bytes": wire,
                     "measured_wire_bytes": r.get("wire_bytes_per_step"),
-                    "error": (pred - meas) / meas if meas > 0 else None})
+                    # without a measured encode/decode cost the prediction is incomplete:
+                    # shown, but not scored
+                    "error": (pred - meas) / meas if meas > 0 and measured_overhead else None,
+                    "unscored": None if measured_overhead else "no bench micro row for this scheme"})
     return out
 
 
@@ -505,7 +515,8 @@ def format_validation(rows, micro_path=None, e2e_path=None, latency=DEFAULT_LATE
     for v in rows:
         link = "unshaped" if v["link_mbit"] is None else f"{v['link_mbit']:g} Mbit/s"
         link += f" ({v['bandwidth_mbit_used']:.0f} measured)"
-        err = "-" if v["error"] is None else f"{100 * v['error']:+.0f}%"
+        err = (f"- ({v['unscored']})" if v.get("unscored") else "-") if v["error"] is None \
+            else f"{100 * v['error']:+.0f}%"
         lines.append(f"| {link} | {v['scheme']} | {_ms(v['measured_s'])} | {_ms(v['predicted_s'])} | "
                      f"{_ms(v['predicted_comm_s'])} | {_ms(v['predicted_overhead_s'])} | {err} | "
                      f"{human_bytes(v['measured_wire_bytes'])} | {human_bytes(v['predicted_wire_bytes'])} |")
@@ -568,8 +579,9 @@ def main_args(a, stream=None) -> int:
         with open(a.validate) as f:
             e2e_rows = json.load(f)
         fw = {r["framework"] for r in e2e_rows}
-        if len(fw) == 1 and overhead.framework not in fw:
-            overhead = Overhead.from_file(a.micro, fw.pop(), a.device)
+        alloc = {r.get("allocator", "default") for r in e2e_rows}
+        if len(fw) == 1 and len(alloc) == 1:  # the costs measured under the e2e run's own settings
+            overhead = Overhead.from_file(a.micro, fw.pop(), a.device, alloc.pop())
         v = validate(e2e_rows, overhead, latency)
         text = format_validation(v, a.micro, a.validate, latency)
         out = a.out or os.path.join(os.path.dirname(DEFAULT_MICRO), "advise_validation.md")
