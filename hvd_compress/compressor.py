@@ -100,6 +100,19 @@ def supports_two_phase(scheme):
     return scheme.transport == "allgather" and not scheme.variable_parts
 
 
+def _horovod_rank_and_size():
+    """(rank, size) of an initialised Horovod already imported here, else None."""
+    import sys
+    for mod in ("horovod.torch", "horovod.tensorflow"):
+        hvd = sys.modules.get(mod)
+        try:
+            if hvd is not None and hvd.is_initialized():
+                return int(hvd.rank()), int(hvd.size())
+        except Exception:  # noqa: BLE001 - a half-initialised Horovod: no tag
+            continue
+    return None
+
+
 class ElasticNotSupported(RuntimeError):
     pass
 
@@ -186,16 +199,32 @@ class Compressor:
         numbers (no pickled objects): save with ``torch.save`` or
         ``safetensors``; TF users checkpoint :meth:`tf_checkpointable`."""
         out = {"config": json.dumps(self.config(), sort_keys=True, default=str)}
+        where = _horovod_rank_and_size()
+        if where is not None:
+            # residuals are per rank: record whose they are (a JSON string, like
+            # "config", so the state stays strings and tensors only)
+            out["owner"] = json.dumps({"rank": where[0], "world_size": where[1]})
         for name, ad in self._adapters.items():
             out[name] = ad.state_dict()
         return out
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state, allow_other_rank=False):
+        """Restore :meth:`state_dict`'s output.  Error-feedback residuals belong
+        to one rank, so a state saved by another rank (or at another world size)
+        is refused: save one checkpoint per rank, not rank 0's for everybody.
+        ``allow_other_rank=True`` loads it anyway."""
         cfg = json.dumps(self.config(), sort_keys=True, default=str)
         if state.get("config") != cfg:
             raise ValueError(f"state_dict was saved by a different configuration: {state.get('config')} != {cfg}")
+        where = _horovod_rank_and_size()
+        owner = json.loads(state["owner"]) if state.get("owner") else {}
+        saved = (owner.get("rank"), owner.get("world_size"))
+        if not allow_other_rank and where is not None and saved[0] is not None and tuple(saved) != tuple(where):
+            raise ValueError(f"state_dict was saved by rank {saved[0]} of {saved[1]}, and this is rank {where[0]} "
+                             f"of {where[1]}: error-feedback residuals are per rank, so save and restore one "
+                             f"state_dict per rank (or pass allow_other_rank=True)")
         for name, sub in state.items():
-            if name != "config":
+            if name not in ("config", "owner"):
                 self._adapter_by_name(name).load_state_dict(sub)
 
     def reset_state(self):

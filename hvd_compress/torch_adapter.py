@@ -64,7 +64,7 @@ class TorchAdapter(AdapterBase):
         self.residuals = {}
         self.memories = {}
         self.steps = {}
-        self._occurrence = {}
+        self._in_flight = {}
 
     def caller_info(self, tensor):
         import horovod.torch as hvd
@@ -97,10 +97,27 @@ class TorchAdapter(AdapterBase):
         return None
 
     def fallback_key(self, tensor, shape):
+        # A direct hvd.allreduce(t, compression=c) outside an optimizer has no
+        # parameter name.  The key is the shape plus the smallest index not held
+        # by a tensor of that shape still in flight: repeated synchronous calls
+        # of one tensor share "#0" (and its residual and step counter), while
+        # several same-shape tensors in flight at once get #0, #1, ... in program
+        # order, which Horovod already requires to be the same on every rank.
         base = "anon:" + "x".join(map(str, shape))
-        n = self._occurrence.get(base, 0)
-        self._occurrence[base] = n + 1
+        held = self._in_flight.setdefault(base, set())
+        n = 0
+        while n in held:
+            n += 1
+        held.add(n)
         return f"{base}#{n}"
+
+    def decompress(self, comp, output, ctx):
+        try:
+            return super().decompress(comp, output, ctx)
+        finally:
+            base, _, n = ctx.key.rpartition("#")
+            if ctx.key.startswith("anon:") and n.isdigit():
+                self._in_flight.get(base, set()).discard(int(n))
 
     def next_step(self, key):
         self.steps[key] = self.steps.get(key, 0) + 1
