@@ -69,11 +69,13 @@ STARTUP_S = 240           # horovodrun start-up + a few steps on a busy machine
 MIN_STEPS = 5
 CLEAN_AFTER_EXIT_S = 20   # worker processes gone this long after horovodrun exits
 LINGER_AFTER_LINK_UP_S = 60
+#: Horovod's error for each fault; a killed Gloo peer is reported as a reset or as a
+#: close, depending on whether the survivor was sending or receiving at that moment
 EXPECTED_ERROR = {
-    ("gloo", "link"): "Timed out waiting",
-    ("gloo", "kill"): "Connection reset by peer",
-    ("mpi", "link"): "lost communication with a remote daemon",
-    ("mpi", "kill"): "exited on signal 9",
+    ("gloo", "link"): ("Timed out waiting",),
+    ("gloo", "kill"): ("Connection reset by peer", "Connection closed by peer"),
+    ("mpi", "link"): ("lost communication with a remote daemon",),
+    ("mpi", "kill"): ("exited on signal 9",),
 }
 
 
@@ -175,7 +177,7 @@ def test_fault_exits_nonzero_within_bound_and_leaves_nothing(cluster, controller
         print(f"{controller}/{fault}: horovodrun exit {rc} {took:.1f} s after the fault")
         assert rc != 0, out[-4000:]
         assert "without a fault" not in out
-        assert EXPECTED_ERROR[(controller, fault)] in out, out[-4000:]
+        assert any(e in out for e in EXPECTED_ERROR[(controller, fault)]), out[-4000:]
 
         # no worker, orted or launcher left on either host (an sshd session of the dead link may linger)
         def only_sessions():
