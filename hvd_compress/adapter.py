@@ -53,6 +53,12 @@ class Ctx:
     coll_key: str = ""
 
 
+def _starting_q(B, seed, shape, like):
+    """PowerSGD's first Q, from a seed shared by all ranks; also the value a
+    non-finite Q entry falls back to."""
+    return B.reshape(B.uniform(shape[0] * shape[1], seed, like=like) - 0.5, shape)
+
+
 class AdapterBase:
     B = None  # the framework's backend
     #: start second rounds of all pending tensors together (eager frameworks)
@@ -271,16 +277,15 @@ class AdapterBase:
         ctx = Ctx(self, key, scheme, shape, dtype, numel, n_ranks, "two_phase", info.process_set, coll_key=coll_key)
         ctx.local.update(chunk=chunk, step=step, seed=stable_hash(comp.seed, key, info.rank, "phase2"),
                          rank=info.rank, stage2=memory is not None)
-        nbytes = 4
+        stage2 = scheme.stage2()
+        # phase 2 sends the owned chunk's payload: as large as one of phase 1's
+        # chunks, unless the owner re-encodes with another scheme
+        nbytes = 4 if stage2 is scheme else 4 + stage2.payload_nbytes(chunk)
         for part in sorted(payloads[0]):
             send = B.identity_with_deps(B.concat([p[part] for p in payloads]), deps)
             ctx.part_lengths[part] = B.numel(payloads[0][part])
             ctx.handles["1." + part] = self.alltoall(send, collective_name(coll_key, "a2a." + part), info.process_set)
-            nbytes += self.nbytes(send)  # phase 1
-            if scheme.stage2() is scheme:
-                nbytes += self.nbytes(payloads[0][part])  # phase 2: the owned chunk's payload
-        if scheme.stage2() is not scheme:
-            nbytes += scheme.stage2().payload_nbytes(chunk)
+            nbytes += self.nbytes(send) + (self.nbytes(payloads[0][part]) if stage2 is scheme else 0)
         if self.defer_second_rounds:
             self.pending_rounds.append(ctx)
         self.record_bytes(comp, key, scheme, numel, nbytes)
@@ -337,7 +342,7 @@ class AdapterBase:
         r = scheme.rank
         # warm start: Q persists; its first value comes from a seed shared by all ranks
         q_seed = stable_hash(comp.seed, key, "Q0")
-        q = self.get_state(key, "Q", lambda: B.reshape(B.uniform(m * r, q_seed, like=x) - 0.5, (m, r)))
+        q = self.get_state(key, "Q", lambda: _starting_q(B, q_seed, (m, r), x))
         p_local, mat = scheme.first_round(B, acc, q, shape)
         ctx = Ctx(self, key, scheme, shape, dtype, numel, info.size, "powersgd", info.process_set,
                   local={"mat": mat, "acc": acc, "ef": residual is not None}, coll_key=coll_key)
@@ -368,7 +373,7 @@ class AdapterBase:
         # The warm start must not keep a NaN/Inf from one bad step forever:
         # non-finite entries fall back to the seeded starting values.
         q_next = q_sum / float(ctx.size)
-        q_start = B.reshape(B.uniform(B.numel(q_next), ctx.local["q_seed"], like=q_next) - 0.5, B.shape(q_next))
+        q_start = _starting_q(B, ctx.local["q_seed"], B.shape(q_next), q_next)
         deps = [self.set_state(ctx.key, "Q", B.where(B.isfinite(q_next), q_next, q_start))]
         if ctx.local["ef"]:
             deps.append(self.set_memory("residual", ctx.key, finite_or_zero(B, ctx.local["acc"] - sent)))

@@ -111,7 +111,8 @@ class Overhead:
     def __init__(self, rows, framework="torch", device="cpu", allocator="default"):
         framework = "tensorflow" if framework in ("tf", "tensorflow") else framework
         self.framework, self.device, self.allocator = framework, device, allocator
-        rows = [r for r in rows or [] if r.get("allocator", "default") == allocator]
+        from .bench.micro import allocator_of
+        rows = [r for r in rows or [] if allocator_of(r) == allocator]
         self.points: Dict[str, List[tuple]] = {}
         self.fractions: Dict[str, List[tuple]] = {}
         for r in rows or []:
@@ -579,7 +580,8 @@ def main_args(a, stream=None) -> int:
         with open(a.validate) as f:
             e2e_rows = json.load(f)
         fw = {r["framework"] for r in e2e_rows}
-        alloc = {r.get("allocator", "default") for r in e2e_rows}
+        from .bench.micro import allocator_of
+        alloc = {allocator_of(r) for r in e2e_rows}
         if len(fw) == 1 and len(alloc) == 1:  # the costs measured under the e2e run's own settings
             overhead = Overhead.from_file(a.micro, fw.pop(), a.device, alloc.pop())
         v = validate(e2e_rows, overhead, latency)

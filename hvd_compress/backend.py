@@ -17,6 +17,19 @@ DTYPES = ("float16", "bfloat16", "float32", "float64",
           "int8", "uint8", "int16", "int32", "int64", "bool")
 
 
+def sampled_topk_plan(n, k):
+    """``(stride, want)`` for the exact top-k's sampled-threshold shortcut over
+    ``n`` elements, or None where a plain top-k is as cheap (small tensors, or
+    k above an eighth of them): sample every ``stride``-th element (about
+    65536 of them) and take the ``want``-th largest as the threshold, aiming at
+    about 2k candidates."""
+    if n < (1 << 18) or k * 8 > n:
+        return None
+    stride = max(1, n // 65536)
+    m = -(-n // stride)  # the sample's length
+    return stride, min(m, max(1, int(2.0 * k * m / n) + 8))
+
+
 class TorchBackend:
     name = "torch"
 
@@ -159,14 +172,11 @@ class TorchBackend:
         to the full top-k.  CUDA keeps ``torch.topk``: the candidate count is
         data-dependent and reading it would synchronise with the host.
         """
-        n = x.numel()
-        if x.is_cuda or n < (1 << 18) or k * 8 > n:
+        plan = sampled_topk_plan(x.numel(), k)
+        if x.is_cuda or plan is None:
             return self.torch.topk(x, k, sorted=False).indices
-        stride = max(1, n // 65536)
-        sample = x[::stride]
-        m = sample.numel()
-        want = min(m, max(1, int(2.0 * k * m / n) + 8))  # aim at ~2k candidates
-        thr = self.torch.topk(sample, want, sorted=False).values.min()
+        stride, want = plan
+        thr = self.torch.topk(x[::stride], want, sorted=False).values.min()
         cand = self.torch.nonzero(x >= thr, as_tuple=True)[0]
         if cand.numel() < k:
             return self.torch.topk(x, k, sorted=False).indices
@@ -365,14 +375,11 @@ class TensorFlowBackend:
         (``tf.math.top_k`` over millions of elements is slower still); the
         fallback to the full top-k is a ``tf.cond``, so no host round trip."""
         tf = self.tf
-        n = x.shape[0]
-        if n is None or n < (1 << 18) or k * 8 > n:
+        plan = None if x.shape[0] is None else sampled_topk_plan(x.shape[0], k)
+        if plan is None:
             return tf.math.top_k(x, k=k, sorted=False).indices
-        stride = max(1, n // 65536)
-        sample = x[::stride]
-        m = -(-n // stride)
-        want = min(m, max(1, int(2.0 * k * m / n) + 8))  # aim at ~2k candidates
-        thr = tf.reduce_min(tf.math.top_k(sample, k=want, sorted=False).values)
+        stride, want = plan
+        thr = tf.reduce_min(tf.math.top_k(x[::stride], k=want, sorted=False).values)
         cand = tf.cast(tf.reshape(tf.where(x >= thr), [-1]), tf.int32)
 
         def among_candidates():

@@ -73,7 +73,7 @@ def run(framework="torch", model="mlp", params="16M", hosts=2, workers=None, rat
     """Bring up the cluster, run every (rate, scheme), tear it down; return the rows.
     ``allocator``: one of :data:`hvd_compress.bench.micro.ALLOCATORS`, the glibc
     malloc settings every rank starts with."""
-    from .micro import ALLOCATORS
+    from .micro import ALLOCATORS, check_allocator
     from ..testing.cluster import Cluster
 
     stream = stream or sys.stdout
@@ -82,8 +82,7 @@ def run(framework="torch", model="mlp", params="16M", hosts=2, workers=None, rat
     for s in schemes:
         parse_spec(s)
     rates = parse_rates(rates)
-    if allocator not in ALLOCATORS:
-        raise ValueError(f"allocator: unknown allocator {allocator!r} (allowed: {', '.join(ALLOCATORS)})")
+    check_allocator("allocator", allocator)
     params = parse_count(params)
     workers = workers or hosts
     slots = -(-workers // hosts)

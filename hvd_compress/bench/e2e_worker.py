@@ -252,6 +252,7 @@ def _timed_loop(a, hvd, barrier, dist_step, comp, compute, layer_numels, bcast, 
     tx = [r["tx"] for r in hosts.values() if r["tx"] is not None]
     idle = [r["idle_tx"] for r in hosts.values() if r["idle_tx"] is not None]
     rx = [r["rx"] for r in hosts.values() if r["rx"] is not None]
+    from .micro import malloc_env
     result = {
         "scheme": a.scheme, "framework": a.framework, "model": a.model,
         "model_params": int(sum(layer_numels)), "layer_numels": layer_numels,
@@ -266,8 +267,7 @@ def _timed_loop(a, hvd, barrier, dist_step, comp, compute, layer_numels, bcast, 
         "wire_iface": a.iface, "loss_first": me["loss_first"], "loss_last": me["loss_last"],
         "per_rank": [{k: r[k] for k in ("rank", "host", "tx", "rx", "payload_bytes_per_step")}
                      for r in everyone],
-        # what reached this rank through horovodrun, not what was asked for
-        "malloc_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("MALLOC_")},
+        "malloc_env": malloc_env(),  # what reached this rank through horovodrun
     }
     with open(a.out + ".tmp", "w") as f:
         json.dump(result, f)

@@ -60,6 +60,21 @@ TARGETS = {"sparsifier": 10.0, "quantizer": 5.0}
 #: tcmalloc (PyTorch's CPU tuning guide) give too.  The process must start with it.
 ALLOCATORS = {"default": {}, "no-mmap": {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "68719476736"}}
 
+
+def check_allocator(param, name):
+    if name not in ALLOCATORS:
+        raise ValueError(f"{param}: unknown allocator {name!r} (allowed: {', '.join(ALLOCATORS)})")
+
+
+def allocator_of(row):
+    """A result row's malloc setting (rows from before the field: ``default``)."""
+    return row.get("allocator", "default")
+
+
+def malloc_env():
+    """The glibc malloc variables this process really started with."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("MALLOC_")}
+
 _PREFERRED = {"TopK": "TopK(0.01)", "RandomK": "RandomK(0.01)", "DGC": "DGC(0.01)",
               "Threshold": "Threshold(2.576)", "PowerSGD": "PowerSGD(2)"}
 _EXTRA = ("TopK(0.1, values=BF16())",)
@@ -160,8 +175,7 @@ def _row(spec, framework, device, n, copy_t, enc_t, tot_t, payload, cfg, copy_me
             "copy_s_min": min(copy_t), "reps": len(tot_t), "threads": cfg["threads"],
             "copy_method": copy_method, "kind": scheme_kind(spec),
             "loadavg_1m": os.getloadavg()[0], "cpus": os.cpu_count(), "allocator": cfg.get("allocator", "default"),
-            # read back from the worker's environment, not from the request
-            "malloc_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("MALLOC_")}}
+            "malloc_env": malloc_env()}  # read back from the worker, not from the request
 
 
 # ----------------------------------------------------------------------------- workers
@@ -360,8 +374,7 @@ def run(schemes=None, frameworks=("torch", "tensorflow"), sizes=DEFAULT_SIZES, d
             raise ValueError(f"unknown framework {f!r} (torch, tf)")
     allocators = [allocators] if isinstance(allocators, str) else list(allocators)
     for a in allocators:
-        if a not in ALLOCATORS:
-            raise ValueError(f"allocators: unknown allocator {a!r} (allowed: {', '.join(ALLOCATORS)})")
+        check_allocator("allocators", a)
     n_dev = (1 + (1 if "cuda" in devices and _cuda_present() else 0)) * len(allocators)
     # weight the progress by element count: the 64M items dominate the run time
     total_weight = n_dev * len(frameworks) * len(schemes) * sum(sizes)
@@ -443,7 +456,7 @@ def format_table(rows):
         return f"<={t:g}x {'met' if r['ratio_to_copy'] <= t else 'NOT met'}"
 
     cols = [("framework", lambda r: r["framework"], "<"), ("dev", lambda r: r["device"], "<"),
-            ("malloc", lambda r: r.get("allocator", "default"), "<"),
+            ("malloc", allocator_of, "<"),
             ("numel", lambda r: human_count(r["numel"]), ">"), ("scheme", lambda r: r["scheme"], "<"),
             ("enc+dec", lambda r: human_seconds(r["encode_decode_s"]), ">"),
             ("encode", lambda r: human_seconds(r["encode_s"]), ">"),
@@ -462,11 +475,10 @@ def plot(rows, path):
     import matplotlib.pyplot as plt
     import numpy as np
 
-    alloc = lambda r: r.get("allocator", "default")  # noqa: E731
-    groups = sorted({(r["framework"], r["device"], alloc(r)) for r in rows})
+    groups = sorted({(r["framework"], r["device"], allocator_of(r)) for r in rows})
     fig, axes = plt.subplots(len(groups), 1, figsize=(13, 4.2 * len(groups)), squeeze=False)
     for ax, (fw, dev, al) in zip(axes[:, 0], groups):
-        sub = [r for r in rows if r["framework"] == fw and r["device"] == dev and alloc(r) == al]
+        sub = [r for r in rows if r["framework"] == fw and r["device"] == dev and allocator_of(r) == al]
         schemes = list(dict.fromkeys(r["scheme"] for r in sub))
         sizes = sorted({r["numel"] for r in sub})
         width = 0.8 / max(len(sizes), 1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
+from .micro import allocator_of
 from .report import human_bytes, human_count, human_seconds
 
 MICRO_TARGET_NUMEL = 16_000_000
@@ -24,8 +25,8 @@ def _rate(r):
 def micro_markdown(rows, numel=MICRO_TARGET_NUMEL):
     from .micro import TARGETS
     out = []
-    for fw, al in sorted({(r["framework"], _alloc(r)) for r in rows}):
-        sub = [r for r in rows if r["framework"] == fw and _alloc(r) == al]
+    for fw, al in sorted({(r["framework"], allocator_of(r)) for r in rows}):
+        sub = [r for r in rows if r["framework"] == fw and allocator_of(r) == al]
         sizes = sorted({r["numel"] for r in sub})
         schemes = list(dict.fromkeys(r["scheme"] for r in sub))
         thr = sub[0].get("threads")
@@ -53,10 +54,6 @@ def micro_markdown(rows, numel=MICRO_TARGET_NUMEL):
     return "\n".join(out)
 
 
-def _alloc(r):
-    return r.get("allocator", "default")
-
-
 def _copy(sub, n):
     m = [r["copy_s"] for r in sub if r["numel"] == n]
     return sorted(m)[len(m) // 2] if m else None
@@ -69,7 +66,7 @@ def e2e_markdown(rows):
     out = [f"{r0['framework']} {r0['model']}, {human_count(r0['model_params'])} parameters, {r0['workers']} workers "
            f"on {r0['hosts']} hosts, batch {r0['batch']}, {r0['threads']} thread(s) per rank, "
            f"{r0.get('controller', 'gloo')}", "",
-           f"glibc malloc: {r0.get('allocator', 'default')}", "",
+           f"glibc malloc: {allocator_of(r0)}", "",
            "| link (measured goodput) | scheme | median step | compute | vs none | vs hvd fp16 | payload/step | "
            "wire/step | wire/payload | Horovod idle traffic | (wire - idle)/payload | load avg |",
            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -124,7 +121,7 @@ def verdicts(micro_rows, e2e_rows):
     for r in micro_rows or []:
         t = TARGETS.get(r.get("kind"))
         if t is not None and r["numel"] == MICRO_TARGET_NUMEL and r.get("threads") == 1:
-            out.append((f"micro 16M, 1 thread, {r['framework']}, malloc {_alloc(r)}: {r['scheme']} <= {t:g}x copy",
+            out.append((f"micro 16M, 1 thread, {r['framework']}, malloc {allocator_of(r)}: {r['scheme']} <= {t:g}x copy",
                         f"{r['ratio_to_copy']:.1f}x", r["ratio_to_copy"] <= t))
     return out
 
