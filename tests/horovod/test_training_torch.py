@@ -36,6 +36,7 @@ import hvd_compress as hc
 from hvd_compress import Policy, Rule, Schedule
 from hvd_compress.compressor import stable_hash
 from hvd_compress.torch_adapter import TorchAdapter
+from torch_params import Params
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
@@ -43,20 +44,6 @@ f32 = np.float32
 
 
 # --- driving the stock optimizer with injected gradients ----------------------------------------------
-class Params(torch.nn.Module):
-    """Bare parameters of the given shapes; dotted names become submodules (so
-    ``named_parameters()`` yields exactly the spec names)."""
-
-    def __init__(self, specs):
-        super().__init__()
-        for name, shape in specs.items():
-            parent = self
-            *path, leaf = name.split(".")
-            for part in path:
-                if not hasattr(parent, part):
-                    parent.add_module(part, torch.nn.Module())
-                parent = getattr(parent, part)
-            parent.register_parameter(leaf, torch.nn.Parameter(torch.zeros(shape)))
 
 
 def run_injected(comp, specs, steps, bpps=1, named=True, on_step=None, **opt_kw):

@@ -36,6 +36,7 @@ import hvd_compress  # noqa: E402
 from hvd_compress.compressor import Compressor, stable_hash  # noqa: E402
 from hvd_compress.schemes import DGC, FP16, Int8, PowerSGD, RandomK, Threshold, TopK  # noqa: E402
 from hvd_compress.torch_adapter import TorchAdapter  # noqa: E402
+from torch_params import Params  # noqa: E402
 
 
 def _world_size_from_env():
@@ -60,17 +61,6 @@ STEPS = 3
 SUM_EF_DEFAULT = ["Int8", "Int8-block64", "EFSignSGD", "OneBit", "TopK", "TopK-Int8"]
 
 
-class Params(torch.nn.Module):
-    def __init__(self, specs):
-        super().__init__()
-        for name, shape in specs.items():
-            parent = self
-            *path, leaf = name.split(".")
-            for part in path:
-                if not hasattr(parent, part):
-                    parent.add_module(part, torch.nn.Module())
-                parent = getattr(parent, part)
-            parent.register_parameter(leaf, torch.nn.Parameter(torch.zeros(shape)))
 
 
 def run_injected(comp, specs=SPECS, steps=STEPS, rank=None, **opt_kw):
