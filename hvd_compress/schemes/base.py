@@ -106,12 +106,9 @@ class Scheme:
         raise NotImplementedError
 
     def aggregate(self, B, payloads, numel, ctx=None):
-        """Sum of the decoded payloads of all ranks (vectorise where possible)."""
-        out = None
-        for p in payloads:
-            d = self.decode_one(B, p, numel, ctx)
-            out = d if out is None else out + d
-        return out
+        """Sum of the decoded payloads of all ranks (vectorise where possible),
+        in rank order on every rank, so that every replica rounds alike."""
+        return B.sum_in_order(self.decode_one(B, p, numel, ctx) for p in payloads)
 
     def decode_reduced(self, B, reduced, numel, ctx=None):
         """For allreduce transport: the dense tensor from the summed payload."""
