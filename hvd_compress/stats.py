@@ -20,14 +20,20 @@ class CompressionStats:
         self._latest = {}
         self._calls = {}
 
-    def record(self, key, scheme, dense_fp32_bytes, payload_bytes):
-        self._latest[key] = (scheme, int(dense_fp32_bytes), payload_bytes)
+    def record(self, key, scheme, dense_fp32_bytes, payload_bytes, calls=None):
+        """One communication of ``key``.  In eager frameworks each call of this
+        is one communication.  Graph frameworks call it once per *trace* (and,
+        under a schedule, once per traced branch), so they pass live values
+        instead: ``payload_bytes`` and ``calls`` as variables the graph updates
+        when it runs, and ``scheme`` as a function that names the scheme of the
+        branch that ran last."""
+        self._latest[key] = (scheme, int(dense_fp32_bytes), payload_bytes, calls)
         self._calls[key] = self._calls.get(key, 0) + 1
 
     def per_tensor(self):
-        return {k: {"scheme": s, "dense_fp32_bytes": d, "payload_bytes": _value(p),
-                    "calls": self._calls.get(k, 0)}
-                for k, (s, d, p) in self._latest.items()}
+        return {k: {"scheme": s() if callable(s) else s, "dense_fp32_bytes": d, "payload_bytes": _value(p),
+                    "calls": self._calls.get(k, 0) if c is None else _value(c)}
+                for k, (s, d, p, c) in self._latest.items()}
 
     def totals(self):
         rows = self.per_tensor().values()

@@ -67,6 +67,9 @@ class TFAdapter(AdapterBase):
         self.memories = {}
         self.steps = {}
         self.byte_counters = {}
+        self.call_counters = {}
+        self.scheme_index = {}
+        self.scheme_names = {}
         self.scheme_vars = {}
 
     def caller_info(self, tensor):
@@ -182,11 +185,19 @@ class TFAdapter(AdapterBase):
         return tf.size(t)
 
     def record_bytes(self, comp, key, scheme, numel, nbytes):
-        # always a variable: under a schedule, branches trace one after another
-        # and only the one that runs may set the count
+        # Variables, all three: this runs when the step is traced (under a
+        # schedule, once for every branch, one after another), while only the
+        # branch that runs may set the bytes, count the call and name its scheme.
         counter = self._var(self.byte_counters, key, 0, tf.int64)
         counter.assign(tf.cast(nbytes, tf.int64))
-        comp.stats.record(key, scheme.name, 4 * numel, counter)
+        calls = self._var(self.call_counters, key, 0, tf.int64)
+        calls.assign_add(1)
+        names = self.scheme_names.setdefault(key, [])
+        if scheme.name not in names:
+            names.append(scheme.name)
+        which = self._var(self.scheme_index, key, 0, tf.int32)
+        which.assign(names.index(scheme.name))
+        comp.stats.record(key, lambda: names[int(which.numpy())], 4 * numel, counter, calls=calls)
 
     # --- checkpoints ----------------------------------------------------------------
     def checkpointable(self):

@@ -403,18 +403,11 @@ def test_tape_schedule_switches_at_the_communication_step(which):
     assert counters == [[8] * len(SCHED_SPECS)] * SIZE, counters
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: under a Schedule in TF, stats.per_tensor()['scheme'] is the scheme "
-                   "of the last *traced* tf.switch_case branch (TFAdapter.record_bytes -> stats.record runs at trace "
-                   "time for every branch), so it reads 'TopK' during the dense warmup; only payload_bytes "
-                   "(a variable) follows the phase that ran")
 def test_tape_schedule_stats_name_the_scheme_that_ran():
     sched, got, seen = sched_run("explicit")
     assert [s["w:0"][0] for s in seen] == ["NoCompression"] * 3 + ["TopK"] * 5, [s["w:0"][0] for s in seen]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: in TF, stats.per_tensor()['calls'] counts Python calls of compress, "
-                   "i.e. traces (x the branches of a schedule), not communications: after 8 steps of one tf.function "
-                   "it is not 8")
 def test_tape_stats_calls_count_communications():
     sched, got, seen = sched_run("explicit")
     assert {k: v["calls"] for k, v in sched.stats.per_tensor().items()} == {"w:0": 8, "b:0": 8}
