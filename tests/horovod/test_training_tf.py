@@ -431,6 +431,8 @@ def test_keras_schedule_counts_communications_with_backward_passes_per_step():
         for step in range(8):
             assert_close(nbytes[step][0], got[step][spec], agg[step], f"keras {spec} step {step}")
     assert counters == [[8] * len(SCHED_SPECS)] * SIZE, counters
+    # the stats count communications too, not batches and not traces
+    assert {k: v["calls"] for k, v in sched.stats.per_tensor().items()} == {keys[s]: 8 for s in SCHED_SPECS}
 
 
 # --- 3. DGC corrections ------------------------------------------------------------------------------------
