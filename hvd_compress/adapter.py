@@ -71,6 +71,11 @@ class AdapterBase:
     def caller_info(self, tensor) -> CallerInfo:
         raise NotImplementedError
 
+    def pin_shape(self, tensor, info):
+        """The tensor, with its static shape completed where the framework
+        lost it and the caller knows it (eager frameworks: always known)."""
+        return tensor
+
     def next_step(self, key):
         raise NotImplementedError
 
@@ -131,6 +136,7 @@ class AdapterBase:
     def compress(self, comp, tensor):
         B = self.B
         info = self.caller_info(tensor)
+        tensor = self.pin_shape(tensor, info)
         shape, numel, dtype = B.shape(tensor), B.numel(tensor), B.dtype_name(tensor)
         key = info.key if info.key is not None else self.fallback_key(tensor, shape)
         check = self.check_fingerprint(comp, info)

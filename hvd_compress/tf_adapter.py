@@ -63,14 +63,21 @@ class TFAdapter(AdapterBase):
             return
         super().reset()
         self.fingerprint_checked = False
-        self.residuals = {}
-        self.memories = {}
-        self.steps = {}
+        # The state lives in dicts tracked by one tf.Module, created before any
+        # variable: a tf.train.Checkpoint restored before the first trace then
+        # holds its values as deferred restorations, and TF applies each one
+        # when the variable is created and put in its dict (at the first trace).
+        module = tf.Module(name="hvd_compress_state")
+        module.residuals, module.memories, module.steps, module.scheme_state = {}, {}, {}, {}
+        self.state_module = module
+        self.residuals = module.residuals  # the tracking wrappers, not the dicts assigned
+        self.memories = module.memories
+        self.steps = module.steps
+        self.scheme_vars = module.scheme_state
         self.byte_counters = {}
         self.call_counters = {}
         self.scheme_index = {}
         self.scheme_names = {}
-        self.scheme_vars = {}
 
     def caller_info(self, tensor):
         import horovod.tensorflow as hvd
@@ -78,6 +85,20 @@ class TFAdapter(AdapterBase):
         if ps is None:
             ps = hvd.global_process_set
         return CallerInfo(name, ps, ps.rank(), ps.size(), params)
+
+    def pin_shape(self, tensor, info):
+        # Keras' DistributedOptimizer(sparse_as_dense=True) densifies an
+        # Embedding's IndexedSlices into a tensor of shape (None, d), though
+        # the gradient of a variable has the variable's shape.  Every scheme
+        # needs the element count when the graph is built (Top-K's k, the
+        # payload sizes), so take the shape from the variable Horovod is
+        # reducing for; tf.ensure_shape checks it when the step runs.
+        if tensor.shape.is_fully_defined() or info.key is None:
+            return tensor
+        known = dict(info.params or []).get(info.key)
+        if known is None or None in known or not tensor.shape.is_compatible_with(known):
+            return tensor  # B.numel raises the error that names the tensor
+        return tf.ensure_shape(tensor, known)
 
     def check_fingerprint(self, comp, info):
         """Run once, eagerly, while the first trace is being built: every rank
@@ -142,7 +163,11 @@ class TFAdapter(AdapterBase):
         return v.assign_add(1)
 
     def _store(self, name):
-        return self.residuals if name == "residual" else self.memories.setdefault(name, {})
+        if name == "residual":
+            return self.residuals
+        if name not in self.memories:
+            self.memories[name] = {}  # assigned through the wrapper, so the inner dict is tracked too
+        return self.memories[name]
 
     def get_memory(self, name, key, numel, like):
         return self._var(self._store(name), key, lambda: tf.zeros([numel]), tf.float32).read_value()
@@ -201,12 +226,7 @@ class TFAdapter(AdapterBase):
 
     # --- checkpoints ----------------------------------------------------------------
     def checkpointable(self):
-        module = tf.Module(name="hvd_compress_state")
-        module.residuals = dict(self.residuals)
-        module.memories = {n: dict(st) for n, st in self.memories.items()}
-        module.steps = dict(self.steps)
-        module.scheme_state = dict(self.scheme_vars)
-        return module
+        return self.state_module
 
     def state_dict(self):
         out = {f"residual/{k}": v.numpy() for k, v in self.residuals.items()}

@@ -291,10 +291,6 @@ def test_policy_keras_fit_sees_layer_variable_names_and_describe_matches_stats()
         assert int(nbytes) == stats[name]["payload_bytes"], (name, nbytes, stats[name])
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: Keras DistributedOptimizer(sparse_as_dense=True) with an Embedding "
-                   "layer fails at the first trace: Horovod densifies the IndexedSlices to a tensor of static shape "
-                   "(None, 16) and hvd_compress raises 'needs gradients with a static shape in TensorFlow; got "
-                   "(None, 16)' (the variable's shape, known from Horovod's frame, is not used)")
 def test_policy_keras_embedding_with_sparse_as_dense_reaches_the_policy():
     model, pol = _keras_policy_fit(sparse_as_dense=True)
     assert pol.stats.per_tensor()["embed/embeddings:0"]["scheme"] == "FP16"
@@ -700,12 +696,12 @@ def test_tf_checkpoint_resume_is_bit_identical(cid):
     assert _same(resumed, ck["straight"]), f"{cid}: resumed weights differ from the uninterrupted run"
 
 
-@pytest.mark.xfail(strict=True, reason="GAP: compressor.tf_checkpointable() of a fresh compressor is an empty "
-                   "tf.Module (its variables are created at the first trace and the module is a snapshot of the "
-                   "dicts at call time), so tf.train.Checkpoint.restore before the first step restores nothing of "
-                   "hvd_compress and the run does not continue bit-identically")
-def test_tf_checkpoint_restore_before_the_first_step():
-    cid = "TopK"
+@pytest.mark.parametrize("cid", ["TopK", "PowerSGD", "DGC", "Schedule"])
+def test_tf_checkpoint_restore_before_the_first_step(cid):
+    """tf.train.Checkpoint.restore before the first trace (the usual order in a training
+    script): the compressor's variables do not exist yet; TF holds the values and applies
+    them when the first trace creates the variables. Residuals, PowerSGD's Q, DGC's
+    momentum and the schedule's step counter all come back."""
     ck = saved(cid)
     fresh = Run(cid, seed=2)
     fresh.checkpoint().restore(ck["path"])  # no trace first: the usual order in a training script
