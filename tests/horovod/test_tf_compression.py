@@ -54,11 +54,12 @@ import tensorflow as tf  # noqa: E402
 import horovod.tensorflow as hvd  # noqa: E402
 import horovod.tensorflow.keras as hvdk  # noqa: E402
 
-from compression_cases import (EF_DEFAULT_OFF, EXTRA, IDS, SCHEMES, TRAIN_IDS, TRAIN_LR, G,  # noqa: E402
+from compression_cases import (EF_DEFAULT_OFF, EXTRA, IDS, SCHEMES, TRAIN_IDS, G,  # noqa: E402
                                aggregate_conservation, assert_matches, check_indices, conservation,
                                covered_names, exported_schemes, ref, residual_tolerance, shuffle_zstd_nbytes,
-                               train_scheme, uncovered, world_size_from_env)
+                               uncovered, world_size_from_env)
 from compression_cases import simulate as ref_simulate  # noqa: E402
+from tf_linear_training import LinearTraining, dataset, flat_weights, linear_model  # noqa: E402
 
 import hvd_compress  # noqa: E402
 from hvd_compress.backend import backend_for  # noqa: E402
@@ -616,23 +617,11 @@ def test_non_float_passes_through_and_ctx_none(sid):
 
 # --- training: replicas identical, loss falls --------------------------------------------------------------
 def _dataset():
-    rng = np.random.default_rng(2024)
-    x = rng.standard_normal((96 * SIZE, 12)).astype(np.float32)
-    w = rng.standard_normal((12, 1)).astype(np.float32)
-    y = (np.tanh(x @ w) + 0.05 * rng.standard_normal((96 * SIZE, 1))).astype(np.float32)
-    return x, y
+    return dataset(SIZE)
 
 
-def _model(seed, name):
-    """A linear model (two tensors: tracing costs per tensor)."""
-    tf.random.set_seed(seed)  # deliberately different initial weights per rank: the broadcast fixes them
-    return tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(12,))], name=name)
-
-
-def _flat(model):
-    return tf.concat([tf.reshape(v, [-1]) for v in model.trainable_variables], 0)
-
-
+_model = linear_model
+_flat = flat_weights
 _TRAIN = {}
 
 
@@ -642,32 +631,11 @@ def train_all():
     every replica are gathered."""
     if _TRAIN:
         return _TRAIN
-    x, y = _dataset()
-    models = {sid: _model(100 + RANK, "linear_" + _tag(sid, None).lower()) for sid in TRAIN_IDS}
-    for m in models.values():
-        hvd.broadcast_variables(m.variables, root_rank=0)
-    lr = dict(TRAIN_LR, SignSGD=0.02)  # a linear model here: the vote needs larger steps than in torch's MLP
-    opts = {sid: tf.keras.optimizers.SGD(learning_rate=lr.get(sid, 0.1)) for sid in TRAIN_IDS}
-    comps = {sid: train_scheme(sid) for sid in TRAIN_IDS}
-
-    def train_step(xb, yb):
-        for sid, model in models.items():
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(tf.square(model(xb, training=True) - yb))
-            tape = hvd.DistributedGradientTape(tape, compression=comps[sid])
-            grads = tape.gradient(loss, model.trainable_variables)
-            opts[sid].apply_gradients(zip(grads, model.trainable_variables))
-
-    step_fn = tf.function(train_step, autograph=False)
-    loss = {sid: (lambda m=m: float(tf.reduce_mean(tf.square(m(x) - y)))) for sid, m in models.items()}
-    before = {sid: f() for sid, f in loss.items()}
+    run = LinearTraining(TRAIN_IDS, name_of=lambda sid: "linear_" + _tag(sid, None).lower())
+    before = run.losses()
     for step in range(20):
-        lo = RANK * 96 + (step % 3) * 32
-        step_fn(tf.constant(x[lo:lo + 32]), tf.constant(y[lo:lo + 32]))
-    after = {sid: f() for sid, f in loss.items()}
-    flat = tf.stack([_flat(models[sid]) for sid in TRAIN_IDS])[None]
-    everyone = hvd.allgather(flat, name="tf.replicas.all").numpy()  # (size, schemes, weights)
-    _TRAIN.update(before=before, after=after, everyone=everyone)
+        run.step(step)
+    _TRAIN.update(before=before, after=run.losses(), everyone=run.everyone("tf.replicas.all"))
     return _TRAIN
 
 
