@@ -115,7 +115,7 @@ class Overhead:
         rows = [r for r in rows or [] if allocator_of(r) == allocator]
         self.points: Dict[str, List[tuple]] = {}
         self.fractions: Dict[str, List[tuple]] = {}
-        for r in rows or []:
+        for r in rows:
             if r.get("framework") != framework or r.get("device") != device:
                 continue
             self.fractions.setdefault(r["scheme"], []).append(
@@ -125,7 +125,7 @@ class Overhead:
             self.points.setdefault(r["scheme"], []).append((r["numel"], enc, dec))
         for v in self.points.values():
             v.sort()
-        self.threads = next((r.get("threads") for r in rows or [] if r.get("framework") == framework), None)
+        self.threads = next((r.get("threads") for r in rows if r.get("framework") == framework), None)
 
     @classmethod
     def from_file(cls, path, framework="torch", device="cpu", allocator="default"):

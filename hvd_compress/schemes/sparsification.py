@@ -71,7 +71,7 @@ class _Sparsifier(Scheme):
         else:
             vpayload, sent_vals = self.values.encode(B, vals, ctx)
             payload.update({"v." + k: v for k, v in vpayload.items()})
-        if not getattr(ctx, "need_sent", True):
+        if not ctx.need_sent:
             return payload, None  # no error feedback: skip building the dense ``sent``
         return payload, B.scatter_add(n, idx, sent_vals)
 

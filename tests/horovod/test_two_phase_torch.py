@@ -61,8 +61,6 @@ STEPS = 3
 SUM_EF_DEFAULT = ["Int8", "Int8-block64", "EFSignSGD", "OneBit", "TopK", "TopK-Int8"]
 
 
-
-
 def run_injected(comp, specs=SPECS, steps=STEPS, rank=None, **opt_kw):
     """Drive the stock DistributedOptimizer; returns [{name: aggregated grad (numpy)} per step]."""
     rank = RANK if rank is None else rank
