@@ -34,7 +34,7 @@ import torch.nn.functional as F  # noqa: E402
 import horovod.torch as hvd  # noqa: E402
 
 from _common import Progress, add_compression_args, load_mnist_5k, log0, make_compression  # noqa: E402
-from hvd_compress.metrics import TorchCompressionLogger  # noqa: E402
+from hvd_compress.tools.metrics import TorchCompressionLogger  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -33,7 +33,7 @@ import torch.optim as optim  # noqa: E402
 import horovod.torch as hvd  # noqa: E402
 
 from _common import add_compression_args, make_compression  # noqa: E402
-from hvd_compress.metrics import TorchCompressionLogger  # noqa: E402
+from hvd_compress.tools.metrics import TorchCompressionLogger  # noqa: E402
 
 # Benchmark settings
 parser = argparse.ArgumentParser(description='PyTorch Synthetic Benchmark',

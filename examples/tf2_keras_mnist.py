@@ -24,7 +24,7 @@ The hvd_compress part::
 
     compression = hvd_compress.TopK(0.01)
     opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(...), compression=compression)
-    model.fit(..., callbacks=[..., hvd_compress.metrics.KerasCompressionCallback(compression)])
+    model.fit(..., callbacks=[..., hvd_compress.tools.metrics.KerasCompressionCallback(compression)])
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ import tensorflow as tf  # noqa: E402
 import horovod.tensorflow as hvd_tf  # noqa: E402  (collectives with Min/Sum ops)
 import horovod.tensorflow.keras as hvd  # noqa: E402
 
-from hvd_compress.metrics import CompressionMeter, KerasCompressionCallback  # noqa: E402
+from hvd_compress.tools.metrics import CompressionMeter, KerasCompressionCallback  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -39,7 +39,7 @@ import tensorflow as tf  # noqa: E402
 
 import horovod.tensorflow as hvd  # noqa: E402
 
-from hvd_compress.metrics import CompressionMeter  # noqa: E402
+from hvd_compress.tools.metrics import CompressionMeter  # noqa: E402
 
 
 def parse_args(argv=None):

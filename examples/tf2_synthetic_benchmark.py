@@ -34,7 +34,7 @@ import tensorflow as tf  # noqa: E402
 
 import horovod.tensorflow as hvd  # noqa: E402
 
-from hvd_compress.metrics import CompressionMeter  # noqa: E402
+from hvd_compress.tools.metrics import CompressionMeter  # noqa: E402
 
 # Benchmark settings
 parser = argparse.ArgumentParser(description='TensorFlow Synthetic Benchmark',

@@ -24,5 +24,5 @@ if [ -z "$PY" ]; then
   if [ -x "$REPO/.venv/bin/python" ]; then PY="$REPO/.venv/bin/python"; else PY="python3"; fi
 fi
 cd "$REPO"
-echo "gpu_check: $PY -m hvd_compress.bench.gpu_check $*"
-exec "$PY" -m hvd_compress.bench.gpu_check "$@"
+echo "gpu_check: $PY -m hvd_compress.tools.bench.gpu_check $*"
+exec "$PY" -m hvd_compress.tools.bench.gpu_check "$@"

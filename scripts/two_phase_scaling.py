@@ -7,7 +7,7 @@ workers on the emulated cluster, and a short convergence check (issue #8).
     sudo .venv/bin/python scripts/two_phase_scaling.py --quick    # smaller, to out/two_phase/
 
 Needs root (the emulated cluster is made of network namespaces).  One 4-host cluster
-(``hvd_compress.testing.cluster.Cluster``, unshaped links) is brought up; for each
+(``hvd_compress.tools.testing.cluster.Cluster``, unshaped links) is brought up; for each
 number of workers N in 2, 3, 4 one ``horovodrun -np N --gloo`` runs this file in
 ``--worker bytes`` mode on the first N hosts (one rank a host).  Inside, every rank
 trains a ~4.2M-parameter MLP (1024-2048-1024-10, torch, SGD) on synthetic data, once
@@ -302,7 +302,7 @@ def main():
         return None
 
     sys.path.insert(0, REPO)
-    from hvd_compress.testing.cluster import Cluster, teardown
+    from hvd_compress.tools.testing.cluster import Cluster, teardown
     if a.quick:
         a.outdir = os.path.join(REPO, "out", "two_phase")
         a.steps, a.warmup, a.epochs, a.seeds = 3, 2, 3, [1]

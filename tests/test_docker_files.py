@@ -178,7 +178,7 @@ def test_hadolint():
 
 # ------------------------------------------------------------------ entrypoints
 def test_entrypoints_are_the_cluster_scripts():
-    from hvd_compress.testing import cluster
+    from hvd_compress.tools.testing import cluster
 
     assert Path(cluster.ENTRYPOINT_DIR).resolve() == ENTRY.resolve()
     src = Path(cluster.__file__).read_text()

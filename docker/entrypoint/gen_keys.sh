@@ -13,7 +13,7 @@
 #
 # Idempotent and safe to run concurrently from several nodes (flock on KEYDIR/.lock):
 # the first caller generates, the others reuse.  Used by
-#   - hvd_compress/testing/cluster.py (emulated cluster of network namespaces), and
+#   - hvd_compress/tools/testing/cluster.py (emulated cluster of network namespaces), and
 #   - docker/entrypoint/node.sh (docker compose nodes sharing a volume).
 set -eu
 

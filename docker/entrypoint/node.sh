@@ -10,7 +10,7 @@
 # Both roles first run gen_keys.sh (client key pair, generated at container start into
 # the volume shared by all nodes: $HVDC_KEYS) and start_sshd.sh (host key generated at
 # start, key-only sshd on $HVDC_SSH_PORT) -- the same two scripts that
-# hvd_compress/testing/cluster.py runs inside each network namespace of the emulated cluster.
+# hvd_compress/tools/testing/cluster.py runs inside each network namespace of the emulated cluster.
 #
 # Environment: HVDC_KEYS (default /run/hvd_compress/ssh), HVDC_SSH_PORT (22022),
 # HVDC_HOSTS (space-separated host names the launcher waits for), HVDC_WAIT_S (120),

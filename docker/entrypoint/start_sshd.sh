@@ -15,7 +15,7 @@
 # once it listens; with --foreground it execs `sshd -D -e` (container main process).
 #
 # The very same script is run inside each network namespace by
-# hvd_compress/testing/cluster.py and as part of docker/entrypoint/node.sh.
+# hvd_compress/tools/testing/cluster.py and as part of docker/entrypoint/node.sh.
 set -eu
 
 die() { echo "start_sshd.sh: error: $*" >&2; exit 1; }

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from hvd_compress import advise as adv
-from hvd_compress.bench import micro
-from hvd_compress.bench.specs import parse_spec, payload_nbytes, split_specs
+from hvd_compress.tools import advise as adv
+from hvd_compress.tools.bench import micro
+from hvd_compress.tools.bench.specs import parse_spec, payload_nbytes, split_specs
 
 REPO = Path(__file__).resolve().parents[2]
 MICRO_FIELDS = {"scheme": str, "framework": str, "device": str, "numel": int, "encode_decode_s": float,
@@ -155,7 +155,7 @@ def test_advise_validate_reports_error(tmp_path):
 
 
 def test_advise_cli(tmp_path):
-    from hvd_compress.cli import main
+    from hvd_compress.tools.cli import main
     mp = tmp_path / "micro.json"
     mp.write_text(json.dumps(_synthetic_micro()))
     layers = tmp_path / "layers.json"
@@ -177,9 +177,9 @@ def test_advise_cli(tmp_path):
 # ----------------------------------------------------------------------------- e2e
 def _cluster_usable():
     try:
-        from hvd_compress.testing import cluster  # noqa: F401
+        from hvd_compress.tools.testing import cluster  # noqa: F401
     except ImportError:
-        return "hvd_compress.testing.cluster does not exist"
+        return "hvd_compress.tools.testing.cluster does not exist"
     if os.geteuid() != 0:
         return "bench e2e needs root (network namespaces)"
     for tool in ("ip", "sshd", "tc"):
@@ -192,8 +192,8 @@ def test_e2e_smoke_two_hosts(tmp_path):
     why = _cluster_usable()
     if why:
         pytest.skip(why)
-    from hvd_compress.bench import e2e
-    from hvd_compress.testing import cluster
+    from hvd_compress.tools.bench import e2e
+    from hvd_compress.tools.testing import cluster
     cluster.teardown("hvdcbt")  # this test's own prefix: clear a crashed run's leftovers
     out = tmp_path / "e2e.json"
     rows = e2e.run(params="200k", hosts=2, rates="none", schemes=["none", "TopK(0.01)"], steps=3, warmup=1,

@@ -1,5 +1,5 @@
 """Fast checks without horovodrun: the examples' --compression flags map to the
-right compressors, and hvd_compress.metrics computes and writes what it says."""
+right compressors, and hvd_compress.tools.metrics computes and writes what it says."""
 import argparse
 import csv
 import math
@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.join(REPO, "examples"))
 
 import _common  # noqa: E402
 import hvd_compress  # noqa: E402
-from hvd_compress.metrics import CompressionMeter, TorchCompressionLogger, format_bytes  # noqa: E402
+from hvd_compress.tools.metrics import CompressionMeter, TorchCompressionLogger, format_bytes  # noqa: E402
 
 
 class _Compression:  # stands in for horovod.<framework>.Compression
@@ -129,7 +129,7 @@ def test_residual_norm_reads_the_adapters_residuals():
 
 
 def test_torch_logger_writes_csv_without_tensorboard(tmp_path, monkeypatch):
-    import hvd_compress.metrics as m
+    import hvd_compress.tools.metrics as m
     monkeypatch.setattr(m, "tensorboard_available", lambda: False)
     comp = hvd_compress.Int8()
     model = torch.nn.Linear(10, 2)  # 22 parameters

@@ -4,7 +4,7 @@ Each run is a few batches; the assertions check the output contract: a
 per-epoch (per-iteration for the benchmarks) line with loss/accuracy and bytes
 sent vs dense, a compression ratio that matches the scheme (so a silently
 disabled compressor fails), exit code 0, and the metrics file from
-``hvd_compress.metrics``.  TF start-up is slow, so each TF example is launched
+``hvd_compress.tools.metrics``.  TF start-up is slow, so each TF example is launched
 once.
 """
 import csv
@@ -54,7 +54,7 @@ def test_pytorch_mnist_topk_error_feedback_with_metrics_logdir(tmp_path):
     for line in lines:
         assert _ratio(line) >= 20, line  # TopK(0.01) must really shrink the payload
     assert "residual norm" in out  # error feedback keeps a residual
-    # hvd_compress.metrics: TensorBoard event files when tensorboard is installed, else CSV
+    # hvd_compress.tools.metrics: TensorBoard event files when tensorboard is installed, else CSV
     events = glob.glob(str(logdir / "events.out.tfevents.*"))
     if not events:
         rows = list(csv.DictReader(open(logdir / "compression_metrics.csv")))

@@ -1,4 +1,4 @@
-"""Integration tests of the emulated multi-host cluster (hvd_compress/testing/cluster.py).
+"""Integration tests of the emulated multi-host cluster (hvd_compress/tools/testing/cluster.py).
 
 They need root (network namespaces).  Without root they FAIL when CI is set (so CI can
 never go green without running them) and are skipped with a reason otherwise.
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from hvd_compress.testing import cluster as cl
-from hvd_compress.testing.cluster import Cluster, ClusterError
+from hvd_compress.tools.testing import cluster as cl
+from hvd_compress.tools.testing.cluster import Cluster, ClusterError
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = str(REPO / "hvd_compress" / "testing" / "smoke.py")
@@ -164,7 +164,7 @@ def test_cleanup_after_exception():
 
 def test_cleanup_on_sigterm():
     code = ("import sys, time; sys.path.insert(0, %r)\n"
-            "from hvd_compress.testing.cluster import Cluster\n"
+            "from hvd_compress.tools.testing.cluster import Cluster\n"
             "with Cluster(2, prefix='hvdts') as c:\n"
             "    print('UP', flush=True); time.sleep(120)\n" % str(REPO))
     cl.teardown("hvdts")

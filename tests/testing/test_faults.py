@@ -48,8 +48,8 @@ from pathlib import Path
 
 import pytest
 
-from hvd_compress.testing import cluster as cl
-from hvd_compress.testing.cluster import Cluster
+from hvd_compress.tools.testing import cluster as cl
+from hvd_compress.tools.testing.cluster import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = str(Path(__file__).with_name("fault_worker.py"))

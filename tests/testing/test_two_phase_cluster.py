@@ -1,5 +1,5 @@
 """The two-phase transport's Horovod tests at 3 and 4 ranks, one rank a host, on the
-emulated cluster (hvd_compress/testing/cluster.py): tests/horovod/test_two_phase_torch.py
+emulated cluster (hvd_compress/tools/testing/cluster.py): tests/horovod/test_two_phase_torch.py
 under ``horovodrun --gloo`` and tests/horovod/test_two_phase_tf.py under ``--mpi``.
 
 scripts/run_tests.sh runs those files at 2 and 3 ranks on localhost; this adds 4 ranks
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from hvd_compress.testing import cluster as cl
-from hvd_compress.testing.cluster import Cluster
+from hvd_compress.tools.testing import cluster as cl
+from hvd_compress.tools.testing.cluster import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable

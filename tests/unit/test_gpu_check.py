@@ -1,4 +1,4 @@
-"""scripts/gpu_check.sh / hvd_compress.bench.gpu_check (issue 9) in its CPU-fallback
+"""scripts/gpu_check.sh / hvd_compress.tools.bench.gpu_check (issue 9) in its CPU-fallback
 form, which is what CI can run; plus checks that its comparisons have teeth, and
 a dry run of the CUDA sync check's control flow with the debug mode emulated on
 the CPU.  The real CUDA sync check runs here only where CUDA is present."""
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from hvd_compress import schemes as S
-from hvd_compress.bench import gpu_check as gc
+from hvd_compress.tools.bench import gpu_check as gc
 
 REPO = Path(__file__).resolve().parents[2]
 MICRO_FIELDS = {"scheme": str, "framework": str, "device": str, "numel": int, "encode_decode_s": float,
@@ -123,7 +123,7 @@ def test_targets():
             {"scheme": "Int8", "numel": gc.TARGET_NUMEL, "ratio_to_copy": 3.0},
             {"scheme": "Int8", "numel": 16_000_000, "ratio_to_copy": 30.0}]
     assert [(j["scheme"], j["met"]) for j in gc.judge_targets(rows)] == [("TopK(0.01)", False), ("Int8", True)]
-    from hvd_compress.bench.specs import parse_spec
+    from hvd_compress.tools.bench.specs import parse_spec
     specs = gc.micro_specs()
     assert "hvd_fp16" not in specs and "QSGD(error_feedback=True)" in specs
     for s in specs:
@@ -184,7 +184,7 @@ def test_cuda_mode_driver_dry_run(tmp_path, monkeypatch):
     target verdicts at 256M come out as they will on the GPU."""
     import types
 
-    from hvd_compress.bench import report as rep
+    from hvd_compress.tools.bench import report as rep
     _emulate_sync_debug_mode(monkeypatch)
     monkeypatch.setattr(gc, "CUDA_DEVICE", "cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

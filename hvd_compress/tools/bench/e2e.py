@@ -2,7 +2,7 @@
 
 For each link rate (``tc tbf`` on every host's veth, both directions; or
 unshaped) and each scheme, one ``horovodrun`` launch of
-:mod:`hvd_compress.bench.e2e_worker` across the cluster's hosts (one rank per
+:mod:`hvd_compress.tools.bench.e2e_worker` across the cluster's hosts (one rank per
 host by default).  Per run:
 
 * ``median_step_s`` -- median over the timed steps of the slowest rank's step
@@ -37,18 +37,18 @@ import tempfile
 import time
 from pathlib import Path
 
-from .report import Progress, human_bytes, human_count, human_seconds, parse_count, table, write_json
+from ..units import parse_count, parse_rate
+from .report import Progress, human_bytes, human_count, human_seconds, table, write_json
 from .specs import parse_spec, split_specs
 
 DEFAULT_SCHEMES = ("none", "hvd_fp16", "TopK(0.01)", "Int8", "EFSignSGD", "FP16", "DGC(0.01)")
 DEFAULT_RATES = "none,1000,100"
 FIELDS = ("scheme", "framework", "model_params", "workers", "link_mbit", "median_step_s", "speedup_vs_none",
           "speedup_vs_hvd_fp16", "payload_bytes_per_step", "wire_bytes_per_step")
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]  # the checkout: hvd_compress/tools/bench/e2e.py
 
 
 def parse_rates(text):
-    from ..testing.cluster import parse_rate
     if isinstance(text, (list, tuple)):
         return [None if r is None else parse_rate(r) for r in text]
     return [parse_rate(t.strip()) for t in str(text).split(",") if t.strip()]
@@ -71,7 +71,7 @@ def run(framework="torch", model="mlp", params="16M", hosts=2, workers=None, rat
         controller="gloo", out_json=None, out_png=None, prefix="hvdcb", measure_link=True,
         run_timeout=900, progress=True, stream=None, allocator="default"):
     """Bring up the cluster, run every (rate, scheme), tear it down; return the rows.
-    ``allocator``: one of :data:`hvd_compress.bench.micro.ALLOCATORS`, the glibc
+    ``allocator``: one of :data:`hvd_compress.tools.bench.micro.ALLOCATORS`, the glibc
     malloc settings every rank starts with."""
     from .micro import ALLOCATORS, check_allocator
     from ..testing.cluster import Cluster
@@ -104,7 +104,7 @@ def run(framework="torch", model="mlp", params="16M", hosts=2, workers=None, rat
                     prog.note(f"link {_rate_label(rate)}: throughput measurement failed: {e}")
             for spec in schemes:
                 out = os.path.join(tmp, f"r{len(rows) + len(failures)}.json")
-                cmd = [sys.executable, "-m", "hvd_compress.bench.e2e_worker", "--framework", framework,
+                cmd = [sys.executable, "-m", "hvd_compress.tools.bench.e2e_worker", "--framework", framework,
                        "--model", model, "--params", str(params), "--batch", str(batch), "--scheme", spec,
                        "--steps", str(steps), "--warmup", str(warmup), "--max-seconds", str(max_seconds),
                        "--threads", str(threads), "--iface", c.iface, "--out", out]

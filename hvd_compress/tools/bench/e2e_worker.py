@@ -1,6 +1,6 @@
 """One rank of ``bench e2e``; launched by horovodrun::
 
-    horovodrun -np 2 -H h1:1,h2:1 ... python -m hvd_compress.bench.e2e_worker \\
+    horovodrun -np 2 -H h1:1,h2:1 ... python -m hvd_compress.tools.bench.e2e_worker \\
         --framework torch --model mlp --params 16M --scheme 'TopK(0.01)' --out result.json
 
 Each rank:
@@ -276,8 +276,8 @@ def _timed_loop(a, hvd, barrier, dist_step, comp, compute, layer_numels, bcast, 
 
 
 def main(argv=None):
-    from .report import parse_count
-    p = argparse.ArgumentParser(prog="python -m hvd_compress.bench.e2e_worker")
+    from ..units import parse_count
+    p = argparse.ArgumentParser(prog="python -m hvd_compress.tools.bench.e2e_worker")
     p.add_argument("--framework", default="torch", choices=["torch", "tensorflow", "tf"])
     p.add_argument("--model", default="mlp", choices=["mlp", "transformer"])
     p.add_argument("--params", default="16M", type=parse_count)

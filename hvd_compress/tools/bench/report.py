@@ -5,26 +5,8 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import sys
 import time
-
-_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "ki": 2**10, "mi": 2**20, "gi": 2**30}
-
-
-def parse_count(text) -> int:
-    """'16M' -> 16_000_000, '1Mi' -> 1_048_576, '110e6' -> 110_000_000, 4096 -> 4096.
-    (Decimal suffixes, as parameter counts are quoted; ``Ki/Mi/Gi`` for powers of two.)"""
-    if isinstance(text, (int, float)):
-        return int(text)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmg]i?)?\s*", str(text).lower())
-    if not m:
-        raise ValueError(f"cannot parse a count from {text!r} (use e.g. 4096, 1M, 16M, 1Mi, 110e6)")
-    return int(round(float(m.group(1)) * _SUFFIX[m.group(2) or ""]))
-
-
-def parse_counts(text) -> list:
-    return [parse_count(t) for t in str(text).split(",") if t.strip()]
 
 
 def human_count(n: int) -> str:

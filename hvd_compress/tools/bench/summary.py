@@ -1,6 +1,6 @@
 """Markdown summary of bench results against issue #4's targets::
 
-    python -m hvd_compress.bench.summary docs/results/micro.json docs/results/e2e.json
+    python -m hvd_compress.tools.bench.summary docs/results/micro.json docs/results/e2e.json
 
 Prints the micro table at 16M elements, the e2e table and a target-by-target
 verdict (met / NOT met, with the measured number).  Nothing is tuned: the

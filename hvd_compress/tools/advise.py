@@ -37,11 +37,14 @@ import sys
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from .bench.report import human_bytes, human_count, human_seconds, parse_count
+from .bench.report import human_bytes, human_count, human_seconds
 from .bench.specs import HOROVOD_SPECS, parse_spec, payload_nbytes, split_specs
+from .units import parse_count, parse_rate
 
-DEFAULT_MICRO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                             "docs", "results", "micro.json")
+#: the encode/decode costs ``advise`` uses by default: a packaged copy of
+#: docs/results/micro.json (scripts/sync_package_data.py keeps it in step), so an
+#: installed wheel has it too
+DEFAULT_MICRO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "micro.json")
 DEFAULT_LATENCY_S = 50e-6
 DOC_CASE = {"params": 110_000_000, "workers": 8, "bytes_mb": {"none": 440, "fp16": 220, "fp16_top10": 22},
             "time_ms": {"none": 35, "fp16": 18, "fp16_top10": 3}}
@@ -51,7 +54,6 @@ DOC_CASE = {"params": 110_000_000, "workers": 8, "bytes_mb": {"none": 440, "fp16
 def parse_bandwidth(text) -> float:
     """Link bandwidth in **bytes/s** from '100gbit', '1000mbit', '1gbit', or a
     bare number of Mbit/s ('100')."""
-    from .testing.cluster import parse_rate
     mbit = parse_rate(text)
     if mbit is None:
         raise ValueError(f"bandwidth must be a rate such as 100gbit or 1000mbit, got {text!r}")
@@ -559,7 +561,7 @@ def add_arguments(p):
     p.add_argument("--worked-example", action="store_true", help="the document's 110M/8-worker case, corrected")
     p.add_argument("--validate", metavar="E2E_JSON", help="compare predictions with a bench e2e JSON")
     p.add_argument("--out", help="also write the report (markdown) here; with --validate default "
-                   "docs/results/advise_validation.md")
+                   "advise_validation.md next to the e2e JSON")
     p.add_argument("--max-layers", type=int, default=40)
 
 
@@ -586,7 +588,7 @@ def main_args(a, stream=None) -> int:
             overhead = Overhead.from_file(a.micro, fw.pop(), a.device, alloc.pop())
         v = validate(e2e_rows, overhead, latency)
         text = format_validation(v, a.micro, a.validate, latency)
-        out = a.out or os.path.join(os.path.dirname(DEFAULT_MICRO), "advise_validation.md")
+        out = a.out or os.path.join(os.path.dirname(os.path.abspath(a.validate)), "advise_validation.md")
         _write(out, text + "\n")
         print(text, file=stream)
         print(f"\nwrote {out}", file=stream)

@@ -14,7 +14,8 @@ import argparse
 import os
 import sys
 
-RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "results")
+#: where ``bench`` writes its JSON by default: docs/results of the checkout this package runs from
+RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "docs", "results")
 
 
 def _env():

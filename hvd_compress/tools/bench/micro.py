@@ -6,7 +6,7 @@ fp32 elements, shaped ``(numel / 1024, 1024)`` like a weight gradient):
 * ``encode_decode_s`` -- ``out, ctx = comp.compress(x)`` followed by
   ``dense = comp.decompress(out, ctx)`` on a :class:`~hvd_compress.Compressor`
   whose adapter is the real torch/TF adapter with one-rank collectives
-  (:mod:`hvd_compress.bench.local`).  That is: flatten/cast, the step counter
+  (:mod:`hvd_compress.tools.bench.local`).  That is: flatten/cast, the step counter
   and the random generator of the call, ``acc = x + residual`` (error feedback,
   when the scheme has it on), ``scheme.encode``, the new residual
   ``acc - sent`` with non-finite values dropped, the split of the payload into
@@ -44,7 +44,8 @@ import sys
 import tempfile
 import time
 
-from .report import Progress, human_bytes, human_count, human_seconds, parse_counts, table, write_json
+from ..units import parse_counts
+from .report import Progress, human_bytes, human_count, human_seconds, table, write_json
 from .specs import HOROVOD_SPECS, parse_spec
 
 DEFAULT_SIZES = "1M,16M,64M"
@@ -104,7 +105,7 @@ def scheme_kind(spec: str) -> str:
     """'sparsifier', 'quantizer' or 'other' (for the targets)."""
     if spec in HOROVOD_SPECS:
         return "other"  # Horovod's own: a reference, not a product target
-    from ..schemes import casts, quantization, sparsification
+    from ...schemes import casts, quantization, sparsification
     s = parse_spec(spec).scheme
     if isinstance(s, (sparsification._Sparsifier, sparsification.RandomK)):
         return "sparsifier"
@@ -390,7 +391,7 @@ def run(schemes=None, frameworks=("torch", "tensorflow"), sizes=DEFAULT_SIZES, d
         cfg = {"framework": fw, "schemes": schemes, "sizes": sizes, "devices": list(devices),
                "threads": threads, "reps": reps, "warmup": warmup, "allocator": alloc}
         with tempfile.TemporaryFile("w+") as err:
-            p = subprocess.Popen([sys.executable, "-m", "hvd_compress.bench.micro", "--worker", json.dumps(cfg)],
+            p = subprocess.Popen([sys.executable, "-m", "hvd_compress.tools.bench.micro", "--worker", json.dumps(cfg)],
                                  stdout=subprocess.PIPE, stderr=err, text=True, env={**env, **ALLOCATORS[alloc]})
             for line in p.stdout:
                 if not line.startswith("HVDC_MICRO "):

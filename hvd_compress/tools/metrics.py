@@ -73,7 +73,7 @@ def format_bytes(n):
 
 
 def _is_ours(compression):
-    from .compressor import Compressor
+    from ..compressor import Compressor
     return isinstance(compression, Compressor)
 
 

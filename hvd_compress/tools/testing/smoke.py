@@ -1,7 +1,7 @@
 """Multi-host Horovod smoke check, run under horovodrun (used by the cluster tests and by
 docker/compose.yaml's default command)::
 
-    horovodrun -np 2 -H node1:1,node2:1 ... python hvd_compress/testing/smoke.py \
+    horovodrun -np 2 -H node1:1,node2:1 ... python hvd_compress/tools/testing/smoke.py \
         --framework torch --expect-size 2 --distinct-hosts
 
 Every rank: hvd.init(); an allreduce (sum and average) of a tensor whose value depends

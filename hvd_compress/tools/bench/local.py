@@ -15,7 +15,7 @@ network.
 """
 from __future__ import annotations
 
-from ..adapter import CallerInfo
+from ...adapter import CallerInfo
 
 BENCH_KEY = "bench.weight"
 
@@ -47,9 +47,9 @@ def local_compressor(comp, framework: str):
     """Install a one-rank adapter for ``framework`` ('torch' or 'tensorflow')
     in ``comp`` and return ``comp``."""
     if framework == "torch":
-        from ..torch_adapter import TorchAdapter as base
+        from ...torch_adapter import TorchAdapter as base
     elif framework in ("tensorflow", "tf"):
-        from ..tf_adapter import TFAdapter as base
+        from ...tf_adapter import TFAdapter as base
         framework = "tensorflow"
     else:
         raise ValueError(f"unknown framework {framework!r}")

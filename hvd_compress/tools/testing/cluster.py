@@ -13,18 +13,18 @@ created inside a namespace, and the bridge is not in the root namespace.
 Commands run "on" a host with :meth:`Cluster.run`; ``horovodrun`` is launched from
 inside host 1's namespace with :meth:`Cluster.horovodrun_args`, for example::
 
-    from hvd_compress.testing.cluster import Cluster
+    from hvd_compress.tools.testing.cluster import Cluster
     with Cluster(2, rate_mbit=100) as c:
         r = c.run(0, c.horovodrun_command(["python", "train.py"], controller="gloo"),
                   timeout=300)
 
 CLI (root only)::
 
-    python -m hvd_compress.testing.cluster up --hosts 3 [--rate 100mbit] [--name PREFIX]
-    python -m hvd_compress.testing.cluster status [--name PREFIX] [--json]
-    python -m hvd_compress.testing.cluster exec h1 [--name PREFIX] -- horovodrun ...
-    python -m hvd_compress.testing.cluster rate 1gbit|none [--name PREFIX]
-    python -m hvd_compress.testing.cluster down [--name PREFIX]
+    python -m hvd_compress.tools.testing.cluster up --hosts 3 [--rate 100mbit] [--name PREFIX]
+    python -m hvd_compress.tools.testing.cluster status [--name PREFIX] [--json]
+    python -m hvd_compress.tools.testing.cluster exec h1 [--name PREFIX] -- horovodrun ...
+    python -m hvd_compress.tools.testing.cluster rate 1gbit|none [--name PREFIX]
+    python -m hvd_compress.tools.testing.cluster down [--name PREFIX]
 
 sshd is started by ``docker/entrypoint/start_sshd.sh`` and the keys are made by
 ``docker/entrypoint/gen_keys.sh``: the very scripts the docker images run.
@@ -46,6 +46,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, NamedTuple, Optional, Sequence, Union
 
+from ..units import parse_rate
+
 __all__ = ["Cluster", "ClusterError", "LinkBytes", "teardown", "existing_clusters", "parse_rate"]
 
 STATE_ROOT = Path(os.environ.get("HVDC_STATE_ROOT", "/run/hvd_compress"))
@@ -58,7 +60,7 @@ BRIDGE = "br0"
 MAX_HOSTS = 32
 _PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,15}$")
 _SYS_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-_REPO = Path(__file__).resolve().parents[2]
+_REPO = Path(__file__).resolve().parents[3]  # the checkout: hvd_compress/tools/testing/cluster.py
 ENTRYPOINT_DIR = Path(os.environ.get("HVDC_ENTRYPOINT_DIR", _REPO / "docker" / "entrypoint"))
 
 
@@ -92,28 +94,6 @@ def _cmd(argv: Sequence[str], check: bool = True, timeout: float = 60) -> subpro
 
 def _ip(*args: str, check: bool = True) -> str:
     return _cmd(["ip", *args], check=check).stdout
-
-
-def parse_rate(text: Union[str, float, int, None]) -> Optional[float]:
-    """'100mbit' -> 100.0, '1gbit' -> 1000.0, '500kbit' -> 0.5, '100' -> 100.0 (Mbit/s);
-    None, 'none', 'off', 'unshaped' -> None."""
-    if text is None:
-        return None
-    if isinstance(text, (int, float)):
-        if text <= 0:
-            raise ValueError(f"rate must be positive, got {text}")
-        return float(text)
-    t = text.strip().lower()
-    if t in ("", "none", "off", "unshaped", "0"):
-        return None
-    m = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*(gbit|mbit|kbit|g|m|k)?(?:/s|ps)?", t)
-    if not m:
-        raise ValueError(f"cannot parse rate {text!r} (use e.g. 100mbit, 1gbit, none)")
-    value, unit = float(m.group(1)), (m.group(2) or "mbit")[0]
-    rate = value * {"g": 1000.0, "m": 1.0, "k": 0.001}[unit]
-    if rate <= 0:
-        raise ValueError(f"rate must be positive, got {text!r}")
-    return rate
 
 
 def _venv_bin() -> str:
@@ -322,7 +302,7 @@ class Cluster:
         if taken or self.state_dir.exists():
             what = ", ".join(taken) if taken else str(self.state_dir)
             raise ClusterError(f"cluster '{self.prefix}' already exists ({what}); remove it with "
-                               f"`python -m hvd_compress.testing.cluster down --name {self.prefix}` "
+                               f"`python -m hvd_compress.tools.testing.cluster down --name {self.prefix}` "
                                f"or pick another prefix")
         self._up = True
         self._owner = True
@@ -397,7 +377,7 @@ class Cluster:
             st = json.loads(path.read_text())
         except (OSError, ValueError):
             raise ClusterError(f"no cluster named '{prefix}' ({path} not found); "
-                               f"create one with `python -m hvd_compress.testing.cluster up`") from None
+                               f"create one with `python -m hvd_compress.tools.testing.cluster up`") from None
         c = cls(st["n_hosts"], st["rate_mbit"], prefix, st["ssh_port"], st.get("venv_bin"))
         c._up = True
         return c
@@ -651,7 +631,7 @@ def _killpg(p: subprocess.Popen) -> None:
 
 # ----------------------------------------------------------------------------- CLI
 def _main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hvd_compress.testing.cluster",
+    ap = argparse.ArgumentParser(prog="python -m hvd_compress.tools.testing.cluster",
                                  description="Emulated multi-host cluster of network namespaces (root only).")
     sub = ap.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="create the cluster and leave it running")
@@ -682,10 +662,10 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
             c = Cluster(args.hosts, parse_rate(args.rate), args.name, args.port).start(persist=True)
             print(f"cluster '{c.prefix}' up: " + ", ".join(f"{h}={ip}" for h, ip in zip(c.hosts, c.ips))
                   + f"; rate: {c.rate_mbit or 'unshaped'} Mbit/s")
-            print("run horovodrun from host 1, e.g.:\n  python -m hvd_compress.testing.cluster exec "
+            print("run horovodrun from host 1, e.g.:\n  python -m hvd_compress.tools.testing.cluster exec "
                   f"h1 --name {c.prefix} -- " + shlex.join(c.horovodrun_command(["python", "script.py"],
                                                                               controller="gloo")))
-            print(f"remove with: python -m hvd_compress.testing.cluster down --name {c.prefix}")
+            print(f"remove with: python -m hvd_compress.tools.testing.cluster down --name {c.prefix}")
             return 0
         if args.cmd == "down":
             removed = teardown(args.name)

@@ -35,7 +35,7 @@ printed, when not.  Three parts, each reported on stdout and in
    where it raises, the same path is run again in ``"warn"`` mode and every
    synchronizing call is listed with its ``hvd_compress`` call chain.
 
-3. **micro** -- :mod:`hvd_compress.bench.micro` (unchanged: encode + error
+3. **micro** -- :mod:`hvd_compress.tools.bench.micro` (unchanged: encode + error
    feedback + decode, interleaved with ``dst.copy_(src)`` into a preallocated
    buffer of the same device, ``torch.cuda.synchronize()`` after each, medians)
    on CUDA at 16M and 256M elements, written to ``micro_cuda.json`` in bench
@@ -72,8 +72,8 @@ import warnings
 
 import numpy as np
 
-from ..compressor import encode_with_feedback
-from ..schemes.base import EncodeContext
+from ...compressor import encode_with_feedback
+from ...schemes.base import EncodeContext
 
 f32 = np.float32
 #: the device under test in CUDA mode (the unit tests' dry run of the CUDA path points it at the CPU)
@@ -100,7 +100,7 @@ def cases():
     reduction inside), ``topk`` (exact, ties reported), ``topk-reducing``
     (Top-K with QSGD values), ``lowrank`` or ``lossless`` (see
     :func:`compare_runs`)."""
-    from .. import schemes as S
+    from ... import schemes as S
     return [
         ("none", S.NoCompression, "exact"),
         ("fp16", S.FP16, "exact"),
@@ -208,7 +208,7 @@ class TorchSide:
 
     def __init__(self, device, threads=None, controlled=True):
         import torch
-        from ..backend import TorchBackend
+        from ...backend import TorchBackend
         self.torch = torch
         self.device = torch.device(device)
         self.threads = threads
@@ -250,7 +250,7 @@ class TFSide:
 
     def __init__(self, device):
         import tensorflow as tf
-        from ..backend import TensorFlowBackend
+        from ...backend import TensorFlowBackend
         self.tf = tf
         self.device = device
         cls = _controlled(TensorFlowBackend)
@@ -481,7 +481,7 @@ def _quantizer_stats(side, scheme, x_np, trials, seed0):
     """Per-element mean/variance of ``sent`` over ``trials`` draws of the
     backend's own generator, the level histogram, and whether decode(encode)
     equals ``sent`` exactly on the device each time."""
-    from ..coding import unpack_bits
+    from ...coding import unpack_bits
     torch = getattr(side, "torch", None)
     B = side.B
     n = x_np.size
@@ -652,7 +652,7 @@ def check_uniform(side, n=1 << 20):
 
 def check_own_generators(ref_side, dut_side, n, trials, log=print):
     """Part 1b."""
-    from .. import schemes as S
+    from ... import schemes as S
     out = []
 
     def record(name, checks, extra=None):
@@ -683,7 +683,7 @@ def check_own_generators(ref_side, dut_side, n, trials, log=print):
 # =================================================================================== sync
 def _hvdc_chain(stack):
     """``file:line function`` of the hvd_compress frames of a stack, outermost first."""
-    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    pkg = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # hvd_compress/
     chain = []
     for fr in stack:
         fn = os.path.abspath(fr.filename)
@@ -725,7 +725,7 @@ def _sync_paths(cid, factory, shape, device):
     """The two hot paths of one case as zero-argument callables (after one
     warm-up call each, which may initialise lazily)."""
     import torch
-    from ..backend import TorchBackend
+    from ...backend import TorchBackend
     from .local import local_compressor
     from .specs import parse_spec
     B = TorchBackend()
@@ -863,7 +863,7 @@ def check_host_reads_cpu(shape, only=None, log=print):
                     reads.append((nm, _hvdc_chain(traceback.extract_stack()[:-1])))
                     return orig(self, *a, **k)
                 return recorder
-            from ..backend import TorchBackend
+            from ...backend import TorchBackend
             free = TorchBackend.host_reads_are_free
             try:
                 # walk the CUDA path: the backend's CPU-only shortcuts read the host freely
@@ -915,7 +915,7 @@ def micro_specs(include_lossless=True, include_horovod=False):
     """bench micro's default list (only the entries that build a compressor:
     ``hvd_compress.__all__`` also exports memories such as ``DGCMemory``), plus
     :data:`EF_SPECS`."""
-    from ..compressor import Compressor
+    from ...compressor import Compressor
     from .micro import default_schemes
     from .specs import HOROVOD_SPECS, parse_spec
     specs = [s for s in default_schemes()
@@ -1047,7 +1047,7 @@ class _Tee:
 
 
 def main(argv=None):
-    """Command-line entry (``python -m hvd_compress.bench.gpu_check --help``);
+    """Command-line entry (``python -m hvd_compress.tools.bench.gpu_check --help``);
     returns the exit status.  Everything printed also goes to
     ``<out>/gpu_check.log``."""
     ap = argparse.ArgumentParser(prog="gpu_check", description=__doc__.split("\n\n")[0],
@@ -1075,7 +1075,7 @@ def main(argv=None):
         print(f"gpu_check: needs PyTorch ({e})", file=sys.stderr)
         return 2
     cuda = torch.cuda.is_available() and not args.cpu_fallback
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     out_dir = args.out or os.path.join(repo, "docs/results" if cuda else "out/gpu_check")
     os.makedirs(out_dir, exist_ok=True)
     saved = sys.stdout, sys.stderr
@@ -1090,7 +1090,7 @@ def main(argv=None):
 
 
 def _main(args, torch, cuda, out_dir):
-    from .report import parse_counts
+    from ..units import parse_counts
     from .specs import split_specs
     t_start = time.monotonic()
     mode = "cuda" if cuda else "cpu-fallback"

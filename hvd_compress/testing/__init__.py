@@ -1,2 +1,0 @@
-"""Test and benchmark helpers: an emulated multi-host cluster (:mod:`hvd_compress.testing.cluster`)
-and a tiny Horovod smoke script (``hvd_compress/testing/smoke.py``)."""

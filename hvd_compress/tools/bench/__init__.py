@@ -1,0 +1,13 @@
+"""Measurement tools behind ``hvd-compress bench``.
+
+* :mod:`hvd_compress.tools.bench.micro` -- encode + decode (+ error feedback) cost of
+  every scheme on one tensor, as a ratio to a preallocated copy of that tensor.
+* :mod:`hvd_compress.tools.bench.e2e` -- training steps of a communication-bound
+  model under ``horovodrun`` on the emulated cluster
+  (:mod:`hvd_compress.tools.testing.cluster`) at several link rates;
+  :mod:`hvd_compress.tools.bench.e2e_worker` is the script each rank runs.
+* :mod:`hvd_compress.tools.bench.specs` -- scheme specs such as ``"TopK(0.01)"``.
+* :mod:`hvd_compress.tools.bench.report` -- progress lines, tables and JSON helpers.
+
+See docs/benchmarks.md for what exactly each number means.
+"""
