@@ -101,6 +101,9 @@ def add_compression_args(parser):
     ef.add_argument("--error-feedback", dest="error_feedback", action="store_true",
                     help="force error feedback on (e.g. for fp16)%(default).0s")
     g.add_argument("--compression-seed", type=int, default=0, help="seed of stochastic schemes")
+    g.add_argument("--compression-momentum", type=float, default=None, metavar="M",
+                   help="momentum-aware error feedback: the compressor applies momentum M before compressing "
+                        "(hvd_compress.TopK(0.01, momentum=M)); then give the optimizer --momentum 0%(default).0s")
     return parser
 
 
@@ -117,6 +120,8 @@ def make_compression(args, hvd):
             raise SystemExit(f"--compression {name} takes no scheme options (got {sorted(chosen)})")
         if args.error_feedback:
             raise SystemExit(f"--compression {name} is Horovod's own and has no error feedback")
+        if getattr(args, "compression_momentum", None) is not None:
+            raise SystemExit(f"--compression {name} is Horovod's own and takes no --compression-momentum")
         comp = hvd.Compression.fp16 if name == "hvd-fp16" else hvd.Compression.none
         return comp, f"Horovod {'hvd.Compression.fp16' if name == 'hvd-fp16' else 'hvd.Compression.none'}"
     factories = scheme_factories()
@@ -139,6 +144,11 @@ def make_compression(args, hvd):
         if chosen["values"] not in factories:
             raise SystemExit(f"--values {chosen['values']}: unknown scheme")
         chosen["values"] = factories[chosen["values"]][1]()
+    momentum = getattr(args, "compression_momentum", None)
+    if momentum is not None:
+        if "momentum" in chosen:
+            raise SystemExit(f"give the compressor's momentum once: --compression-momentum or --{name}-momentum")
+        chosen["momentum"] = momentum
     comp = factory(error_feedback=args.error_feedback, seed=args.compression_seed, **chosen)
     return comp, f"hvd_compress {comp!r}"
 

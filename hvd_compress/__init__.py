@@ -16,7 +16,7 @@ from functools import wraps
 
 from . import schemes as _s
 from .compressor import Compressor
-from .memory import DGCMemory, ResidualMemory
+from .memory import DGCMemory, MomentumMemory, ResidualMemory, momentum_memory
 from .policy import Policy, Rule, Schedule
 
 __version__ = "0.1.0"
@@ -24,11 +24,13 @@ __version__ = "0.1.0"
 
 def _factory(scheme_cls):
     @wraps(scheme_cls, assigned=("__doc__", "__name__", "__qualname__"), updated=())
-    def make(*args, error_feedback=None, seed=0, transport="allgather", **kwargs):
+    def make(*args, error_feedback=None, seed=0, transport="allgather", momentum=0.0, nesterov=False, **kwargs):
         if isinstance(kwargs.get("values"), Compressor):
             kwargs["values"] = kwargs["values"].scheme
-        return Compressor(scheme_cls(*args, **kwargs), error_feedback=error_feedback, seed=seed,
-                          transport=transport)
+        scheme = scheme_cls(*args, **kwargs)
+        # momentum= moves the optimizer's momentum before the compressor (MomentumMemory)
+        memory = momentum_memory(scheme, momentum, nesterov, error_feedback)
+        return Compressor(scheme, error_feedback=error_feedback, seed=seed, transport=transport, memory=memory)
     make.__module__ = __name__
     return make
 
@@ -65,5 +67,5 @@ def DGC(ratio=0.001, sample_ratio=0.01, values=None, *, momentum=0.0, clip_norm=
 PowerSGD = _factory(_s.PowerSGD)
 Lossless = _factory(_s.Lossless)
 
-__all__ = ["Compressor", "DGCMemory", "ResidualMemory", "Policy", "Rule", "Schedule", "NoCompression", "none", "FP16", "BF16", "Int8", "QSGD", "TernGrad", "SignSGD",
+__all__ = ["Compressor", "DGCMemory", "MomentumMemory", "ResidualMemory", "Policy", "Rule", "Schedule", "NoCompression", "none", "FP16", "BF16", "Int8", "QSGD", "TernGrad", "SignSGD",
            "EFSignSGD", "OneBit", "TopK", "RandomK", "Threshold", "DGC", "PowerSGD", "Lossless"]

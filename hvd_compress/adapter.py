@@ -174,8 +174,7 @@ class AdapterBase:
             return self._compress_two_phase(comp, scheme, memory, key, coll_key, x, step, info, shape, dtype,
                                             numel, ectx)
         if transport == "powersgd":
-            residual = self.get_memory("residual", key, numel, x) if memory is not None else None
-            return self._compress_powersgd(comp, scheme, key, coll_key, x, residual, info, shape, dtype, numel)
+            return self._compress_powersgd(comp, scheme, memory, key, coll_key, x, info, shape, dtype, numel)
         if memory is None:
             payload, _ = scheme.encode(B, x, replace(ectx, need_sent=False))
             deps = []
@@ -260,8 +259,9 @@ class AdapterBase:
         n_ranks = info.size
         chunk = ceil_div(numel, n_ranks)
         if memory is not None:
+            # one dict for compensate and update: a memory may pass values between them (the velocity)
             state = {n: self.get_memory(n, key, numel, x) for n in memory.names}
-            acc = memory.compensate(B, x, dict(state))
+            acc = memory.compensate(B, x, state)
         else:
             acc = x
         pad = chunk * n_ranks - numel
@@ -278,7 +278,7 @@ class AdapterBase:
         deps = []
         if memory is not None:
             sent = B.concat(sents)[:numel] if pad else B.concat(sents)
-            new_state = memory.update(B, acc, sent, dict(state))
+            new_state = memory.update(B, acc, sent, state)
             deps = [self.set_memory(n, key, new_state[n]) for n in memory.names]
         ctx = Ctx(self, key, scheme, shape, dtype, numel, n_ranks, "two_phase", info.process_set, coll_key=coll_key)
         ctx.local.update(chunk=chunk, step=step, seed=stable_hash(comp.seed, key, info.rank, "phase2"),
@@ -341,9 +341,10 @@ class AdapterBase:
         return B.reshape(B.cast(dense, ctx.dtype), ctx.shape)
 
     # --- PowerSGD's two rounds ------------------------------------------------------------
-    def _compress_powersgd(self, comp, scheme, key, coll_key, x, residual, info, shape, dtype, numel):
+    def _compress_powersgd(self, comp, scheme, memory, key, coll_key, x, info, shape, dtype, numel):
         B = self.B
-        acc = x if residual is None else x + residual
+        state = {n: self.get_memory(n, key, numel, x) for n in memory.names} if memory is not None else None
+        acc = x if memory is None else memory.compensate(B, x, state)
         n, m = scheme.matrix_shape(shape)
         r = scheme.rank
         # warm start: Q persists; its first value comes from a seed shared by all ranks
@@ -351,7 +352,7 @@ class AdapterBase:
         q = self.get_state(key, "Q", lambda: _starting_q(B, q_seed, (m, r), x))
         p_local, mat = scheme.first_round(B, acc, q, shape)
         ctx = Ctx(self, key, scheme, shape, dtype, numel, info.size, "powersgd", info.process_set,
-                  local={"mat": mat, "acc": acc, "ef": residual is not None}, coll_key=coll_key)
+                  local={"mat": mat, "acc": acc, "memory": memory, "memory_state": state}, coll_key=coll_key)
         ctx.handles["p"] = self.allreduce_sum(B.flatten(p_local), collective_name(coll_key, "p"), info.process_set)
         ctx.local["p_shape"] = (n, r)
         ctx.local["q_seed"] = q_seed
@@ -381,8 +382,10 @@ class AdapterBase:
         q_next = q_sum / float(ctx.size)
         q_start = _starting_q(B, ctx.local["q_seed"], B.shape(q_next), q_next)
         deps = [self.set_state(ctx.key, "Q", B.where(B.isfinite(q_next), q_next, q_start))]
-        if ctx.local["ef"]:
-            deps.append(self.set_memory("residual", ctx.key, finite_or_zero(B, ctx.local["acc"] - sent)))
+        memory = ctx.local["memory"]
+        if memory is not None:
+            new_state = memory.update(B, ctx.local["acc"], sent, ctx.local["memory_state"])
+            deps += [self.set_memory(n, ctx.key, new_state[n]) for n in memory.names]
         dense = agg * (B.cast(output, "float32")[0] / float(ctx.size))
         dense = B.identity_with_deps(dense, deps)
         return B.reshape(B.cast(dense, ctx.dtype), ctx.shape)

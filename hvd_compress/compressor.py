@@ -147,13 +147,20 @@ class Compressor:
         if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
             raise ValueError(f"seed must be a non-negative integer; got {seed!r}")
         self.scheme = scheme
-        self.error_feedback = scheme.error_feedback_default if error_feedback is None else error_feedback
         if memory is not None and not hasattr(memory, "compensate"):
-            raise ValueError(f"memory must be an hvd_compress memory such as DGCMemory(); got {memory!r}")
-        if memory is not None and not self.error_feedback:
-            raise ValueError("memory= needs error_feedback enabled")
-        #: what error feedback keeps between steps (None without error feedback)
-        self.memory = (memory or ResidualMemory()) if self.error_feedback else None
+            raise ValueError(f"memory must be an hvd_compress memory such as MomentumMemory(0.9) or DGCMemory(); "
+                             f"got {memory!r}")
+        # a memory that keeps no residual (MomentumMemory(error_feedback=False)) runs without error feedback
+        memory_ef = getattr(memory, "error_feedback", True) if memory is not None else None
+        if error_feedback is None:
+            error_feedback = scheme.error_feedback_default if memory is None else memory_ef
+        self.error_feedback = error_feedback
+        if memory is not None and memory_ef != self.error_feedback:
+            raise ValueError(f"memory= {memory!r} {'needs' if memory_ef else 'keeps no residual, so it needs'} "
+                             f"error_feedback={memory_ef}; got error_feedback={self.error_feedback}")
+        #: what is kept between steps: the residual, and the velocity of momentum-aware
+        #: error feedback (None: nothing)
+        self.memory = memory if memory is not None else (ResidualMemory() if self.error_feedback else None)
         self.seed = seed
         self.stats = CompressionStats()
         self._adapters = {}
@@ -191,7 +198,11 @@ class Compressor:
         return stable_hash(json.dumps(self.config(), sort_keys=True, default=str))
 
     def __repr__(self):
-        return f"Compressor({self.scheme!r}, error_feedback={self.error_feedback})"
+        momentum = getattr(self.memory, "momentum", 0.0)
+        extra = f", momentum={momentum}" if momentum else ""
+        if getattr(self.memory, "nesterov", False):
+            extra += ", nesterov=True"
+        return f"Compressor({self.scheme!r}, error_feedback={self.error_feedback}{extra})"
 
     # --- state ---------------------------------------------------------------------
     def state_dict(self):

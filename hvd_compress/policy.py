@@ -106,10 +106,13 @@ class Schedule(Compressor):
 
     @classmethod
     def dgc_warmup(cls, warmup_steps, steps_per_stage, final_ratio=0.001, start_ratio=0.25, factor=4.0,
-                   values=None, seed=0):
+                   values=None, seed=0, momentum=0.0, nesterov=False):
         """Dense for ``warmup_steps``, then DGC's exponential ramp of Top-K
         ratios (Lin et al. 2018: 25%, 6.25%, 1.5625%, 0.4%, 0.1%), each held
-        ``steps_per_stage`` steps, ending at ``final_ratio``."""
+        ``steps_per_stage`` steps, ending at ``final_ratio``.  ``momentum=``
+        puts momentum-aware error feedback (:class:`~hvd_compress.MomentumMemory`)
+        in every phase, the dense warmup included, and one velocity carries
+        through all of them; the optimizer's momentum is then 0."""
         from . import NoCompression, TopK
         from .schemes.base import check_range
         check_range("warmup_steps", warmup_steps, 0, None, kind=int)
@@ -122,9 +125,10 @@ class Schedule(Compressor):
             ratios.append(r)
             r /= factor
         ratios.append(final_ratio)
-        phases = [(0, NoCompression())] if warmup_steps > 0 else []
+        mom = dict(momentum=momentum, nesterov=nesterov)
+        phases = [(0, NoCompression(**mom))] if warmup_steps > 0 else []
         for i, ratio in enumerate(ratios):
-            phases.append((warmup_steps + i * steps_per_stage, TopK(ratio, values=values)))
+            phases.append((warmup_steps + i * steps_per_stage, TopK(ratio, values=values, **mom)))
         return cls(phases, seed=seed)
 
     def plan_for(self, key, numel, shape):

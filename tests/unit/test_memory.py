@@ -258,3 +258,251 @@ def test_finite_or_zero_drops_exactly_the_non_finite_entries(fwname, case):
     want = np.where(np.isfinite(x), x, f32(0))
     got = fw.np(fw.B.finite_or_zero(fw.tensor(x)))
     np.testing.assert_array_equal(got, want)
+
+
+# --- MomentumMemory: momentum-aware error feedback for every scheme -----------------------------------
+# The reference, from Zheng et al. (NeurIPS 2019) and DGC's momentum correction without masking:
+#   u <- m u + g;  d = u (heavy ball) or g + m u (Nesterov);  acc = e + d;  e <- acc - C(acc).
+# The velocity u depends on the gradients only (nothing masks it), so the law
+#   sum(sent) + e == sum(d)
+# has a right-hand side computed from the gradients alone.
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.extra import numpy as hnp  # noqa: E402
+
+from hvd_compress.memory import MomentumMemory, momentum_memory  # noqa: E402
+from hvd_compress.schemes.base import EncodeContext  # noqa: E402
+from unit_helpers import CASE_IDS, CASES, wire  # noqa: E402
+
+
+def momentum_directions(gs, momentum, nesterov):
+    """d_t per step (float64), and the velocity u after each step (float32, as the product keeps it)."""
+    u = np.zeros(gs[0].size, f32)
+    ds, us = [], []
+    for g in gs:
+        u = (u * f32(momentum) + g).astype(f32)
+        d = (g + u * f32(momentum)).astype(f32) if nesterov else u
+        ds.append(d.astype(np.float64))
+        us.append(u.copy())
+    return ds, us
+
+
+def momentum_reference(gs, momentum, nesterov, select):
+    """Per step (sent, u, e) after the step, with error feedback; ``select(acc) -> dense sent``."""
+    e = np.zeros(gs[0].size, f32)
+    ds, us = momentum_directions(gs, momentum, nesterov)
+    out = []
+    for d, u in zip(ds, us):
+        acc = (e + d.astype(f32)).astype(f32)
+        sent = select(acc)
+        e = (acc - sent).astype(f32)
+        out.append((sent, u, e.copy()))
+    return out
+
+
+def efsign_select(x):
+    return ref.sent("EFSignSGD", {}, x).astype(f32)
+
+
+@pytest.mark.parametrize("fwname", FRAMEWORKS)
+@pytest.mark.parametrize("nesterov", [False, True])
+@pytest.mark.parametrize("which", ["topk", "efsignsgd"])
+def test_momentum_memory_matches_reference_over_steps(fwname, nesterov, which):
+    """8 steps on 300 elements, m = 0.9: velocity and residual equal the numpy
+    reference after every step, in both backends (EF-sign's scale is a mean, summed
+    in fp32 by the product and in float64 by the reference: relative tolerance)."""
+    gs = [g * f32(s) for g, s in zip(grads(300, 8, seed=11), [0.5, 1.0, 2.0, 0.3, 1.0, 1.5, 0.7, 1.0])]
+    scheme, select = {"topk": (hc.TopK(0.1).scheme, topk_select(0.1)),
+                      "efsignsgd": (hc.EFSignSGD().scheme, efsign_select)}[which]
+    want = momentum_reference(gs, 0.9, nesterov, select)
+    got = run_memory(fwname, MomentumMemory(0.9, nesterov), scheme, gs)
+    for step, ((_, u, e), st_) in enumerate(zip(want, got)):
+        np.testing.assert_allclose(st_["momentum"], u, rtol=1e-6, atol=1e-6, err_msg=f"u at step {step}")
+        np.testing.assert_allclose(st_["residual"], e, rtol=1e-4, atol=1e-4 * float(np.abs(e).max()),
+                                   err_msg=f"{fwname} e at step {step}")
+
+
+@pytest.mark.parametrize("fwname", FRAMEWORKS)
+def test_momentum_memory_first_steps_by_hand(fwname):
+    """Top-K keeping 1 of 4, m = 0.5:
+    step 1: g=[1,2,3,4]: u=[1,2,3,4], acc=u, sent element 3 -> e=[1,2,3,0], u kept whole (no masking);
+    step 2: g=[1,1,1,1]: u=[1.5,2,2.5,3], acc=e+u=[2.5,4,5.5,3], sent element 2 -> e=[2.5,4,0,3]."""
+    gs = [np.array([1, 2, 3, 4], f32), np.array([1, 1, 1, 1], f32)]
+    got = run_memory(fwname, MomentumMemory(0.5), hc.TopK(0.25).scheme, gs)
+    np.testing.assert_array_equal(got[0]["momentum"], [1, 2, 3, 4])
+    np.testing.assert_array_equal(got[0]["residual"], [1, 2, 3, 0])
+    np.testing.assert_array_equal(got[1]["momentum"], [1.5, 2, 2.5, 3])
+    np.testing.assert_array_equal(got[1]["residual"], [2.5, 4, 0, 3])
+
+
+def _momentum_ctx(fw, step, n):
+    like = fw.tensor(np.zeros(1, f32))
+    return EncodeContext(key="p", step=step, rank=0, size=1, shape=(n,), state={},
+                         uniform=lambda k: fw.B.uniform(k, 7 + step, like=like), shared_seed=1_000_003 + step)
+
+
+def _decoded(fw, scheme, payload, n):
+    """What the other ranks reconstruct from this rank's payload."""
+    if scheme.transport == "allreduce":
+        local = {k: v for k, v in payload.items() if k.startswith("_")}
+        return fw.np(scheme.decode_reduced(fw.B, payload["reduce"], n, local)).astype(np.float64)
+    return fw.np(scheme.decode_one(fw.B, wire(payload), n)).astype(np.float64)
+
+
+def _momentum_law(fwname, case, gs, momentum, nesterov, error_feedback):
+    """Runs the product; returns (sum of decoded sent + final residual, sum of d, tolerance)."""
+    fw = framework(fwname)
+    scheme = CASES[case]()
+    memory = MomentumMemory(momentum, nesterov, error_feedback=error_feedback)
+    n = gs[0].size
+    state = {name: fw.tensor(np.zeros(n, f32)) for name in memory.names}
+    sent_total = np.zeros(n)
+    mag = np.zeros(n)
+    for t, g in enumerate(gs):
+        payload, state = encode_with_memory(fw.B, scheme, fw.tensor(g), state, _momentum_ctx(fw, t, n), memory)
+        s = _decoded(fw, scheme, payload, n)
+        sent_total += s
+        mag += np.abs(s)
+    ds, us = momentum_directions(gs, momentum, nesterov)
+    np.testing.assert_allclose(fw.np(state["momentum"]), us[-1], rtol=1e-6, atol=1e-6)
+    lhs = sent_total + (fw.np(state["residual"]).astype(np.float64) if error_feedback else 0.0)
+    rhs = np.sum(ds, axis=0)
+    mag += sum(np.abs(d) for d in ds)
+    return lhs, rhs, 8 * len(gs) * np.finfo(np.float32).eps * (mag + 1.0)
+
+
+def _sequences(max_steps=5, max_size=120):
+    elems = st.floats(-100, 100, width=32, allow_nan=False, allow_infinity=False, allow_subnormal=False)
+    return st.tuples(st.integers(1, max_steps), st.integers(1, max_size)).flatmap(
+        lambda tn: st.lists(hnp.arrays(np.float32, tn[1], elements=elems), min_size=tn[0], max_size=tn[0]))
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(fwname=st.sampled_from(FRAMEWORKS), case=st.sampled_from(CASE_IDS), gs=_sequences(),
+       momentum=st.sampled_from([0.0, 0.5, 0.9, 0.99]), nesterov=st.booleans())
+def test_momentum_memory_conservation_every_scheme_hypothesis(fwname, case, gs, momentum, nesterov):
+    """The documented law, for any scheme, either backend, any gradients:
+    ``sum(sent) + e == sum(d)`` with ``d`` the (Nesterov) momentum direction."""
+    lhs, rhs, tol = _momentum_law(fwname, case, gs, momentum, nesterov, error_feedback=True)
+    assert np.all(np.abs(lhs - rhs) <= tol), np.max(np.abs(lhs - rhs) - tol)
+
+
+@pytest.mark.parametrize("fwname", FRAMEWORKS)
+def test_momentum_memory_conservation_each_scheme_once(fwname):
+    """The law for every scheme of the catalogue, whatever hypothesis samples."""
+    gs = grads(257, 5, seed=12)
+    for case in CASE_IDS:
+        lhs, rhs, tol = _momentum_law(fwname, case, gs, 0.9, case.endswith("%"), error_feedback=True)
+        assert np.all(np.abs(lhs - rhs) <= tol), case
+
+
+@pytest.mark.parametrize("fwname", FRAMEWORKS)
+def test_momentum_without_error_feedback_sends_the_momentum(fwname):
+    """No residual kept (Signum for SignSGD; QSGD; casts): a lossless scheme then
+    sends exactly torch's SGD momentum buffer, so SGD(momentum=0) after it is
+    SGD(momentum=m)."""
+    gs = grads(64, 6, seed=13)
+    lhs, rhs, _ = _momentum_law(fwname, "none", gs, 0.9, False, error_feedback=False)
+    np.testing.assert_array_equal(lhs, rhs)
+    import torch
+    p = torch.zeros(64, requires_grad=True)
+    opt = torch.optim.SGD([p], lr=1.0, momentum=0.9)
+    for g in gs:
+        p.grad = torch.from_numpy(g)
+        opt.step()
+    np.testing.assert_allclose(-p.detach().numpy(), rhs, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fwname", FRAMEWORKS)
+def test_momentum_memory_non_finite_gradient_is_not_kept(fwname):
+    g = grads(50, 1, seed=14)[0]
+    g[3], g[4] = np.nan, -np.inf
+    got = run_memory(fwname, MomentumMemory(0.9), hc.EFSignSGD().scheme, [g, grads(50, 1, seed=15)[0]])
+    for st_ in got:
+        assert np.all(np.isfinite(st_["residual"])) and np.all(np.isfinite(st_["momentum"]))
+
+
+FACTORIES = ["NoCompression", "FP16", "BF16", "Int8", "QSGD", "TernGrad", "SignSGD", "EFSignSGD", "OneBit",
+             "TopK", "RandomK", "Threshold", "PowerSGD", "Lossless"]
+
+
+@pytest.mark.parametrize("factory", FACTORIES)
+def test_every_factory_takes_momentum(factory):
+    plain = getattr(hc, factory)()
+    c = getattr(hc, factory)(momentum=0.9)
+    assert isinstance(c.memory, MomentumMemory) and c.memory.momentum == 0.9
+    # error feedback stays the scheme's choice; the memory keeps a residual exactly when it is on
+    assert c.error_feedback == plain.error_feedback
+    assert c.memory.names == (("residual", "momentum") if plain.error_feedback else ("momentum",))
+    assert c.config()["memory"] == {"memory": "momentum", "momentum": 0.9, "nesterov": False,
+                                    "error_feedback": plain.error_feedback}
+    assert c.fingerprint() != plain.fingerprint()
+    assert "momentum=0.9" in repr(c)
+    # momentum=0 is the plain compressor
+    assert getattr(hc, factory)(momentum=0.0).config() == plain.config()
+
+
+def test_momentum_factory_examples():
+    assert hc.TopK(0.01, momentum=0.9).memory.names == ("residual", "momentum")
+    assert hc.EFSignSGD(momentum=0.9, nesterov=True).memory.nesterov is True
+    assert hc.RandomK(0.01, momentum=0.9).error_feedback
+    off = hc.TopK(0.01, momentum=0.9, error_feedback=False)
+    assert not off.error_feedback and off.memory.names == ("momentum",)
+    on = hc.QSGD(momentum=0.9, error_feedback=True)
+    assert on.error_feedback and on.memory.names == ("residual", "momentum")
+    assert isinstance(hc.DGC(0.01, momentum=0.9).memory, DGCMemory)  # DGC keeps its own corrections
+
+
+@pytest.mark.parametrize("kw, param", [
+    (dict(momentum=1.0), "momentum"),
+    (dict(momentum=-0.5), "momentum"),
+    (dict(momentum="0.9"), "momentum"),
+    (dict(momentum=None), "momentum"),
+    (dict(momentum=0.9, nesterov=1), "nesterov"),
+    (dict(nesterov=True), "nesterov"),
+    (dict(momentum=0.9, error_feedback="yes"), "error_feedback"),
+])
+def test_momentum_factory_validation_names_the_parameter(kw, param):
+    for factory in (hc.TopK, hc.EFSignSGD, hc.RandomK):
+        with pytest.raises(ValueError, match=param):
+            factory(**kw)
+
+
+@pytest.mark.parametrize("kw, param", [
+    (dict(momentum=1.0), "momentum"), (dict(momentum=True), "momentum"),
+    (dict(nesterov="no"), "nesterov"), (dict(error_feedback=None), "error_feedback"),
+])
+def test_momentum_memory_validation_names_the_parameter(kw, param):
+    with pytest.raises(ValueError, match=param):
+        MomentumMemory(**kw)
+
+
+def test_compressor_with_momentum_memory():
+    c = Compressor(hc.EFSignSGD().scheme, memory=MomentumMemory(0.9))
+    assert c.error_feedback and c.memory.names == ("residual", "momentum")
+    c = Compressor(hc.SignSGD().scheme, memory=MomentumMemory(0.9, error_feedback=False))
+    assert not c.error_feedback and c.memory.names == ("momentum",)
+    with pytest.raises(ValueError, match="error_feedback"):
+        Compressor(hc.TopK(0.1).scheme, error_feedback=True, memory=MomentumMemory(0.9, error_feedback=False))
+    with pytest.raises(ValueError, match="error_feedback"):
+        Compressor(hc.TopK(0.1).scheme, error_feedback=False, memory=MomentumMemory(0.9))
+    assert momentum_memory(hc.TopK(0.1).scheme, 0.0) is None
+
+
+def test_policy_and_schedule_keep_the_momentum_memory():
+    """A Rule's compressor keeps its memory in the plan; a schedule's phases share one velocity state name."""
+    from hvd_compress import Policy, Rule, Schedule
+    topk = hc.TopK(0.01, momentum=0.9)
+    policy = Policy([Rule(topk, min_ndim=2)], default=hc.FP16(momentum=0.9))
+    (phase,) = policy.plan_for("fc.weight", 1000, (10, 100))
+    assert phase.memory is topk.memory
+    (phase,) = policy.plan_for("fc.bias", 10, (10,))
+    assert isinstance(phase.memory, MomentumMemory) and phase.memory.names == ("momentum",)
+    sched = Schedule.dgc_warmup(warmup_steps=5, steps_per_stage=5, final_ratio=0.01, momentum=0.9)
+    phases = sched.plan_for("w", 1000, (1000,))
+    assert all(isinstance(p.memory, MomentumMemory) and p.memory.momentum == 0.9 for p in phases)
+    assert phases[0].memory.names == ("momentum",) and phases[-1].memory.names == ("residual", "momentum")
+    assert Schedule([(0, hc.none(momentum=0.9)), (3, hc.EFSignSGD(momentum=0.9))]).plan_for("w", 8, (8,))[1].memory
+    with pytest.raises(ValueError, match="momentum"):
+        Schedule.dgc_warmup(warmup_steps=5, steps_per_stage=5, momentum=2.0)
