@@ -126,7 +126,7 @@ class DGCMemory:
       ``v`` (as plain error feedback does) and ``u``, so stale momentum does
       not push a coordinate that was already applied.
 
-    Because momentum is applied here, the user's optimizer must be plain SGD
+    Because momentum is applied here, the training script's optimizer must be plain SGD
     **without** momentum (torch ``SGD(momentum=0)``, Keras ``SGD(momentum=0.0)``);
     an optimizer with its own momentum would apply it twice.  Adaptive
     optimizers (Adam) are outside what the paper analyses.  The conservation

@@ -4,8 +4,9 @@ Floats are poor material for general-purpose compressors: sign and exponent
 bytes repeat, mantissa bytes are close to random.  Shuffling the bytes of
 every float into four planes (all first bytes, all second bytes, ...) puts the
 repetitive planes together, and zstd then squeezes those.  Expect about
-1.1-1.3x on real gradients and more on tensors with many exact zeros; the
-user's document quotes 1.2-2x for lossless coding.  The codec runs on the host
+1.1-1.3x on real gradients and more on tensors with many exact zeros (1.2-2x
+is the range usually quoted for lossless coding of gradients; dense fp32 noise
+sits at its low end).  The codec runs on the host
 (zstandard has no GPU kernel), so on GPUs this scheme pays a device-to-host
 copy; use it where the link, not PCIe, is the bottleneck and exactness is
 required.  Collet & Kucherawy, RFC 8878 (Zstandard); the shuffle is blosc's.

@@ -20,7 +20,7 @@ def _blocks(B, x, block):
 class Int8(Scheme):
     """Linear 8-bit quantization: ``q = clip(round(x / scale), -127, 127)``.
 
-    The user's document's example.  ``scale = max|x| / 127`` per tensor
+    The textbook quantizer: 4x fewer bytes than fp32.  ``scale = max|x| / 127`` per tensor
     (``block_size=None``) or per block of ``block_size`` elements, which keeps
     one outlier from flattening a whole tensor.  Payload: n int8 + one fp32
     scale per block.  Error feedback is on by default: rounding is biased for

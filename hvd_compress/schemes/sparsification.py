@@ -1,7 +1,8 @@
 """Sparsifiers: send a few values and where they go.
 
-Each sparsifier can hand its kept values to a quantizer (``values=Int8()``),
-the document's "Top-K, then INT8 on the values": the payload then holds the
+Each sparsifier can hand its kept values to a quantizer (``values=Int8()``):
+Top-K, then INT8 on the kept values, sends 1 byte per kept value instead of 4,
+next to its index (about 1.1-4 bytes, see :mod:`hvd_compress.coding`).  The payload then holds the
 indices plus the quantizer's parts for the values, prefixed ``v.``.
 """
 from __future__ import annotations

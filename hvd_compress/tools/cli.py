@@ -79,7 +79,7 @@ def build_parser():
     e.add_argument("--quiet", action="store_true")
 
     a = sub.add_parser("advise", help="predict per-step communication + compression cost; recommend per tensor",
-                       description="The document's cost model (bytes / bandwidth + latency) with index overhead, "
+                       description="The bytes / bandwidth + latency cost model with index overhead, "
                        "allreduce vs allgather transports and measured encode/decode costs.")
     from .advise import add_arguments
     add_arguments(a)

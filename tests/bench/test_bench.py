@@ -80,7 +80,7 @@ def test_micro_bad_spec_fails_early():
 # ----------------------------------------------------------------------------- advise
 def test_worked_example_reproduced_and_corrected():
     w = adv.worked_example()
-    # the document's own numbers (section 五): 440 -> 220 -> 22 MB, 35 / 18 / ~3 ms at 100 Gbit/s
+    # the back-of-envelope case's quoted numbers (advise.DOC_CASE): 440 -> 220 -> 22 MB, 35 / 18 / ~3 ms at 100 Gbit/s
     assert round(w["naive_mb"]["none"]) == 440
     assert round(w["naive_mb"]["fp16"]) == 220
     assert round(w["naive_mb"]["fp16_top10"]) == 22

@@ -83,7 +83,8 @@ _EXTRA = ("TopK(0.1, values=BF16())",)
 
 def default_schemes():
     """Every public scheme of hvd_compress (with the arguments in ``_PREFERRED``
-    where it needs some), the document's Top-10%-of-16-bit-values case, and
+    where it needs some), Top-10% with 16-bit values (the back-of-envelope case
+    of :func:`hvd_compress.tools.advise.worked_example`), and
     Horovod's own fp16."""
     import hvd_compress
     out = []
