@@ -43,6 +43,7 @@ from typing import Any, NamedTuple
 
 from .backend import backend_for
 from .memory import ResidualMemory, finite_or_zero  # noqa: F401  (finite_or_zero is re-exported)
+from .momentum_check import check_construction, check_optimizer_momentum
 from .schemes.base import Scheme
 from .stats import CompressionStats
 
@@ -164,6 +165,11 @@ class Compressor:
         self.seed = seed
         self.stats = CompressionStats()
         self._adapters = {}
+        # combinations measured to train badly are warned about once: QSGD with error
+        # feedback here, optimizer momentum at the first compress (momentum_check)
+        self._recipe_checked = False
+        if type(self) is Compressor:  # a Policy's or Schedule's parts warned when they were built
+            check_construction(self)
 
     # --- Horovod's interface -----------------------------------------------
     def compress(self, tensor):
@@ -175,6 +181,9 @@ class Compressor:
         B = backend_for(tensor)
         if not B.is_floating(tensor):
             return tensor, None  # integers and bools always pass through
+        if not self._recipe_checked:
+            self._recipe_checked = True
+            check_optimizer_momentum(self, B.name, tensor)
         return self._adapter(B).compress(self, tensor)
 
     def decompress(self, tensor, ctx):
