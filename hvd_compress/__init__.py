@@ -35,20 +35,12 @@ def _factory(scheme_cls):
     return make
 
 
-NoCompression = _factory(_s.NoCompression)
-none = NoCompression
-FP16 = _factory(_s.FP16)
-BF16 = _factory(_s.BF16)
-Int8 = _factory(_s.Int8)
-QSGD = _factory(_s.QSGD)
-TernGrad = _factory(_s.TernGrad)
-SignSGD = _factory(_s.SignSGD)
-EFSignSGD = _factory(_s.EFSignSGD)
-OneBit = _factory(_s.OneBit)
-TopK = _factory(_s.TopK)
-RandomK = _factory(_s.RandomK)
-Threshold = _factory(_s.Threshold)
-_dgc_selection = _factory(_s.DGC)
+#: one compressor factory per registered scheme (hvd_compress.schemes.REGISTRY),
+#: under the scheme's public name; DGC's own factory below adds its memory
+_FACTORIES = {reg.name: _factory(reg.cls) for reg in _s.REGISTRY.values()}
+globals().update(_FACTORIES)
+none = _FACTORIES["NoCompression"]
+_dgc_selection = _FACTORIES["DGC"]
 
 
 def DGC(ratio=0.001, sample_ratio=0.01, values=None, *, momentum=0.0, clip_norm=None, error_feedback=None,
@@ -64,8 +56,9 @@ def DGC(ratio=0.001, sample_ratio=0.01, values=None, *, momentum=0.0, clip_norm=
         comp = Compressor(comp.scheme, error_feedback=True if error_feedback is None else error_feedback,
                           seed=seed, memory=memory)
     return comp
-PowerSGD = _factory(_s.PowerSGD)
-Lossless = _factory(_s.Lossless)
 
-__all__ = ["Compressor", "DGCMemory", "MomentumMemory", "ResidualMemory", "Policy", "Rule", "Schedule", "NoCompression", "none", "FP16", "BF16", "Int8", "QSGD", "TernGrad", "SignSGD",
-           "EFSignSGD", "OneBit", "TopK", "RandomK", "Threshold", "DGC", "PowerSGD", "Lossless"]
+
+_FACTORIES["DGC"] = DGC
+
+__all__ = ["Compressor", "DGCMemory", "MomentumMemory", "ResidualMemory", "Policy", "Rule", "Schedule",
+           "NoCompression", "none", *[name for name in _FACTORIES if name != "NoCompression"]]

@@ -12,31 +12,26 @@ import sys
 
 import torch
 
-import hvd_compress as H
 from hvd_compress.backend import backend_for
+from hvd_compress.schemes import REGISTRY
 from hvd_compress.schemes.base import EncodeContext
+from hvd_compress.tools.bench.specs import parse_spec
 
 NUMEL = 1 << 20
 SHAPE = (1024, 1024)
-ROWS = [
-    ("none()", H.none(), "allreduce", "4n"),
-    ("FP16()", H.FP16(), "allreduce", "2n"),
-    ("BF16()", H.BF16(), "allgather", "2n"),
-    ("Int8()", H.Int8(), "allgather", "n + 4"),
-    ("Int8(block_size=4096)", H.Int8(block_size=4096), "allgather", "n + 4 ceil(n/b)"),
-    ("QSGD(127)", H.QSGD(127), "allgather", "n + 4"),
-    ("TernGrad()", H.TernGrad(), "allgather", "n/4 + 4"),
-    ("SignSGD()", H.SignSGD(), "allgather", "n/8"),
-    ("EFSignSGD()", H.EFSignSGD(), "allgather", "n/8 + 4"),
-    ("OneBit()", H.OneBit(), "allgather", "n/8 + 8"),
-    ("TopK(0.01)", H.TopK(0.01), "allgather", "4k + idx(k, n)"),
-    ("TopK(0.01, values=Int8())", H.TopK(0.01, values=H.Int8()), "allgather", "k + 4 + idx(k, n)"),
-    ("RandomK(0.01)", H.RandomK(0.01), "allreduce", "4k (shared-seed indices)"),
-    ("Threshold(2.5)", H.Threshold(2.5), "allgather", "8 kept + 8 (variable)"),
-    ("DGC(0.01)", H.DGC(0.01), "allgather", "8 kept + 8 (variable)"),
-    ("PowerSGD(4)", H.PowerSGD(4), "2 x allreduce", "4 r (rows + cols)"),
-    ("Lossless()", H.Lossless(), "allgather", "zstd(shuffle(x)) (variable)"),
-]
+#: how each transport reads in the table
+TRANSPORT_LABEL = {"allreduce": "allreduce", "allgather": "allgather", "powersgd": "2 x allreduce"}
+
+
+def rows():
+    """``(label, compressor, transport, formula)`` for every ``table`` entry of
+    every registered scheme (hvd_compress.schemes.REGISTRY), in registry order."""
+    out = []
+    for reg in REGISTRY.values():
+        for spec, formula in reg.table.items():
+            comp = parse_spec(spec)
+            out.append((spec, comp, TRANSPORT_LABEL[comp.scheme.transport], formula))
+    return out
 
 
 def main(out="docs/results/scheme_table.md"):
@@ -46,7 +41,7 @@ def main(out="docs/results/scheme_table.md"):
     lines = ["| scheme | transport | payload bytes (n elements, k kept) | bytes at n = 2^20 | ratio vs fp32 | error feedback |",
              "|---|---|---|---:|---:|---|"]
     records = []
-    for label, comp, transport, formula in ROWS:
+    for label, comp, transport, formula in rows():
         scheme = comp.scheme
         ctx = EncodeContext(key="t", step=1, rank=0, size=2, uniform=lambda n: torch.rand(n, generator=gen),
                             shared_seed=1, shape=SHAPE, state={})

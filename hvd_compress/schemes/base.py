@@ -19,8 +19,9 @@ Two transports exist:
 """
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 Payload = Dict[str, Any]
 
@@ -74,6 +75,10 @@ class Scheme:
     stochastic = False
     #: parts whose length may differ between ranks
     variable_parts: tuple = ()
+    #: parts whose length follows the number of elements encoded (one code an
+    #: element, packed or not): when a sparsifier hands its kept values to this
+    #: scheme (``values=``), the kept count varies, and so do these parts
+    per_element_parts: tuple = ()
     #: whether Horovod's Average/Sum scaling applies to the aggregate
     #: (a majority vote is a sign, not a sum, so it opts out)
     apply_op_scale = True
@@ -118,3 +123,111 @@ class Scheme:
         """Bytes a rank hands to collectives for a tensor of ``numel``
         elements, or None where it depends on the data."""
         return None
+
+
+# --- the registry ---------------------------------------------------------------
+@dataclass(frozen=True)
+class Registration:
+    """What the catalogues need to know about one scheme class.
+
+    Specs are constructor calls with literal arguments, written as a user
+    would: ``"TopK(0.05, values=Int8())"`` (see :func:`build`).  The same
+    string builds a scheme (:func:`build`) or a compressor
+    (``hvd_compress.tools.bench.specs.parse_spec``).
+    """
+    #: the public name: ``hvd_compress.<name>`` (the compressor factory) and
+    #: ``hvd_compress.schemes.<name>`` (this class)
+    name: str
+    cls: type
+    #: ``"none"``, ``"quantizer"``, ``"sparsifier"``, ``"lowrank"`` or
+    #: ``"lossless"``: which of bench's speed targets applies
+    kind: str
+    #: how two implementations of the same math may differ on the same input:
+    #: ``"exact"`` (bit for bit), ``"reducing"`` (a float reduction such as a
+    #: norm or a mean inside: within float noise of the scale), ``"topk"``
+    #: (exact up to ties in magnitude), ``"lowrank"`` or ``"lossless"``
+    compare: str
+    #: case id -> spec: the configurations the unit tests (against
+    #: tests/reference.py) and the GPU check run
+    examples: Dict[str, str]
+    #: case id -> spec for the Horovod integration tests (tests/horovod), in
+    #: the units of N(0, 1) gradients
+    horovod: Dict[str, str]
+    #: specs ``hvd-compress bench micro`` times by default: the first is the
+    #: scheme's representative, the rest are extra configurations
+    bench: Tuple[str, ...]
+    #: spec -> payload formula, the rows of docs/results/scheme_table.md
+    table: Dict[str, str]
+
+
+#: public name -> :class:`Registration`, in the order the classes were defined
+REGISTRY: Dict[str, Registration] = {}
+
+_KINDS = ("none", "quantizer", "sparsifier", "lowrank", "lossless")
+_COMPARE = ("exact", "reducing", "topk", "lowrank", "lossless")
+
+
+def register(name=None, *, kind, examples, horovod=None, bench=None, table=None, compare="exact"):
+    """Class decorator: record a :class:`Scheme` subclass under its public
+    ``name`` (default: the class name) with the configurations the
+    catalogues use (see :class:`Registration`).  The public factory
+    ``hvd_compress.<name>``, ``hvd-compress bench``, scripts/scheme_table.py,
+    the GPU check and the test catalogues all read :data:`REGISTRY`, so a new
+    scheme is this decorator on one class plus its math in tests/reference.py
+    (docs/adding_a_scheme.md walks through it)."""
+    if kind not in _KINDS:
+        raise ValueError(f"kind must be one of {_KINDS}; got {kind!r}")
+    if compare not in _COMPARE:
+        raise ValueError(f"compare must be one of {_COMPARE}; got {compare!r}")
+    if not examples:
+        raise ValueError("examples must name at least one configuration (case id -> spec)")
+
+    def record(cls):
+        public = name or cls.__name__
+        if not (isinstance(cls, type) and issubclass(cls, Scheme)):
+            raise TypeError(f"register({public!r}) decorates a Scheme subclass; got {cls!r}")
+        if public in REGISTRY and REGISTRY[public].cls is not cls:
+            raise ValueError(f"scheme name {public!r} is already registered by {REGISTRY[public].cls!r}")
+        REGISTRY[public] = Registration(public, cls, kind, compare, dict(examples), dict(horovod or {}),
+                                        tuple(bench or (public,)), dict(table or {}))
+        return cls
+    return record
+
+
+def registration(scheme) -> Registration:
+    """The registration of a scheme instance, class or public name."""
+    name = scheme if isinstance(scheme, str) else None
+    cls = scheme if isinstance(scheme, type) else type(scheme)
+    for reg in REGISTRY.values():
+        if reg.name == name or reg.cls is cls:
+            return reg
+    raise KeyError(f"{scheme!r} is not a registered scheme; known: {', '.join(REGISTRY)}")
+
+
+def spec_call(spec: str):
+    """``(name, args, kwargs)`` of a spec such as ``"TopK(0.05, values=Int8())"``:
+    literal arguments only (parsed with :mod:`ast`, never evaluated); a nested
+    call such as ``Int8()`` becomes that scheme instance."""
+    try:
+        node = ast.parse(spec.strip(), mode="eval").body
+    except SyntaxError as e:
+        raise ValueError(f"cannot parse scheme spec {spec!r}: {e.msg}") from None
+    if isinstance(node, ast.Name):
+        return node.id, [], {}
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+        raise ValueError(f"a scheme spec is a call such as TopK(0.01); got {spec!r}")
+    return node.func.id, [_literal(a) for a in node.args], {k.arg: _literal(k.value) for k in node.keywords}
+
+
+def _literal(node):
+    if isinstance(node, ast.Call):
+        return build(ast.unparse(node))
+    return ast.literal_eval(node)
+
+
+def build(spec: str) -> Scheme:
+    """The scheme instance a spec describes, e.g. ``build("Int8(block_size=64)")``."""
+    name, args, kwargs = spec_call(spec)
+    if name not in REGISTRY:
+        raise ValueError(f"unknown scheme {name!r} in {spec!r}; known: {', '.join(REGISTRY)}")
+    return REGISTRY[name].cls(*args, **kwargs)

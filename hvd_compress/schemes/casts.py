@@ -1,9 +1,11 @@
 """Passthrough and floating-point casts."""
 from __future__ import annotations
 
-from .base import Scheme
+from .base import Scheme, register
 
 
+@register(kind="none", examples={"none": "NoCompression()"}, horovod={"NoCompression": "NoCompression()"},
+          table={"NoCompression()": "4n"})
 class NoCompression(Scheme):
     """Dense fp32 (or the gradient's own dtype) through Horovod's allreduce."""
     transport = "allreduce"
@@ -19,6 +21,7 @@ class NoCompression(Scheme):
         return 4 * numel
 
 
+@register(kind="quantizer", examples={"fp16": "FP16()"}, horovod={"FP16": "FP16()"}, table={"FP16()": "2n"})
 class FP16(Scheme):
     """IEEE half precision through Horovod's allreduce (2 bytes an element).
 
@@ -44,6 +47,7 @@ class FP16(Scheme):
         return 2 * numel
 
 
+@register(kind="quantizer", examples={"bf16": "BF16()"}, horovod={"BF16": "BF16()"}, table={"BF16()": "2n"})
 class BF16(Scheme):
     """bfloat16 (8-bit exponent, fp32's range) -- 2 bytes an element.
 
@@ -54,6 +58,7 @@ class BF16(Scheme):
     """
     transport = "allgather"
     error_feedback_default = False
+    per_element_parts = ("bits",)
 
     def encode(self, B, x, ctx):
         b = B.cast(x, "bfloat16")

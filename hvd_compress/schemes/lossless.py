@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Scheme, check_range
+from .base import Scheme, check_range, register
 
 
 def shuffle_compress(values: np.ndarray, level: int) -> np.ndarray:
@@ -31,6 +31,8 @@ def shuffle_decompress(blob: np.ndarray, numel: int) -> np.ndarray:
     return np.ascontiguousarray(planes.T).view(np.float32).reshape(-1)
 
 
+@register(kind="lossless", compare="lossless", examples={"lossless": "Lossless()"},
+          horovod={"Lossless": "Lossless()"}, table={"Lossless()": "zstd(shuffle(x)) (variable)"})
 class Lossless(Scheme):
     """Exact compression of dense fp32 gradients (byte shuffle + zstd ``level``).
 

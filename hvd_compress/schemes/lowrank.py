@@ -1,9 +1,11 @@
 """Low-rank compression."""
 from __future__ import annotations
 
-from .base import Scheme, check_range
+from .base import Scheme, check_range, register
 
 
+@register(kind="lowrank", compare="lowrank", examples={"powersgd": "PowerSGD(2)"},
+          horovod={"PowerSGD": "PowerSGD(2)"}, bench=("PowerSGD(2)",), table={"PowerSGD(4)": "4 r (rows + cols)"})
 class PowerSGD(Scheme):
     """PowerSGD (Vogels, Karimireddy & Jaggi, "PowerSGD: Practical Low-Rank
     Gradient Compression for Distributed Optimization", NeurIPS 2019).

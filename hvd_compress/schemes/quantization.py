@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..backend import ceil_div
 from ..coding import pack_bits, unpack_bits
-from .base import Scheme, check_range
+from .base import Scheme, check_range, register
 
 
 def _blocks(B, x, block):
@@ -17,6 +17,11 @@ def _blocks(B, x, block):
     return B.reshape(x, (nb, block)), n
 
 
+@register(kind="quantizer",
+          examples={"int8": "Int8()", "int8-b100": "Int8(block_size=100)", "int8-b1": "Int8(block_size=1)",
+                    "int8-b4096": "Int8(block_size=4096)"},
+          horovod={"Int8": "Int8()", "Int8-block64": "Int8(block_size=64)"},
+          table={"Int8()": "n + 4", "Int8(block_size=4096)": "n + 4 ceil(n/b)"})
 class Int8(Scheme):
     """Linear 8-bit quantization: ``q = clip(round(x / scale), -127, 127)``.
 
@@ -39,6 +44,11 @@ class Int8(Scheme):
 
     def config(self):
         return {"block_size": self.block_size}
+
+    @property
+    def per_element_parts(self):
+        # per-block scales: one per block_size elements, so their count follows the kept count too
+        return ("q",) if self.block_size is None else ("q", "scale")
 
     def _block(self, n):
         return max(1, n if self.block_size is None else min(self.block_size, n))
@@ -63,6 +73,9 @@ class Int8(Scheme):
         return numel + 4 * max(1, ceil_div(numel, self._block(numel)))
 
 
+@register(kind="quantizer", compare="reducing",
+          examples={"qsgd127": "QSGD()", "qsgd4": "QSGD(4)", "qsgd1": "QSGD(1)"},
+          horovod={"QSGD16": "QSGD(16)"}, table={"QSGD(127)": "n + 4"})
 class QSGD(Scheme):
     """QSGD stochastic quantization with ``levels`` levels (Alistarh et al., NeurIPS 2017).
 
@@ -76,6 +89,7 @@ class QSGD(Scheme):
     """
     stochastic = True
     error_feedback_default = False
+    per_element_parts = ("q",)
 
     def __init__(self, levels=127):
         check_range("levels", levels, 1, 127, kind=int)
@@ -101,6 +115,8 @@ class QSGD(Scheme):
         return numel + 4
 
 
+@register(kind="quantizer", examples={"terngrad": "TernGrad()"}, horovod={"TernGrad": "TernGrad()"},
+          table={"TernGrad()": "n/4 + 4"})
 class TernGrad(Scheme):
     """TernGrad (Wen et al., NeurIPS 2017): ``s * sign(x) * Bernoulli(|x| / s)``
     with ``s = max|x|``; unbiased, 2 bits an element (packed 4 to a byte)
@@ -108,6 +124,7 @@ class TernGrad(Scheme):
     """
     stochastic = True
     error_feedback_default = False
+    per_element_parts = ("t",)
 
     def encode(self, B, x, ctx):
         n = B.numel(x)
@@ -135,6 +152,8 @@ def _bits_to_sign(B, bits, numel):
     return B.cast(unpack_bits(B, bits, 1, numel), "float32") * 2.0 - 1.0
 
 
+@register(kind="quantizer", examples={"signsgd": "SignSGD()"}, horovod={"SignSGD": "SignSGD()"},
+          table={"SignSGD()": "n/8"})
 class SignSGD(Scheme):
     """signSGD with majority vote (Bernstein et al., ICML 2018 / ICLR 2019).
 
@@ -146,6 +165,7 @@ class SignSGD(Scheme):
     """
     error_feedback_default = False
     apply_op_scale = False
+    per_element_parts = ("bits",)
 
     def encode(self, B, x, ctx):
         bits = _sign_bits(B, x)
@@ -173,6 +193,7 @@ class TernaryVote(Scheme):
     a tied vote stays 0 as it does over allgather."""
     error_feedback_default = False
     apply_op_scale = False
+    per_element_parts = ("t",)
 
     def encode(self, B, x, ctx):
         t = B.sign(x)
@@ -185,12 +206,15 @@ class TernaryVote(Scheme):
         return ceil_div(numel, 4)
 
 
+@register(kind="quantizer", compare="reducing", examples={"efsignsgd": "EFSignSGD()"},
+          horovod={"EFSignSGD": "EFSignSGD()"}, table={"EFSignSGD()": "n/8 + 4"})
 class EFSignSGD(Scheme):
     """Scaled sign with error feedback (Karimireddy et al., "Error Feedback
     Fixes SignSGD", ICML 2019): sends ``(||x||_1 / n) * sign(x)`` -- 1 bit an
     element plus one fp32 scale -- and keeps the difference as residual.
     """
     error_feedback_default = True
+    per_element_parts = ("bits",)
 
     def encode(self, B, x, ctx):
         n = B.numel(x)
@@ -206,12 +230,15 @@ class EFSignSGD(Scheme):
         return ceil_div(numel, 8) + 4
 
 
+@register(kind="quantizer", compare="reducing", examples={"onebit": "OneBit()"}, horovod={"OneBit": "OneBit()"},
+          table={"OneBit()": "n/8 + 8"})
 class OneBit(Scheme):
     """1-bit SGD (Seide et al., Interspeech 2014): each element becomes the mean
     of the positive or of the negative elements, by its sign -- 1 bit an
     element plus two fp32 means.  Error feedback on (the paper's key point).
     """
     error_feedback_default = True
+    per_element_parts = ("bits",)
 
     def encode(self, B, x, ctx):
         pos = B.cast(x >= 0, "float32")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from ..coding import INDEX_CODES, choose_index_code, decode_indices, encode_indices, index_code_nbytes
-from .base import Scheme, check_range
+from .base import Scheme, check_range, register
 
 
 def _k_for(ratio, numel):
@@ -19,14 +19,11 @@ def _k_for(ratio, numel):
 
 def _variable_parts(self):
     """Parts of a variable-size selection whose length depends on the kept
-    count: the indices, the values, and every per-element part of a
-    ``values=`` quantizer (plus Int8's per-block scales)."""
+    count: the indices, the values, and the parts of a ``values=`` quantizer
+    that it declares per element (``per_element_parts``) or variable."""
     parts = ("idx", "val")
     if self.values is not None:
-        parts += ("v.q", "v.t", "v.bits")
-        if getattr(self.values, "block_size", None) is not None:
-            parts += ("v.scale",)
-        parts += tuple("v." + p for p in self.values.variable_parts)
+        parts += tuple("v." + p for p in tuple(self.values.per_element_parts) + tuple(self.values.variable_parts))
     return parts
 
 
@@ -102,6 +99,13 @@ class _Sparsifier(Scheme):
         return idx + val
 
 
+@register(kind="sparsifier", compare="topk",
+          examples={"topk1%": "TopK(0.01)", "topk30%": "TopK(0.3)", "topk100%": "TopK(1.0)",
+                    "topk-raw": "TopK(0.01, index_coding='raw')", "topk-int8": "TopK(0.05, values=Int8())",
+                    "topk-bf16": "TopK(0.1, values=BF16())", "topk-qsgd": "TopK(0.1, values=QSGD(16))"},
+          horovod={"TopK": "TopK(0.05)", "TopK-Int8": "TopK(0.05, values=Int8())"},
+          bench=("TopK(0.01)", "TopK(0.1, values=BF16())"),
+          table={"TopK(0.01)": "4k + idx(k, n)", "TopK(0.01, values=Int8())": "k + 4 + idx(k, n)"})
 class TopK(_Sparsifier):
     """Exact Top-K sparsification: the ``ratio`` fraction of largest magnitudes.
 
@@ -141,6 +145,11 @@ class TopK(_Sparsifier):
         return self._kept_nbytes(numel, _k_for(self.ratio, numel))
 
 
+@register(kind="sparsifier",
+          examples={"randomk": "RandomK(0.1)", "randomk1%": "RandomK(0.01)", "randomk-20%": "RandomK(0.2)",
+                    "randomk-all": "RandomK(1.0)"},
+          horovod={"RandomK": "RandomK(0.1)"}, bench=("RandomK(0.01)",),
+          table={"RandomK(0.01)": "4k (shared-seed indices)"})
 class RandomK(Scheme):
     """Random-K: k indices drawn from a seed shared by all ranks, so every rank
     keeps the same coordinates and the values travel by Horovod's allreduce
@@ -171,6 +180,13 @@ class RandomK(Scheme):
         return 4 * _k_for(self.ratio, numel)
 
 
+@register(kind="sparsifier",
+          examples={"threshold": "Threshold(1.0)", "threshold-int8b": "Threshold(1.5, values=Int8(block_size=8))",
+                    "threshold-tern": "Threshold(1.0, values=TernGrad())",
+                    "threshold-bf16": "Threshold(0.5, values=BF16())"},
+          # tau 1.5 keeps ~13% of N(0, 1) gradients; 2.576 keeps 1% (the 99% two-sided quantile)
+          horovod={"Threshold": "Threshold(1.5)"}, bench=("Threshold(2.576)",),
+          table={"Threshold(2.5)": "8 kept + 8 (variable)"})
 class Threshold(_Sparsifier):
     """Threshold sparsification: every element with ``|x| >= tau`` (Strom,
     "Scalable Distributed DNN Training Using Commodity GPU Cloud Computing",
@@ -193,6 +209,11 @@ class Threshold(_Sparsifier):
         return self._pack(B, x, idx, ctx)
 
 
+@register(kind="sparsifier",
+          examples={"dgc": "DGC(0.01)", "dgc-qsgd": "DGC(0.05, sample_ratio=0.1, values=QSGD(8))",
+                    "dgc-onebit": "DGC(0.1, values=OneBit())",
+                    "dgc-int8": "DGC(0.05, sample_ratio=0.1, values=Int8())"},
+          horovod={"DGC": "DGC(0.05)"}, bench=("DGC(0.01)",), table={"DGC(0.01)": "8 kept + 8 (variable)"})
 class DGC(_Sparsifier):
     """Deep Gradient Compression's selection (Lin et al., ICLR 2018).
 

@@ -25,30 +25,26 @@ def world_size_from_env():
     return 1
 
 
-TAU = 1.5  # Threshold's tau for N(0, 1)-ish gradients: ~13% kept at the first step
+def _factory(spec):
+    """``**kw -> compressor`` for a registered spec: ``hvd_compress.<Name>(*args, **kwargs, **kw)``."""
+    from hvd_compress.schemes.base import spec_call
+    name, args, kwargs = spec_call(spec)
+    return lambda **kw: getattr(hvd_compress, name)(*args, **kwargs, **kw)
 
-SCHEMES = {
-    "NoCompression": lambda **kw: hvd_compress.NoCompression(**kw),
-    "FP16": lambda **kw: hvd_compress.FP16(**kw),
-    "BF16": lambda **kw: hvd_compress.BF16(**kw),
-    "Int8": lambda **kw: hvd_compress.Int8(**kw),
-    "Int8-block64": lambda **kw: hvd_compress.Int8(block_size=64, **kw),
-    "QSGD16": lambda **kw: hvd_compress.QSGD(16, **kw),
-    "TernGrad": lambda **kw: hvd_compress.TernGrad(**kw),
-    "SignSGD": lambda **kw: hvd_compress.SignSGD(**kw),
-    "EFSignSGD": lambda **kw: hvd_compress.EFSignSGD(**kw),
-    "OneBit": lambda **kw: hvd_compress.OneBit(**kw),
-    "TopK": lambda **kw: hvd_compress.TopK(0.05, **kw),
-    "TopK-Int8": lambda **kw: hvd_compress.TopK(0.05, values=hvd_compress.Int8(), **kw),
-    "RandomK": lambda **kw: hvd_compress.RandomK(0.1, **kw),
-    "Threshold": lambda **kw: hvd_compress.Threshold(TAU, **kw),
-    "DGC": lambda **kw: hvd_compress.DGC(0.05, **kw),
-}
+
+def _horovod_cases(with_reference):
+    return {cid: _factory(spec) for reg in hvd_compress.schemes.REGISTRY.values()
+            if (reg.name in ref.SCHEMES) == with_reference for cid, spec in reg.horovod.items()}
+
+
+#: the registered Horovod cases (hvd_compress.schemes.REGISTRY) of the schemes
+#: tests/reference.py has math for: case id -> ``**kw -> compressor``
+SCHEMES = _horovod_cases(with_reference=True)
 IDS = list(SCHEMES)
 EF_DEFAULT_ON = [s for s in IDS if SCHEMES[s]().error_feedback]
 EF_DEFAULT_OFF = [s for s in IDS if not SCHEMES[s]().error_feedback]
 # Float reductions (norms, means) are formed in another order by the reference: a few ulp.
-LOOSE = {"QSGD16", "EFSignSGD", "OneBit"}
+LOOSE = {cid for reg in hvd_compress.schemes.REGISTRY.values() if reg.compare == "reducing" for cid in reg.horovod}
 # Representatives of every transport path, for the option tests: dense allreduce, fp16
 # allreduce, allreduce with local indices, allgather (fixed size), allgather (variable size),
 # stochastic allgather, the vote (no op scaling).
@@ -61,10 +57,7 @@ TRAIN_LR = {"SignSGD": 0.002, "EFSignSGD": 0.05}
 # Schemes tests/reference.py has no math for (yet): checked by their own laws -- Lossless is
 # exact (and its bytes are those of byte-shuffle + zstd), PowerSGD's aggregate is a sum of what
 # the ranks sent (conservation), both train.
-EXTRA = {
-    "PowerSGD": lambda **kw: hvd_compress.PowerSGD(2, **kw),
-    "Lossless": lambda **kw: hvd_compress.Lossless(**kw),
-}
+EXTRA = _horovod_cases(with_reference=False)
 TRAIN_IDS = IDS + list(EXTRA)
 
 

@@ -128,7 +128,13 @@ def test_targets():
     assert "hvd_fp16" not in specs and "QSGD(error_feedback=True)" in specs
     for s in specs:
         parse_spec(s)
-    assert set(gc.SYNC_SPECS) == {c for c, _, _ in gc.cases()}
+    sync = gc.sync_specs()
+    assert set(sync) == {c for c, _, _ in gc.cases()}
+    for cid, factory, how in gc.cases():  # the compressor-level spec builds the same scheme as the case
+        assert repr(parse_spec(sync[cid]).scheme) == repr(factory()), cid
+    rules = {cid: how for cid, _, how in gc.cases()}
+    assert rules["topk-qsgd"] == "topk-reducing" and rules["dgc-qsgd"] == "reducing"
+    assert rules["dgc-int8"] == "exact" and rules["qsgd4"] == "reducing" and rules["powersgd"] == "lowrank"
 
 
 # --- the CUDA sync check's control flow, with the debug mode emulated ------------------------------------

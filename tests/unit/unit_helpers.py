@@ -90,35 +90,11 @@ def make_ctx(fw, draws, shared_seed=1234, rank=0, size=1, shape=None):
 
 # --- the catalogue ---------------------------------------------------------------------------------
 def _cases():
-    return [
-        ("none", lambda: S.NoCompression()),
-        ("fp16", lambda: S.FP16()),
-        ("bf16", lambda: S.BF16()),
-        ("int8", lambda: S.Int8()),
-        ("int8-b100", lambda: S.Int8(block_size=100)),
-        ("int8-b1", lambda: S.Int8(block_size=1)),
-        ("qsgd127", lambda: S.QSGD()),
-        ("qsgd4", lambda: S.QSGD(4)),
-        ("qsgd1", lambda: S.QSGD(1)),
-        ("terngrad", lambda: S.TernGrad()),
-        ("signsgd", lambda: S.SignSGD()),
-        ("efsignsgd", lambda: S.EFSignSGD()),
-        ("onebit", lambda: S.OneBit()),
-        ("topk1%", lambda: S.TopK(0.01)),
-        ("topk30%", lambda: S.TopK(0.3)),
-        ("topk100%", lambda: S.TopK(1.0)),
-        ("topk-int8", lambda: S.TopK(0.05, values=S.Int8())),
-        ("topk-qsgd", lambda: S.TopK(0.1, values=S.QSGD(16))),
-        ("randomk", lambda: S.RandomK(0.1)),
-        ("randomk-all", lambda: S.RandomK(1.0)),
-        ("threshold", lambda: S.Threshold(1.0)),
-        ("threshold-int8b", lambda: S.Threshold(1.5, values=S.Int8(block_size=8))),
-        ("threshold-tern", lambda: S.Threshold(1.0, values=S.TernGrad())),
-        ("threshold-bf16", lambda: S.Threshold(0.5, values=S.BF16())),
-        ("dgc", lambda: S.DGC(0.01)),
-        ("dgc-qsgd", lambda: S.DGC(0.05, sample_ratio=0.1, values=S.QSGD(8))),
-        ("dgc-onebit", lambda: S.DGC(0.1, values=S.OneBit())),
-    ]
+    """Every registered example (hvd_compress.schemes.REGISTRY) of the schemes
+    tests/reference.py has math for: case id -> a zero-argument scheme factory."""
+    import reference as R  # tests/reference.py (conftest puts tests/ on the path)
+    return [(cid, functools.partial(S.build, spec)) for reg in S.REGISTRY.values() if reg.name in R.SCHEMES
+            for cid, spec in reg.examples.items()]
 
 
 CASES = dict(_cases())
@@ -126,7 +102,7 @@ CASE_IDS = list(CASES)
 
 #: schemes whose result involves a float reduction (norm, mean): the library
 #: reduces in fp32 in its own order, the reference in float64
-REDUCING = {"QSGD", "EFSignSGD", "OneBit"}
+REDUCING = {reg.name for reg in S.REGISTRY.values() if reg.compare == "reducing"}
 
 
 def ref_name_config(scheme):

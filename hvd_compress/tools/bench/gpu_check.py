@@ -83,64 +83,54 @@ CUDA_DEVICE = "cuda"
 TARGETS = {"topk_dgc": 8.0, "quantizer": 4.0}
 TARGET_NUMEL = 256_000_000
 
-#: variable-size schemes: their payload length depends on the data, so the
-#: lengths must reach the host (``nonzero`` and the transport's split)
-VARIABLE_SIZE = ("threshold", "threshold-int8", "dgc", "dgc-int8")
-#: known host syncs in fixed-size schemes, and why (see tests/unit/test_backend_sync.py)
+#: known host syncs in fixed-size schemes, by registered scheme name, and why
+#: (see tests/unit/test_backend_sync.py)
 KNOWN_SYNCS = {
-    "randomk": "TorchBackend.randperm_prefix deduplicates with torch.unique (data-dependent size)",
-    "lossless": "host codec: zstandard runs on the CPU (a deliberate device-to-host copy)",
+    "RandomK": "TorchBackend.randperm_prefix deduplicates with torch.unique (data-dependent size)",
+    "Lossless": "host codec: zstandard runs on the CPU (a deliberate device-to-host copy)",
 }
 
 
+def is_variable_size(cid):
+    """Whether case ``cid`` is a sparsifier whose payload length depends on
+    the data (Threshold, DGC), so that the lengths must reach the host
+    (``nonzero`` and the transport's split)."""
+    from ...schemes import build, registration
+    scheme = build(sync_specs()[cid])
+    return registration(scheme).kind == "sparsifier" and bool(scheme.variable_parts)
+
+
 # =================================================================================== the catalogue
+def comparison_rule(scheme):
+    """The comparison rule of a scheme for the *same draws* check, from its
+    registered ``compare``: a sparsifier whose ``values=`` quantizer reduces
+    in float (QSGD) compares within float noise too."""
+    from ...schemes import registration
+    how = registration(scheme).compare
+    values = getattr(scheme, "values", None)
+    if values is not None and registration(values).compare == "reducing":
+        return {"topk": "topk-reducing", "exact": "reducing"}.get(how, how)
+    return how
+
+
 def cases():
-    """``[(id, factory, how)]``: the schemes checked.  ``how`` is the comparison
+    """``[(id, factory, how)]``: the schemes checked, every registered
+    example (:data:`hvd_compress.schemes.REGISTRY`).  ``how`` is the comparison
     rule for the *same draws* check: ``exact``, ``reducing`` (a float
     reduction inside), ``topk`` (exact, ties reported), ``topk-reducing``
     (Top-K with QSGD values), ``lowrank`` or ``lossless`` (see
     :func:`compare_runs`)."""
-    from ... import schemes as S
-    return [
-        ("none", S.NoCompression, "exact"),
-        ("fp16", S.FP16, "exact"),
-        ("bf16", S.BF16, "exact"),
-        ("int8", S.Int8, "exact"),
-        ("int8-b4096", lambda: S.Int8(block_size=4096), "exact"),
-        ("qsgd127", S.QSGD, "reducing"),
-        ("qsgd4", lambda: S.QSGD(4), "reducing"),
-        ("terngrad", S.TernGrad, "exact"),
-        ("signsgd", S.SignSGD, "exact"),
-        ("efsignsgd", S.EFSignSGD, "reducing"),
-        ("onebit", S.OneBit, "reducing"),
-        ("topk1%", lambda: S.TopK(0.01), "topk"),
-        ("topk30%", lambda: S.TopK(0.3), "topk"),
-        ("topk-raw", lambda: S.TopK(0.01, index_coding="raw"), "topk"),
-        ("topk-int8", lambda: S.TopK(0.05, values=S.Int8()), "topk"),
-        ("topk-bf16", lambda: S.TopK(0.1, values=S.BF16()), "topk"),
-        ("topk-qsgd", lambda: S.TopK(0.1, values=S.QSGD(16)), "topk-reducing"),
-        ("randomk", lambda: S.RandomK(0.01), "exact"),
-        ("randomk-20%", lambda: S.RandomK(0.2), "exact"),
-        ("threshold", lambda: S.Threshold(1.0), "exact"),
-        ("threshold-int8", lambda: S.Threshold(1.5, values=S.Int8(block_size=8)), "exact"),
-        ("dgc", lambda: S.DGC(0.01), "exact"),
-        ("dgc-int8", lambda: S.DGC(0.05, sample_ratio=0.1, values=S.Int8()), "exact"),
-        ("powersgd", lambda: S.PowerSGD(2), "lowrank"),
-        ("lossless", S.Lossless, "lossless"),
-    ]
+    from ...schemes import REGISTRY, build
+    return [(cid, functools.partial(build, spec), comparison_rule(build(spec)))
+            for reg in REGISTRY.values() for cid, spec in reg.examples.items()]
 
 
-#: specs for the compressor-level sync check (the same flow bench micro times)
-SYNC_SPECS = {"none": "NoCompression", "fp16": "FP16", "bf16": "BF16", "int8": "Int8",
-              "int8-b4096": "Int8(block_size=4096)", "qsgd127": "QSGD", "qsgd4": "QSGD(4)",
-              "terngrad": "TernGrad", "signsgd": "SignSGD", "efsignsgd": "EFSignSGD", "onebit": "OneBit",
-              "topk1%": "TopK(0.01)", "topk30%": "TopK(0.3)", "topk-raw": "TopK(0.01, index_coding='raw')",
-              "topk-int8": "TopK(0.05, values=Int8())", "topk-bf16": "TopK(0.1, values=BF16())",
-              "topk-qsgd": "TopK(0.1, values=QSGD(16))", "randomk": "RandomK(0.01)",
-              "randomk-20%": "RandomK(0.2)", "threshold": "Threshold(1.0)",
-              "threshold-int8": "Threshold(1.5, values=Int8(block_size=8))", "dgc": "DGC(0.01)",
-              "dgc-int8": "DGC(0.05, sample_ratio=0.1, values=Int8())", "powersgd": "PowerSGD(2)",
-              "lossless": "Lossless"}
+def sync_specs():
+    """Case id -> spec, for the compressor-level sync check (the same flow
+    bench micro times): the same registered examples as :func:`cases`."""
+    from ...schemes import REGISTRY
+    return {cid: spec for reg in REGISTRY.values() for cid, spec in reg.examples.items()}
+
 
 #: extra micro specs: the quantizers whose error feedback is off by default,
 #: with it on (the issue's target is for encode + decode + error feedback)
@@ -739,7 +729,7 @@ def _sync_paths(cid, factory, shape, device):
         out, state["residual"] = _scheme_hot_path(B, scheme, shape, x, state["residual"], state["step"])
         return out
 
-    comp = local_compressor(parse_spec(SYNC_SPECS[cid]), "torch")
+    comp = local_compressor(parse_spec(sync_specs()[cid]), "torch")
     xs = x.reshape(shape)
 
     def compressor_path():
@@ -766,7 +756,7 @@ def check_sync_cuda(shape, only=None, log=print, device=None):
             results.append({"case": cid, "status": "FAILED", "detail": f"setup: {type(e).__name__}: {e}"})
             continue
         for level, fn in paths.items():
-            row = {"case": cid, "level": level, "variable_size": cid in VARIABLE_SIZE}
+            row = {"case": cid, "level": level, "variable_size": is_variable_size(cid)}
             try:
                 fn()  # warm-up
                 torch.cuda.synchronize()
@@ -821,9 +811,10 @@ def _list_syncs_warn(fn):
 
 
 def _expected_sync(cid):
-    if cid in VARIABLE_SIZE:
+    if is_variable_size(cid):
         return "variable-size payload: nonzero() and the transport's split read lengths on the host"
-    return KNOWN_SYNCS.get(cid)
+    from ...schemes import build, registration
+    return KNOWN_SYNCS.get(registration(build(sync_specs()[cid])).name)
 
 
 def _log_sync(row, log):
@@ -852,7 +843,7 @@ def check_host_reads_cpu(shape, only=None, log=print):
             continue
         paths = _sync_paths(cid, factory, shape, "cpu")
         for level, fn in paths.items():
-            row = {"case": cid, "level": level, "variable_size": cid in VARIABLE_SIZE}
+            row = {"case": cid, "level": level, "variable_size": is_variable_size(cid)}
             fn()  # warm-up
             reads, originals = [], {nm: getattr(torch.Tensor, nm) for nm in names}
 

@@ -76,45 +76,27 @@ def malloc_env():
     """The glibc malloc variables this process really started with."""
     return {k: v for k, v in sorted(os.environ.items()) if k.startswith("MALLOC_")}
 
-_PREFERRED = {"TopK": "TopK(0.01)", "RandomK": "RandomK(0.01)", "DGC": "DGC(0.01)",
-              "Threshold": "Threshold(2.576)", "PowerSGD": "PowerSGD(2)"}
-_EXTRA = ("TopK(0.1, values=BF16())",)
-
 
 def default_schemes():
-    """Every public scheme of hvd_compress (with the arguments in ``_PREFERRED``
-    where it needs some), Top-10% with 16-bit values (the back-of-envelope case
-    of :func:`hvd_compress.tools.advise.worked_example`), and
-    Horovod's own fp16."""
-    import hvd_compress
-    out = []
-    for name in hvd_compress.__all__:
-        if name in ("Compressor", "none") or not callable(getattr(hvd_compress, name)):
-            continue
-        spec = _PREFERRED.get(name, name)
-        try:
-            built = parse_spec(spec)
-        except Exception:  # a factory that needs arguments we do not know: skip
-            continue
-        if not isinstance(built, hvd_compress.Compressor):  # e.g. DGCMemory, Rule: not compressors
-            continue
-        out.append(spec)
-    return out + list(_EXTRA) + ["hvd_fp16"]
+    """Every registered scheme's representative configuration (the first of
+    its ``bench`` specs in :data:`hvd_compress.schemes.REGISTRY`), then the
+    extra ones (Top-10% with 16-bit values: the back-of-envelope case of
+    :func:`hvd_compress.tools.advise.worked_example`), then Horovod's own fp16."""
+    from ...schemes import REGISTRY
+    first = [reg.bench[0] for reg in REGISTRY.values()]
+    extra = [spec for reg in REGISTRY.values() for spec in reg.bench[1:]]
+    return first + extra + ["hvd_fp16"]
 
 
 def scheme_kind(spec: str) -> str:
-    """'sparsifier', 'quantizer' or 'other' (for the targets)."""
+    """'sparsifier', 'quantizer' or 'other' (for the targets), from the
+    registered ``kind`` of the spec's scheme (a sparsifier's ``values=``
+    quantizer does not change its kind)."""
     if spec in HOROVOD_SPECS:
         return "other"  # Horovod's own: a reference, not a product target
-    from ...schemes import casts, quantization, sparsification
-    s = parse_spec(spec).scheme
-    if isinstance(s, (sparsification._Sparsifier, sparsification.RandomK)):
-        return "sparsifier"
-    if isinstance(s, casts.NoCompression):
-        return "other"
-    if isinstance(s, (casts.FP16, casts.BF16)) or type(s).__module__ == quantization.__name__:
-        return "quantizer"
-    return "other"
+    from ...schemes import registration
+    kind = registration(parse_spec(spec).scheme).kind
+    return kind if kind in ("sparsifier", "quantizer") else "other"
 
 
 def _shape(n):
