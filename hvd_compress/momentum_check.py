@@ -59,10 +59,10 @@ def optimizer_momentum(framework, tensor):
         if caller.optimizer is None:
             return None
         return type(caller.optimizer).__name__, caller.optimizer_momentum()
-    caller = horovod_compat.find_tf_caller(tensor)
-    if caller.optimizer is None:
+    optimizer = horovod_compat.find_keras_optimizer()
+    if optimizer is None:
         return None
-    return type(caller.optimizer).__name__, horovod_compat.keras_optimizer_momentum(caller.optimizer)
+    return type(optimizer).__name__, horovod_compat.keras_optimizer_momentum(optimizer)
 
 
 def momentum_problems(comp, optimizer_name, momentum):
