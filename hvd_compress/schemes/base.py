@@ -150,6 +150,10 @@ class Registration:
     #: case id -> spec: the configurations the unit tests (against
     #: tests/reference.py) and the GPU check run
     examples: Dict[str, str]
+    #: example ids the GPU check leaves out: its 3-step error-feedback runs
+    #: would amplify float noise past the comparison rule (QSGD(1): with one
+    #: level, a last-bit change of the norm moves an element by the whole norm)
+    single_step: Tuple[str, ...]
     #: case id -> spec for the Horovod integration tests (tests/horovod), in
     #: the units of N(0, 1) gradients
     horovod: Dict[str, str]
@@ -167,7 +171,8 @@ _KINDS = ("none", "quantizer", "sparsifier", "lowrank", "lossless")
 _COMPARE = ("exact", "reducing", "topk", "lowrank", "lossless")
 
 
-def register(name=None, *, kind, examples, horovod=None, bench=None, table=None, compare="exact"):
+def register(name=None, *, kind, examples, horovod=None, bench=None, table=None, compare="exact",
+             single_step=()):
     """Class decorator: record a :class:`Scheme` subclass under its public
     ``name`` (default: the class name) with the configurations the
     catalogues use (see :class:`Registration`).  The public factory
@@ -188,8 +193,11 @@ def register(name=None, *, kind, examples, horovod=None, bench=None, table=None,
             raise TypeError(f"register({public!r}) decorates a Scheme subclass; got {cls!r}")
         if public in REGISTRY and REGISTRY[public].cls is not cls:
             raise ValueError(f"scheme name {public!r} is already registered by {REGISTRY[public].cls!r}")
-        REGISTRY[public] = Registration(public, cls, kind, compare, dict(examples), dict(horovod or {}),
-                                        tuple(bench or (public,)), dict(table or {}))
+        unknown = set(single_step) - set(examples)
+        if unknown:
+            raise ValueError(f"single_step names case ids that are not examples: {sorted(unknown)}")
+        REGISTRY[public] = Registration(public, cls, kind, compare, dict(examples), tuple(single_step),
+                                        dict(horovod or {}), tuple(bench or (public,)), dict(table or {}))
         return cls
     return record
 

@@ -74,7 +74,7 @@ class Int8(Scheme):
 
 
 @register(kind="quantizer", compare="reducing",
-          examples={"qsgd127": "QSGD()", "qsgd4": "QSGD(4)", "qsgd1": "QSGD(1)"},
+          examples={"qsgd127": "QSGD()", "qsgd4": "QSGD(4)", "qsgd1": "QSGD(1)"}, single_step=("qsgd1",),
           horovod={"QSGD16": "QSGD(16)"}, table={"QSGD(127)": "n + 4"})
 class QSGD(Scheme):
     """QSGD stochastic quantization with ``levels`` levels (Alistarh et al., NeurIPS 2017).

@@ -192,13 +192,13 @@ def test_cuda_mode_driver_dry_run(tmp_path, monkeypatch):
 
     from hvd_compress.tools.bench import report as rep
     _emulate_sync_debug_mode(monkeypatch)
-    monkeypatch.setattr(gc, "CUDA_DEVICE", "cpu")
+    monkeypatch.setattr(gc.catalogue, "CUDA_DEVICE", "cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "FakeGPU")
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda *a: types.SimpleNamespace(total_memory=2**30, major=9, minor=0))
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda *a: None)
-    monkeypatch.setattr(gc, "copy_with_events", lambda n, reps=20: {"numel": n, "copy_s_cuda_events": 1e-3,
+    monkeypatch.setattr(gc.speed, "copy_with_events", lambda n, reps=20: {"numel": n, "copy_s_cuda_events": 1e-3,
                                                                     "bandwidth_GBps": 8 * n / 1e-3 / 1e9})
 
     def fake_micro(device, sizes, reps, threads, out_json, schemes=None, log=print, deadline=None):
@@ -208,7 +208,7 @@ def test_cuda_mode_driver_dry_run(tmp_path, monkeypatch):
                 for n in sizes for s, r in (("TopK(0.01)", 12.0), ("DGC(0.01)", 6.0), ("Int8", 3.0))]
         rep.write_json(out_json, rows)
         return rows, []
-    monkeypatch.setattr(gc, "run_micro", fake_micro)
+    monkeypatch.setattr(gc.speed, "run_micro", fake_micro)
     rc = gc.main(["--quick", "--out", str(tmp_path), "--cases", "int8,topk1%,threshold,dgc", "--tf", "off"])
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert rc == 0, report["failures"]
