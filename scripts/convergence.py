@@ -426,6 +426,38 @@ def check_expectations(rows):
     return out
 
 
+def report(rows):
+    """Markdown: one table per (framework, model, ranks), every row with its recipe,
+    the mean ± sample standard deviation over its seeds and the difference to ``none``."""
+    out = []
+    rows = [with_recipe(r) for r in rows]
+    groups = sorted({(r["framework"], r.get("model", "cnn"), r.get("ranks", 2)) for r in rows},
+                    key=lambda g: (g[0] != "torch", g[1] != "cnn", g[1], g[2]))
+    for fw, model, ranks in groups:
+        sel = [r for r in rows if (r["framework"], r.get("model", "cnn"), r.get("ranks", 2)) == (fw, model, ranks)]
+        base = next((r for r in sel if r["scheme"] == "none"), None)
+        out.append(f"\n**{'TF' if fw == 'tensorflow' else fw}, {model}, {ranks} ranks**\n")
+        out.append("| scheme | EF | momentum 0.9 in | lr (per rank) | ratio | seeds | final test accuracy | vs none |")
+        out.append("|---|---|---|---:|---:|---:|---:|---:|")
+        order = {"none": 0, "hvd-fp16": 1}
+        for r in sorted(sel, key=lambda r: (order.get(r["scheme"], 2), r["scheme"], not r["error_feedback"],
+                                            r.get("momentum_placement", "optimizer"))):
+            rec = r.get("recipe") or {}
+            acc = r.get("final_test_accuracy")
+            n = len(r.get("seeds") or [])
+            if acc is None:
+                cell, diff = "failed", ""
+            else:
+                spread = f" ± {r.get('final_test_accuracy_std', 0):.2f}" if n > 1 else ""
+                cell = f"{acc:.2f}%{spread}" + (" (chance level)" if acc < 15 else "")
+                diff = f"{acc - base['final_test_accuracy']:+.2f}" if base and base.get("final_test_accuracy") else ""
+            ef = "-" if r["scheme"] in ("none", "hvd-fp16") else ("on" if r["error_feedback"] else "off")
+            ratio = f"{rec['ratio']:g}" if rec.get("ratio") else "-"
+            out.append(f"| {r['scheme']} | {ef} | {r.get('momentum_placement', 'optimizer')} | "
+                       f"{rec.get('lr_per_rank', ''):g} | {ratio} | {n} | {cell} | {diff} |")
+    return "\n".join(out)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true",
@@ -449,6 +481,9 @@ def main():
     p.add_argument("--outdir", default=None, help="default docs/results (full) or out/convergence (--quick)")
     p.add_argument("--python", default=None, help="python of the venv (default .venv/bin/python)")
     p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--report", action="store_true",
+                   help="run nothing: print the markdown tables of docs (recipe per row, mean ± spread over seeds, "
+                        "vs none) from the outdir's convergence.json")
     # worker mode (internal)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--framework", help=argparse.SUPPRESS)
@@ -459,6 +494,10 @@ def main():
         args.seeds = args.seeds or "1"
         return worker(args)
 
+    if args.report:
+        with open(os.path.join(args.outdir or os.path.join(REPO, "docs/results"), "convergence.json")) as f:
+            print(report(json.load(f)))
+        return None
     placements = args.placement.split(",")
     if any(pl not in PLACEMENTS for pl in placements):
         p.error(f"--placement takes {', '.join(PLACEMENTS)}; got {args.placement!r}")
