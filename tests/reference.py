@@ -240,6 +240,29 @@ def _onebit(x):
     return np.where(pos, mpos, mneg).astype(f32), (mpos, mneg)
 
 
+def _int8_bytes(n, cfg):
+    block = max(1, n if cfg["block_size"] is None else min(cfg["block_size"], n))
+    return n + 4 * max(1, -(-n // block))  # at least one scale
+
+
+#: the dense schemes, by name: ``(sent(x, cfg, draw), nbytes(n, cfg))`` -- the float32
+#: contribution of flat float32 ``x`` (``draw(n)``: the scheme's U[0,1) draws), and the
+#: bytes of its parts for ``n`` elements (no placeholder).  A new element-wise scheme is
+#: one entry here plus its name in ALLGATHER or ALLREDUCE (docs/adding_a_scheme.md); as a
+#: sparsifier's ``values=`` it is then checked too.
+DENSE = {
+    "NoCompression": (lambda x, cfg, draw: x.copy(), lambda n, cfg: 4 * n),
+    "FP16": (lambda x, cfg, draw: x.astype(np.float16).astype(f32), lambda n, cfg: 2 * n),
+    "BF16": (lambda x, cfg, draw: bf16_round(x), lambda n, cfg: 2 * n),
+    "Int8": (lambda x, cfg, draw: _int8(x, cfg["block_size"])[0], _int8_bytes),
+    "QSGD": (lambda x, cfg, draw: _qsgd(x, cfg["levels"], draw)[0], lambda n, cfg: n + 4),
+    "TernGrad": (lambda x, cfg, draw: _terngrad(x, draw)[0], lambda n, cfg: -(-n // 4) + 4),
+    "SignSGD": (lambda x, cfg, draw: _sign(x), lambda n, cfg: -(-n // 8)),
+    "EFSignSGD": (lambda x, cfg, draw: _efsign(x)[0], lambda n, cfg: -(-n // 8) + 4),
+    "OneBit": (lambda x, cfg, draw: _onebit(x)[0], lambda n, cfg: -(-n // 8) + 8),
+}
+
+
 def topk_indices(x, ratio):
     """Indices of the k = k_for(ratio, n) largest |x| (ties broken by position)."""
     k = k_for(ratio, x.size)
@@ -280,24 +303,8 @@ def _encode(name, cfg, x, draw, indices=None):
 
 
 def _encode_dense(name, cfg, x, draw, indices=None):
-    if name == "NoCompression":
-        return x.copy()
-    if name == "FP16":
-        return x.astype(np.float16).astype(f32)
-    if name == "BF16":
-        return bf16_round(x)
-    if name == "Int8":
-        return _int8(x, cfg["block_size"])[0]
-    if name == "QSGD":
-        return _qsgd(x, cfg["levels"], draw)[0]
-    if name == "TernGrad":
-        return _terngrad(x, draw)[0]
-    if name == "SignSGD":
-        return _sign(x)
-    if name == "EFSignSGD":
-        return _efsign(x)[0]
-    if name == "OneBit":
-        return _onebit(x)[0]
+    if name in DENSE:
+        return DENSE[name][0](x, cfg, draw)
     if name == "RandomK":
         if indices is None:
             raise ValueError("reference: RandomK needs indices= (the shared-seed coordinates)")
@@ -402,23 +409,8 @@ def apply_op_scale(scheme):
 # --- bytes on the wire -----------------------------------------------------------------------
 def _values_bytes(name, cfg, n):
     """Bytes of a dense quantizer's parts for n elements (no placeholder)."""
-    if name == "NoCompression":
-        return 4 * n
-    if name in ("FP16", "BF16"):
-        return 2 * n
-    if name == "Int8":
-        block = max(1, n if cfg["block_size"] is None else min(cfg["block_size"], n))
-        return n + 4 * max(1, -(-n // block))  # at least one scale
-    if name == "QSGD":
-        return n + 4
-    if name == "TernGrad":
-        return -(-n // 4) + 4
-    if name == "SignSGD":
-        return -(-n // 8)
-    if name == "EFSignSGD":
-        return -(-n // 8) + 4
-    if name == "OneBit":
-        return -(-n // 8) + 8
+    if name in DENSE:
+        return DENSE[name][1](n, cfg)
     raise ValueError(f"reference: {name} cannot encode values")
 
 
@@ -434,10 +426,8 @@ def payload_bytes(scheme, config, numel, kept=None) -> int:
     name = _name(scheme)
     cfg = _cfg(name, config)
     idx_bytes = 4 if numel < 2**31 else 8
-    if name == "NoCompression":
-        return 4 * numel
-    if name == "FP16":
-        return 2 * numel
+    if name in DENSE:  # allgather adds the 1-element placeholder
+        return (0 if name in ALLREDUCE else 4) + _values_bytes(name, cfg, numel)
     if name == "RandomK":
         return 4 * k_for(cfg["ratio"], numel)
     if name in SPARSIFIERS:
@@ -461,7 +451,7 @@ def payload_bytes(scheme, config, numel, kept=None) -> int:
         if name in VARIABLE_SIZE:
             total += 4 * (1 + nvar)  # the lengths of idx and of the variable value parts
         return total
-    return 4 + _values_bytes(name, cfg, numel)
+    raise ValueError(f"reference: no byte count for {name}")
 
 
 # --- multi-step, multi-rank simulation ---------------------------------------------------------
