@@ -449,7 +449,8 @@ def test_momentum_factory_examples():
     assert hc.RandomK(0.01, momentum=0.9).error_feedback
     off = hc.TopK(0.01, momentum=0.9, error_feedback=False)
     assert not off.error_feedback and off.memory.names == ("momentum",)
-    on = hc.QSGD(momentum=0.9, error_feedback=True)
+    with pytest.warns(UserWarning, match="QSGD with error feedback"):  # allowed, but warned about
+        on = hc.QSGD(momentum=0.9, error_feedback=True)
     assert on.error_feedback and on.memory.names == ("residual", "momentum")
     assert isinstance(hc.DGC(0.01, momentum=0.9).memory, DGCMemory)  # DGC keeps its own corrections
 
