@@ -3,4 +3,5 @@ import sys
 
 from .driver import main
 
-sys.exit(main())
+if __name__ == "__main__":  # importing this module (pdoc does) runs nothing
+    sys.exit(main())

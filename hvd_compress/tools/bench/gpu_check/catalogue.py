@@ -51,7 +51,7 @@ def cases():
     rule for the *same draws* check: ``exact``, ``reducing`` (a float
     reduction inside), ``topk`` (exact, ties reported), ``topk-reducing``
     (Top-K with QSGD values), ``lowrank`` or ``lossless`` (see
-    :func:`compare_runs`)."""
+    :func:`~hvd_compress.tools.bench.gpu_check.same_draws.compare_runs`)."""
     from ....schemes import REGISTRY, build
     return [(cid, functools.partial(build, spec), comparison_rule(build(spec)))
             for reg in REGISTRY.values() for cid, spec in reg.examples.items() if cid not in reg.single_step]

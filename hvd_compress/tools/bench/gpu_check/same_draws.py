@@ -55,7 +55,7 @@ def _k_boundary_ties(acc, k):
     return int(np.count_nonzero(a == kth))
 
 def compare_runs(ref_steps, got_steps, how, scheme, n):
-    """Compare two :func:`run_case` results step by step; returns (ok, [messages])."""
+    """Compare two :func:`~hvd_compress.tools.bench.gpu_check.sides.run_case` results step by step; returns (ok, [messages])."""
     msgs, ok = [], True
     per_part = {"exact": "exact", "reducing": "close", "topk": "exact", "topk-reducing": "close",
                 "lowrank": "lowrank", "lossless": "exact"}[how]

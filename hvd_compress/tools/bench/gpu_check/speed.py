@@ -33,7 +33,7 @@ def copy_with_events(numel, reps=20):
 def micro_specs(include_lossless=True, include_horovod=False):
     """bench micro's default list (only the entries that build a compressor:
     ``hvd_compress.__all__`` also exports memories such as ``DGCMemory``), plus
-    :data:`EF_SPECS`."""
+    :data:`~hvd_compress.tools.bench.gpu_check.catalogue.EF_SPECS`."""
     from ....compressor import Compressor
     from ..micro import default_schemes
     from ..specs import HOROVOD_SPECS, parse_spec
