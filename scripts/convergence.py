@@ -96,15 +96,17 @@ def _config(scheme, ef, placement="optimizer"):
     return (scheme, scheme, ef, placement, opts)
 
 
-def configs_for(framework, quick, schemes=None, placements=("optimizer",), feedback=(True, False)):
-    """[(label, scheme, error_feedback, placement, example flags)]."""
+def configs_for(framework, quick, schemes=None, placements=("optimizer",), feedback=(True, False), lr=None):
+    """[(label, scheme, error_feedback, placement, example flags)].  With a scheme's own
+    learning rate (``lr``) the baselines run only if named: they would replace the rows
+    measured at the model's learning rate."""
     if quick and schemes is None:
         return [_config(s, ef) for s, ef in QUICK]
     if schemes is None:
         schemes = all_schemes() if framework == "torch" else TF_SCHEMES
     # the Horovod baselines named in --schemes, or both when it names none of them
     named = [name for name, _ in BASELINES if name in schemes]
-    out = [_config(name, False) for name in (named or dict(BASELINES))]
+    out = [_config(name, False) for name in (named or ([] if lr else dict(BASELINES)))]
     for s in schemes:
         if s in dict(BASELINES):
             continue
@@ -518,7 +520,8 @@ def main():
     for fw in frameworks.split(","):
         if args.model not in MODELS[fw]:
             p.error(f"--model {args.model} is not built in the {fw} example (it has {', '.join(MODELS[fw])})")
-        cfgs = configs_for(fw, args.quick, schemes if fw == "torch" or schemes else None, placements, feedback)
+        cfgs = configs_for(fw, args.quick, schemes if fw == "torch" or schemes else None, placements, feedback,
+                           args.lr)
         epochs = args.epochs or (QUICK_EPOCHS[fw] if args.quick else int(RECIPE[fw][RECIPE[fw].index("--epochs") + 1]))
         for ranks in ranks_list:
             sub = argparse.Namespace(**vars(args))
