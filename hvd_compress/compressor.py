@@ -101,6 +101,20 @@ def supports_two_phase(scheme):
     return scheme.transport == "allgather" and not scheme.variable_parts
 
 
+def _check_memory_suits_scheme(scheme, memory):
+    """DGC's momentum factor masking zeroes the momentum wherever an element
+    was sent.  PowerSGD's rank-r approximation sends every element, so the
+    momentum would be discarded at every step and ``momentum=`` silently do
+    nothing: refuse it.  DGC's clipping alone (``momentum=0``) is fine."""
+    from .memory import DGCMemory
+    if isinstance(memory, DGCMemory) and memory.momentum > 0 and scheme.transport == "powersgd":
+        raise ValueError(f"memory=DGCMemory(momentum={memory.momentum}) cannot be used with {scheme!r}: DGC's "
+                         f"momentum factor masking resets the momentum wherever an element was sent, and a "
+                         f"low-rank approximation sends every element, so the momentum would be dropped at "
+                         f"every step; use DGCMemory(momentum=0, clip_norm=...) for clipping alone, or keep the "
+                         f"momentum in the optimizer")
+
+
 def _horovod_rank_and_size():
     """(rank, size) of an initialised Horovod already imported here, else None."""
     import sys
@@ -162,6 +176,7 @@ class Compressor:
         #: what is kept between steps: the residual, and the velocity of momentum-aware
         #: error feedback (None: nothing)
         self.memory = memory if memory is not None else (ResidualMemory() if self.error_feedback else None)
+        _check_memory_suits_scheme(scheme, self.memory)
         self.seed = seed
         self.stats = CompressionStats()
         self._adapters = {}

@@ -10,12 +10,15 @@ the graph, not in Python.
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 import tensorflow as tf
 
-from .adapter import AdapterBase, CallerInfo, Ctx
+from .adapter import AdapterBase, CallerInfo
 from .backend import backend_for
 from .fingerprint import compare, describe_side
+from .transports import RESOLVED, ResolvedPending
+from .transports.base import pending_fields
 
 
 def _find_horovod_frames(max_depth=80):
@@ -136,27 +139,25 @@ class TFAdapter(AdapterBase):
             store[key] = v
         return v
 
-    def _compress_scheduled(self, phases, step, **call):
+    def _compress_scheduled(self, phases, call):
         """Graph mode: the phase is chosen at run time by ``tf.switch_case`` on
         the step variable.  Each branch runs its own collectives (all ranks
         take the same branch: the step is the same everywhere) and returns the
         aggregated sum, so nothing crosses from compress to decompress but a
         dense tensor; Horovod's placeholder still supplies the op's scaling."""
-        comp, x, info = call["comp"], call["x"], call["info"]
         starts = tf.constant([phase.start for phase in phases[1:]], tf.int64)
-        index = tf.reduce_sum(tf.cast(tf.cast(step, tf.int64) - 1 >= starts, tf.int32))
+        index = tf.reduce_sum(tf.cast(tf.cast(call.step, tf.int64) - 1 >= starts, tf.int32))
 
         def branch(i, phase):
             def run():
-                out, ctx = self._compress_with(phase, coll_key=f"{call['key']}@{i}", step=step, **call)
-                dense = self.resolve_now(comp, out, ctx)
+                out, pending = self._compress_with(phase, replace(call, coll_key=f"{call.key}@{i}"))
+                dense = self.resolve_now(call.comp, out, pending)
                 return dense, tf.constant(1.0 if phase.scheme.apply_op_scale else 0.0)
             return run
 
         dense, apply_scale = tf.switch_case(index, [branch(i, phase) for i, phase in enumerate(phases)])
-        ctx = Ctx(self, call["key"], None, call["shape"], call["dtype"], call["numel"], info.size, "resolved",
-                  info.process_set, local={"dense": dense, "apply_scale": apply_scale})
-        return self.B.identity_with_deps(tf.ones([1], tf.float32), [dense]), ctx
+        pending = ResolvedPending(transport=RESOLVED, dense=dense, apply_scale=apply_scale, **pending_fields(call))
+        return self.B.identity_with_deps(tf.ones([1], tf.float32), [dense]), pending
 
     def next_step(self, key):
         v = self._var(self.steps, key, 0, tf.int64)
@@ -206,8 +207,8 @@ class TFAdapter(AdapterBase):
             return n * tensor.dtype.size
         return tf.cast(tf.size(tensor), tf.int64) * tensor.dtype.size
 
-    def _length(self, t):
-        return tf.size(t)
+    def dynamic_length(self, tensor):
+        return tf.size(tensor)
 
     def record_bytes(self, comp, key, scheme, numel, nbytes):
         # Variables, all three: this runs when the step is traced (under a

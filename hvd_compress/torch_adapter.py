@@ -111,12 +111,12 @@ class TorchAdapter(AdapterBase):
         held.add(n)
         return f"{base}#{n}"
 
-    def decompress(self, comp, output, ctx):
+    def decompress(self, comp, output, pending):
         try:
-            return super().decompress(comp, output, ctx)
+            return super().decompress(comp, output, pending)
         finally:
-            base, _, n = ctx.key.rpartition("#")
-            if ctx.key.startswith("anon:") and n.isdigit():
+            base, _, n = pending.key.rpartition("#")
+            if pending.key.startswith("anon:") and n.isdigit():
                 self._in_flight.get(base, set()).discard(int(n))
 
     def next_step(self, key):
@@ -153,14 +153,14 @@ class TorchAdapter(AdapterBase):
         import horovod.torch as hvd
         return hvd.alltoall_async(tensor.contiguous(), name=name, process_set=process_set)
 
-    def launch_second_rounds(self, ctx):
-        pending = sorted(self.pending_rounds, key=lambda c: c.key)
-        if ctx not in pending:
-            pending.append(ctx)
+    def launch_second_rounds(self, pending):
+        waiting = sorted(self.pending_rounds, key=lambda p: p.key)
+        if not any(p is pending for p in waiting):
+            waiting.append(pending)
         self.pending_rounds = []
-        for c in pending:
-            if not any(h in c.handles for h in ("q",)) and not any(h.startswith("2.") for h in c.handles):
-                self._second_round(c)
+        for p in waiting:
+            if not p.second_round_launched:
+                p.transport.launch_second_round(p)
 
     def get_state(self, key, name, init):
         st = self.scheme_state.setdefault(key, {})

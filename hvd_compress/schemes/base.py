@@ -83,6 +83,11 @@ class Scheme:
     #: (a majority vote is a sign, not a sum, so it opts out)
     apply_op_scale = True
 
+    def transport_for(self, shape) -> str:
+        """The transport of a tensor of this shape (PowerSGD sends the
+        tensors it cannot shrink by allreduce)."""
+        return self.transport
+
     def stage2(self):
         """The scheme a two-phase owner re-encodes its combined chunk with
         (itself, unless the combination leaves the scheme's alphabet)."""

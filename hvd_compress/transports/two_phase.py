@@ -1,0 +1,136 @@
+"""Two-phase compressed allreduce.
+
+Allgathering everybody's payload makes each rank receive N-1 payloads.  Here
+each rank owns one of N chunks: phase 1 sends every chunk's payload to its
+owner (alltoall), the owner decodes and sums its chunk, re-encodes the sum
+with its own (second-stage) error feedback, and phase 2 allgathers the N
+chunk payloads.  Each rank sends and receives about 2 payloads whatever N is
+(as in 1-bit Adam, Tang et al. 2021; ByteGrad; and CGX, Markov et al. 2022).
+Conservation holds end to end: sum(applied) + sum(stage-1 residuals) +
+sum(stage-2 residuals) == sum(gradients).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ..backend import ceil_div
+from ..compressor import collective_name, stable_hash
+from ..memory import ResidualMemory
+from ..schemes.base import EncodeContext
+from .base import (TwoRoundPending, Transport, compensate, encode_with_feedback, pending_fields, placeholder,
+                   split_per_rank, to_gradient, update)
+
+#: where the owner's second-stage residual is kept: the tensor's key plus this
+OWNED_CHUNK_SUFFIX = "#owned_chunk"
+
+
+def choose_two_phase(mode, n_ranks, numel):
+    """``auto``: two-phase once there are 3+ ranks (allgather makes each rank
+    receive N-1 payloads, two-phase about 2) and the tensor is large enough
+    (64Ki elements) for the extra round's latency not to dominate."""
+    if mode == "two_phase":
+        return n_ranks > 1
+    if mode == "auto":
+        return n_ranks >= 3 and numel >= 65536
+    return False
+
+
+@dataclass(eq=False, kw_only=True)
+class TwoPhasePending(TwoRoundPending):
+    chunk: int  # elements per owned chunk (the last one is zero-padded)
+    step: Any  # the communication count, for the owner's private draws
+    rank: int  # this rank: the owner of chunk ``rank``
+    owner_seed: int  # seeds the owner's private draws when it re-encodes its chunk
+    owner_feedback: bool  # whether the owner keeps a second-stage residual
+    #: part -> handle of the alltoall that brings every rank's payload of the owned chunk
+    exchanges: dict = field(default_factory=dict)
+    #: part -> length of one chunk's part in phase 1
+    chunk_lengths: dict = field(default_factory=dict)
+    #: part -> handle of the phase-2 allgather of the owners' payloads (set by the second round)
+    owned_gathers: dict = field(default_factory=dict)
+    #: part -> length of one owner's part in phase 2
+    owned_lengths: Optional[dict] = None
+
+
+class TwoPhaseTransport(Transport):
+    name = "two_phase"
+
+    def start(self, call):
+        adapter, B, scheme, memory = call.adapter, call.backend, call.scheme, call.memory
+        n_ranks, numel = call.size, call.numel
+        chunk = ceil_div(numel, n_ranks)
+        acc, state = (call.x, None) if memory is None else compensate(adapter, memory, call.key, numel, call.x)
+        payloads, sent = self._encode_chunks(call, acc, chunk)
+        deps = [] if memory is None else update(adapter, memory, call.key, acc, sent, state)
+        pending = TwoPhasePending(
+            transport=self, chunk=chunk, step=call.step, rank=call.rank, owner_feedback=memory is not None,
+            owner_seed=stable_hash(call.comp.seed, call.key, call.rank, "phase2"), **pending_fields(call))
+        stage2 = scheme.stage2()
+        # phase 2 sends the owned chunk's payload: as large as one of phase 1's
+        # chunks, unless the owner re-encodes with another scheme
+        nbytes = 4 if stage2 is scheme else 4 + stage2.payload_nbytes(chunk)
+        for part in sorted(payloads[0]):
+            send = B.identity_with_deps(B.concat([p[part] for p in payloads]), deps)
+            pending.chunk_lengths[part] = B.numel(payloads[0][part])
+            name = collective_name(call.coll_key, "a2a." + part)
+            pending.exchanges[part] = adapter.alltoall(send, name, call.process_set)
+            nbytes += adapter.nbytes(send) + (adapter.nbytes(payloads[0][part]) if stage2 is scheme else 0)
+        adapter.defer_second_round(pending)
+        adapter.record_bytes(call.comp, call.key, scheme, numel, nbytes)
+        return placeholder(call, deps), pending
+
+    @staticmethod
+    def _encode_chunks(call, acc, chunk):
+        """One encode per destination chunk (a loop over ranks, not elements),
+        each with its own private draws; returns (payloads, dense sent)."""
+        adapter, B, n_ranks, numel = call.adapter, call.backend, call.size, call.numel
+        pad = chunk * n_ranks - numel
+        padded = B.concat([acc, B.zeros(pad, "float32", like=call.x)]) if pad else acc
+        private = stable_hash(call.comp.seed, call.key, call.rank, "two_phase")
+        payloads, sents = [], []
+        for j in range(n_ranks):
+            context = EncodeContext(
+                key=call.key, step=call.step, rank=call.rank, size=n_ranks, shape=(chunk,),
+                uniform=lambda n, j=j: B.uniform(n, adapter.seed_for(private + j, call.step), like=call.x),
+                shared_seed=call.shared_seed, state={})
+            payload, sent = call.scheme.encode(B, padded[j * chunk:(j + 1) * chunk], context)
+            payloads.append(payload)
+            sents.append(sent)
+        if call.memory is None:
+            return payloads, None
+        return payloads, (B.concat(sents)[:numel] if pad else B.concat(sents))
+
+    def launch_second_round(self, pending):
+        """The owner sums its chunk over ranks, re-encodes it (with its own
+        error feedback) and allgathers the result."""
+        adapter, B, n_ranks, chunk = pending.adapter, pending.adapter.B, pending.size, pending.chunk
+        received = {part: adapter.wait(handle) for part, handle in pending.exchanges.items()}
+        pending.exchanges = {}  # the received buffers are not needed past this point
+        chunk_sum = pending.scheme.aggregate(B, split_per_rank(B, received, pending.chunk_lengths, n_ranks), chunk)
+        seed, step = pending.owner_seed, pending.step
+        context = EncodeContext(key=pending.key, step=step, rank=pending.rank, size=n_ranks, shape=(chunk,),
+                                uniform=lambda n: B.uniform(n, adapter.seed_for(seed, step), like=chunk_sum),
+                                shared_seed=0, state={})
+        stage2 = pending.scheme.stage2()
+        if pending.owner_feedback:
+            payload, deps = encode_with_feedback(adapter, stage2, chunk_sum, context, ResidualMemory(),
+                                                 pending.key + OWNED_CHUNK_SUFFIX, chunk)
+        else:
+            payload, deps = stage2.encode(B, chunk_sum, context)[0], []
+        pending.owned_lengths = {part: B.numel(t) for part, t in payload.items()}
+        for part in sorted(payload):
+            sent = B.identity_with_deps(payload[part], deps)
+            name = collective_name(pending.coll_key, "ag." + part)
+            pending.owned_gathers[part] = adapter.allgather(sent, name, pending.process_set)
+        pending.second_round_launched = True
+
+    def finish(self, pending, reduced):
+        adapter = pending.adapter
+        if not pending.second_round_launched:
+            adapter.launch_second_rounds(pending)
+        B, stage2 = adapter.B, pending.scheme.stage2()
+        gathered = {part: adapter.wait(handle) for part, handle in pending.owned_gathers.items()}
+        per_chunk = split_per_rank(B, gathered, pending.owned_lengths, pending.size)
+        dense = B.concat([stage2.decode_one(B, p, pending.chunk) for p in per_chunk])[:pending.numel]
+        return to_gradient(pending, dense, reduced if pending.scheme.apply_op_scale else None)
