@@ -3,7 +3,8 @@ counts (``16M``, ``1Mi``) and link rates (``100mbit``, ``1gbit``).
 
 Kept apart from the benchmarks and the emulated cluster so that ``advise``,
 ``bench`` and ``testing.cluster`` share one parser without importing each
-other.
+other.  Standard library only: ``testing/cluster.py``, run by path as a script,
+loads this file directly.
 """
 from __future__ import annotations
 

@@ -19,8 +19,8 @@ from hvd_compress.tools.testing import cluster as cl
 from hvd_compress.tools.testing.cluster import Cluster, ClusterError
 
 REPO = Path(__file__).resolve().parents[2]
-SMOKE = str(REPO / "hvd_compress" / "testing" / "smoke.py")
-CLUSTER_PY = str(REPO / "hvd_compress" / "testing" / "cluster.py")
+SMOKE = str(REPO / "hvd_compress" / "tools" / "testing" / "smoke.py")
+CLUSTER_PY = str(REPO / "hvd_compress" / "tools" / "testing" / "cluster.py")
 PY = sys.executable
 RUN_TIMEOUT = 240
 # A loaded 2-core machine can take longer than Horovod's 30 s defaults to import TF on
