@@ -51,8 +51,13 @@ _SAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 
 
 def collective_name(key, part):
-    """Deterministic, TF-op-safe name for a side collective."""
-    return "hvdc." + _SAFE.sub("_", key) + "." + part.replace(".", "_")
+    """Deterministic, TF-op-safe name for a side collective, distinct for
+    distinct keys: where making the key op-safe changed it (``a/b:0`` and
+    ``a_b:0`` would both read ``a_b_0``), a short hash of the exact key follows."""
+    safe = _SAFE.sub("_", key)
+    if safe != key:
+        safe += "-h" + hashlib.blake2b(key.encode(), digest_size=4).hexdigest()
+    return "hvdc." + safe + "." + part.replace(".", "_")
 
 
 def stable_hash(*parts):
@@ -128,6 +133,16 @@ def _horovod_rank_and_size():
     return None
 
 
+def _inside_tf_trace():
+    """True while TensorFlow (if it is loaded at all) traces a tf.function."""
+    import sys
+    tf = sys.modules.get("tensorflow")
+    try:
+        return bool(tf is not None and tf.inside_function())
+    except AttributeError:  # a half-imported TensorFlow
+        return False
+
+
 class ElasticNotSupported(RuntimeError):
     pass
 
@@ -185,6 +200,10 @@ class Compressor:
         self._recipe_checked = False
         if type(self) is Compressor:  # a Policy's or Schedule's parts warned when they were built
             check_construction(self)
+        # Built while a tf.function was being traced (Horovod's own TF2 examples
+        # build the compression inside the step): each retrace builds a new
+        # object, which must continue the state of the one before.
+        self._built_in_tf_trace = _inside_tf_trace()
 
     # --- Horovod's interface -----------------------------------------------
     def compress(self, tensor):
@@ -199,6 +218,9 @@ class Compressor:
         if not self._recipe_checked:
             self._recipe_checked = True
             check_optimizer_momentum(self, B.name, tensor)
+        if B.name == "tensorflow" and self._built_in_tf_trace:
+            from .tf_adapter import adapter_shared_across_traces
+            return adapter_shared_across_traces(self, tensor).compress(self, tensor)
         return self._adapter(B).compress(self, tensor)
 
     def decompress(self, tensor, ctx):

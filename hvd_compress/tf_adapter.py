@@ -9,11 +9,12 @@ the graph, not in Python.
 """
 from __future__ import annotations
 
-import sys
+import weakref
 from dataclasses import replace
 
 import tensorflow as tf
 
+from . import horovod_compat
 from .adapter import AdapterBase, CallerInfo
 from .backend import backend_for
 from .fingerprint import compare, describe_side
@@ -21,35 +22,40 @@ from .transports import RESOLVED, ResolvedPending
 from .transports.base import pending_fields
 
 
-def _find_horovod_frames(max_depth=80):
-    """(process_set, variable name or None) from Horovod's TF call chain.
+#: TF state of compressors built inside traced functions, by
+#: (configuration fingerprint, process set id, ids of the variables reduced)
+_STATE_SHARED_ACROSS_TRACES: dict = {}
 
-    ``horovod.tensorflow.allreduce(tensor, ..., process_set=...)`` calls
-    ``compress``; further up, ``allreduce_grads(grads, vars)`` builds the
-    allreduces in a list comprehension whose loop variable ``i`` indexes
-    ``vars`` (the variables passed by DistributedGradientTape and by the
-    legacy and Keras optimizers).  Autograph renames the functions
-    (``tf__allreduce_grads``), so frames are matched by module and locals.
+
+def adapter_shared_across_traces(comp, tensor):
+    """The state of a compressor that was built while a ``tf.function`` was
+    being traced, shared with every earlier such compressor of the same
+    configuration that reduces the same variables.
+
+    A retrace (a new Python argument, a new input signature) runs the step's
+    Python again and so builds a new compressor; it must continue the error
+    feedback, step counters and PowerSGD's Q of the previous trace's object
+    (TF also refuses variables created after the first call).  What is shared
+    is defined by what Horovod reduces: the *same* ``tf.Variable`` objects in
+    the same process set, with an identical configuration.  Another model or
+    another optimizer over other variables gets its own state, and a model
+    rebuilt after its old variables died gets fresh state (the entry goes
+    with the variables).  Compressors built outside any traced function are
+    never merged: one object, one state.
     """
-    f = sys._getframe(3)
-    process_set, index = None, None
-    for _ in range(max_depth):
-        if f is None:
-            break
-        if f.f_globals.get("__name__") == "horovod.tensorflow":
-            loc = f.f_locals
-            if process_set is None and "process_set" in loc:
-                process_set = loc["process_set"]
-            if index is None and f.f_code.co_name == "<listcomp>" and "i" in loc:
-                index = loc["i"]
-            if index is not None and "vars" in loc and f.f_code.co_name != "<listcomp>":
-                variables = loc["vars"]
-                if variables and 0 <= index < len(variables):
-                    params = [(v.name, tuple(v.shape.as_list())) for v in variables]
-                    return process_set, variables[index].name, params
-                return process_set, None, None
-        f = f.f_back
-    return process_set, None, None
+    import horovod.tensorflow as hvd
+    caller = horovod_compat.find_tf_caller(tensor)
+    ps = caller.process_set if caller.process_set is not None else hvd.global_process_set
+    variables = caller.variables or []
+    scope = (comp.fingerprint(), getattr(ps, "process_set_id", None), tuple(id(v) for v in variables))
+    adapter = _STATE_SHARED_ACROSS_TRACES.get(scope)
+    if adapter is None:
+        adapter = comp._adapter_by_name("tensorflow")
+        _STATE_SHARED_ACROSS_TRACES[scope] = adapter
+        for v in variables:  # ids are reused once objects die: forget the entry with them
+            weakref.finalize(v, _STATE_SHARED_ACROSS_TRACES.pop, scope, None)
+    comp._adapters["tensorflow"] = adapter  # state_dict() / tf_checkpointable() of this object see it
+    return adapter
 
 
 class TFAdapter(AdapterBase):
@@ -84,10 +90,14 @@ class TFAdapter(AdapterBase):
 
     def caller_info(self, tensor):
         import horovod.tensorflow as hvd
-        ps, name, params = _find_horovod_frames()
-        if ps is None:
-            ps = hvd.global_process_set
-        return CallerInfo(name, ps, ps.rank(), ps.size(), params)
+        caller = horovod_compat.find_tf_caller(tensor)
+        ps = caller.process_set if caller.process_set is not None else hvd.global_process_set
+        key = caller.key
+        if key is None and caller.variables is not None:
+            # Horovod's gradient list was found but not this gradient in it
+            key = self.fallback_key(tensor, tuple(tensor.shape.as_list()))
+            horovod_compat.warn_fallback_key(key, "TensorFlow")
+        return CallerInfo(key, ps, ps.rank(), ps.size(), caller.params())
 
     def pin_shape(self, tensor, info):
         # Keras' DistributedOptimizer(sparse_as_dense=True) densifies an

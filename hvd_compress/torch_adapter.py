@@ -2,10 +2,9 @@
 allgather, the parameter's name read from the stock optimizer's frame."""
 from __future__ import annotations
 
-import sys
-
 import torch
 
+from . import horovod_compat
 from .adapter import AdapterBase, CallerInfo
 from .backend import backend_for
 from .fingerprint import compare, describe_side
@@ -13,42 +12,6 @@ from .fingerprint import compare, describe_side
 
 class AdasumNotSupported(ValueError):
     pass
-
-
-def _is_adasum(opt):
-    """Horovod builds the Adasum optimizer as ``type(<wrapped class name>,
-    (wrapped class,), dict(_DistributedAdasumOptimizer.__dict__))``, so neither
-    the class name nor the MRO shows it; its methods are the same objects."""
-    try:
-        from horovod.torch.optimizer import _DistributedAdasumOptimizer
-    except ImportError:  # pragma: no cover - older/newer Horovod layouts
-        return False
-    return type(opt).__dict__.get("_allreduce_grad_async") is \
-        _DistributedAdasumOptimizer.__dict__.get("_allreduce_grad_async")
-
-
-def _find_optimizer_frame(max_depth=8):
-    """The Horovod DistributedOptimizer frame that called ``compress``.
-
-    Horovod 0.28.1 calls ``compress(p.grad)`` from
-    ``_allreduce_grad_async(self, p)`` and, with ``groups=``, from a list
-    comprehension inside ``_grouped_allreduce_grad_async(self, ps)``.  The
-    parameter ``p`` and the optimizer ``self`` are locals there.
-    """
-    f = sys._getframe(3)
-    param = None
-    for _ in range(max_depth):
-        if f is None:
-            break
-        loc = f.f_locals
-        if param is None and isinstance(loc.get("p"), torch.Tensor):
-            param = loc["p"]
-        owner = loc.get("self")
-        if owner is not None and hasattr(owner, "_parameter_names") and (
-                hasattr(owner, "process_set") or _is_adasum(owner)):
-            return owner, param
-        f = f.f_back
-    return None, None
 
 
 class TorchAdapter(AdapterBase):
@@ -68,18 +31,20 @@ class TorchAdapter(AdapterBase):
 
     def caller_info(self, tensor):
         import horovod.torch as hvd
-        opt, param = _find_optimizer_frame()
-        if opt is not None and _is_adasum(opt):
+        caller = horovod_compat.find_torch_caller()
+        if caller.optimizer is not None and horovod_compat.is_adasum(caller.optimizer):
             raise AdasumNotSupported(
                 "hvd_compress does not support op=hvd.Adasum: Adasum compresses parameter deltas, not "
                 "gradients, and its reduction is not a sum; use op=hvd.Average or hvd.Sum")
-        if opt is None:
+        if caller.optimizer is None:
             ps = hvd.global_process_set
             return CallerInfo(None, ps, hvd.rank(), hvd.size())
-        ps = opt.process_set
-        key = opt._parameter_names.get(param) if param is not None else None
-        params = [(n, tuple(p.shape)) for p, n in opt._parameter_names.items()]
-        return CallerInfo(key, ps, ps.rank(), ps.size(), params)
+        ps = caller.process_set
+        key = caller.key
+        if key is None:  # an optimizer called, but its parameter was not found: say so
+            key = self.fallback_key(tensor, tuple(tensor.shape))
+            horovod_compat.warn_fallback_key(key, "torch")
+        return CallerInfo(key, ps, ps.rank(), ps.size(), caller.params())
 
     def check_fingerprint(self, comp, info):
         # Blocking is safe here: it is the first collective every rank issues

@@ -1,0 +1,208 @@
+"""Drop-in fidelity for the TF patterns people already have (issue 14).
+
+Runs under ``horovodrun -np 2`` with Gloo and MPI (scripts/run_tests.sh).
+
+1. **Compressor built inside the traced step**, as Horovod's own TF2 examples
+   do (``compression = ...`` inside ``@tf.function def benchmark_step(first_batch)``).
+   The step retraces for ``first_batch=False`` and builds a second compressor;
+   it must continue the first one's state.  The check: training with the
+   compressor built inside gives *bit for bit* the weights of training with
+   one compressor built outside, over steps on both sides of the retrace; and
+   Top-K at ratio 1.0 built inside gives ``none``'s weights.  Two models whose
+   variables have the same names and shapes, trained in turns, must not share
+   state: each must match its own outside-built compressor.
+2. **Variables with the same name** (``tf.Variable`` without ``name=`` is
+   always ``Variable:0``) in every TF path: tape, legacy optimizer, Keras
+   optimizer with ``backward_passes_per_step`` 1, 2 and 4 and
+   ``sparse_as_dense``.  The check: renaming the variables apart must not
+   change a single bit of the result, and the compressor keeps one residual
+   per variable.
+
+Every rank injects a rank-specific gradient ``w_r * v + b_r`` (the loss
+``sum(w_r v^2 / 2 + b_r v)``), so error feedback carries real mass between steps.
+"""
+import os
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import horovod.tensorflow as hvd  # noqa: E402
+import horovod.tensorflow.keras as hvdk  # noqa: E402
+
+import hvd_compress  # noqa: E402
+
+hvd.init()
+RANK = hvd.rank()
+
+# scheme name -> how the compressor is built (PowerSGD needs a 2-D tensor: the shapes include one)
+SCHEMES = {
+    "TopK(0.3)": lambda: hvd_compress.TopK(0.3),
+    "Int8": lambda: hvd_compress.Int8(),
+    "PowerSGD(1)": lambda: hvd_compress.PowerSGD(1),
+}
+SHAPES = [(4, 6), (6,)]
+
+
+def _variables(shapes, names=None, scale=1.0):
+    """Deterministic starting values; ``names=None`` leaves TF's default name."""
+    out = []
+    for i, shape in enumerate(shapes):
+        n = int(np.prod(shape))
+        init = (np.linspace(-1.0, 1.0, n) * (i + 1) * scale).reshape(shape).astype(np.float32)
+        out.append(tf.Variable(init) if names is None else tf.Variable(init, name=names[i]))
+    return out
+
+
+def _loss(variables):
+    total = 0.0
+    for i, v in enumerate(variables):
+        w = 0.5 + 0.25 * RANK + 0.1 * i
+        b = tf.constant(np.sin(np.arange(int(np.prod(v.shape))) * (RANK + 1) + i).reshape(v.shape), tf.float32)
+        total = total + tf.reduce_sum(0.5 * w * v * v + b * v)
+    return total
+
+
+def _train_tape(variables, build, inside, steps=4):
+    """SGD through DistributedGradientTape in a tf.function with a Python
+    ``first_batch`` argument (two traces), the compressor built inside or outside it."""
+    opt = tf.keras.optimizers.SGD(0.1)
+    outside = None if inside else build()
+
+    @tf.function
+    def step(first_batch):
+        comp = build() if inside else outside
+        with tf.GradientTape() as tape:
+            loss = _loss(variables)
+        tape = hvd.DistributedGradientTape(tape, compression=comp)
+        grads = tape.gradient(loss, variables)
+        opt.apply_gradients(zip(grads, variables))
+        if first_batch:
+            hvd.broadcast_variables(variables, root_rank=0)
+        return loss
+
+    for s in range(steps):
+        step(s == 0)
+    # first_batch=True, then False: at least two traces (TF traces a first call
+    # that creates variables twice), each building its own compressor when inside
+    assert step.experimental_get_tracing_count() >= 2
+    return [v.numpy() for v in variables]
+
+
+def _assert_same(got, want, exact=True):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        if exact:
+            np.testing.assert_array_equal(g, w)
+        else:
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+# --- 1. compressor built inside the traced step -------------------------------------------
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+def test_built_inside_step_continues_state_across_retrace(scheme):
+    inside = _train_tape(_variables(SHAPES), SCHEMES[scheme], inside=True)
+    outside = _train_tape(_variables(SHAPES), SCHEMES[scheme], inside=False)
+    _assert_same(inside, outside)
+
+
+def test_built_inside_step_topk_ratio_one_is_none():
+    topk = _train_tape(_variables(SHAPES), lambda: hvd_compress.TopK(1.0), inside=True)
+    dense = _train_tape(_variables(SHAPES), lambda: hvd_compress.none(), inside=True)
+    _assert_same(topk, dense, exact=False)
+    # and the test can tell: a lossy scheme moves the weights elsewhere
+    lossy = _train_tape(_variables(SHAPES), lambda: hvd_compress.TopK(0.1), inside=True)
+    assert not all(np.allclose(a, b, atol=1e-6) for a, b in zip(lossy, dense))
+
+
+def test_models_with_equal_names_do_not_share_state():
+    """Two models, variables named alike and shaped alike, each with its own
+    traced step building TopK inside, trained in turns: each must match its
+    own outside-built compressor (shared residuals would mix their gradients)."""
+    def run(inside):
+        models = [_variables(SHAPES, names=["w", "b"], scale=s) for s in (1.0, -2.0)]
+        opts = [tf.keras.optimizers.SGD(0.1) for _ in models]
+        outside = [hvd_compress.TopK(0.3) for _ in models]
+        steps = []
+        for m, (variables, opt) in enumerate(zip(models, opts)):
+            def make(variables=variables, opt=opt, m=m):
+                @tf.function
+                def step(first_batch):
+                    comp = hvd_compress.TopK(0.3) if inside else outside[m]
+                    with tf.GradientTape() as tape:
+                        loss = _loss(variables) * (m + 1)
+                    grads = hvd.DistributedGradientTape(tape, compression=comp).gradient(loss, variables)
+                    opt.apply_gradients(zip(grads, variables))
+                    return loss
+                return step
+            steps.append(make())
+        for s in range(4):
+            for step in steps:
+                step(s == 0)
+        return [[v.numpy() for v in variables] for variables in models]
+
+    got, want = run(inside=True), run(inside=False)
+    for g, w in zip(got, want):
+        _assert_same(g, w)
+
+
+# --- 2. variables with the same name, every TF path -------------------------------------------
+def _train_keras(variables, comp, bpps, steps):
+    opt = hvdk.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), backward_passes_per_step=bpps,
+                                    sparse_as_dense=True, compression=comp)
+
+    @tf.function
+    def step():
+        grads_and_vars = opt._compute_gradients(lambda: _loss(variables), var_list=variables)
+        opt.apply_gradients(grads_and_vars)
+
+    for _ in range(steps):
+        step()
+    return [v.numpy() for v in variables]
+
+
+def _train_legacy(variables, comp, steps):
+    opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1), sparse_as_dense=True,
+                                   compression=comp)
+
+    @tf.function
+    def step():
+        grads_and_vars = opt.compute_gradients(lambda: _loss(variables), var_list=variables)
+        opt.apply_gradients(grads_and_vars)
+
+    for _ in range(steps):
+        step()
+    return [v.numpy() for v in variables]
+
+
+PATHS = {
+    "tape": lambda vs, comp: _train_tape(vs, lambda: comp, inside=False),
+    "legacy": lambda vs, comp: _train_legacy(vs, comp, 4),
+    "keras-bpps1": lambda vs, comp: _train_keras(vs, comp, 1, 4),
+    "keras-bpps2": lambda vs, comp: _train_keras(vs, comp, 2, 4),
+    "keras-bpps4": lambda vs, comp: _train_keras(vs, comp, 4, 8),
+}
+
+
+@pytest.mark.parametrize("shapes", [[(1,), (2,)], [(3,), (3,)]], ids=["shapes-differ", "shapes-equal"])
+@pytest.mark.parametrize("path", list(PATHS))
+def test_same_named_variables_keep_separate_state(path, shapes):
+    unnamed = _variables(shapes)
+    assert len({v.name for v in unnamed}) == 1, [v.name for v in unnamed]  # all 'Variable:0'
+    comp = hvd_compress.TopK(0.5)
+    got = PATHS[path](unnamed, comp)
+    want = PATHS[path](_variables(shapes, names=[f"distinct_{i}" for i in range(len(shapes))]),
+                       hvd_compress.TopK(0.5))
+    _assert_same(got, want)  # names must not change a single bit
+    residuals = [k for k in comp.state_dict()["tensorflow"] if k.startswith("residual/")]
+    assert len(residuals) == len(shapes), residuals  # one residual per variable, none shared
+
+
+@pytest.mark.parametrize("path", ["tape", "keras-bpps2"])
+def test_same_named_variables_topk_ratio_one_is_none(path):
+    got = PATHS[path](_variables([(2,), (3,)]), hvd_compress.TopK(1.0))
+    want = PATHS[path](_variables([(2,), (3,)]), hvd_compress.none())
+    _assert_same(got, want, exact=False)
