@@ -270,8 +270,11 @@ def _tf_one(cfg, emit, spec, dev, n, xs, copy, copy_method):
         comp = local_compressor(parse_spec(spec), "tensorflow")
 
         def enc_body(t):
-            out, ctx = comp.compress(t)
-            return [out] + [h for h in ctx.handles.values()]
+            out, pending = comp.compress(t)
+            # the pending's collective results (every dict field of its typed dataclass), so
+            # that the encode-only call computes everything compress() started
+            return [out] + [v for f in vars(pending).values() if isinstance(f, dict)
+                            for v in f.values() if tf.is_tensor(v)]
 
         def full_body(t):
             out, ctx = comp.compress(t)
