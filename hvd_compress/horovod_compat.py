@@ -52,7 +52,7 @@ def check_version():
     if version is not None and not str(version).startswith(TESTED_HOROVOD):
         warnings.warn(f"hvd_compress reads Horovod internals written against Horovod {TESTED_HOROVOD}x; found "
                       f"Horovod {version}. If parameter names are not found, residuals fall back to shape-based "
-                      f"keys (a warning names each one)", RuntimeWarning, stacklevel=3)
+                      f"keys (a warning names each one)", RuntimeWarning, stacklevel=2)
 
 
 def unique_keys(names: Sequence[str]) -> List[str]:
@@ -244,3 +244,8 @@ def find_keras_optimizer():
             if owner is not None and hasattr(owner, "_allreduce_grads"):
                 return owner
     return None
+
+
+# The adapters import this module from their first compress call, when Horovod
+# is already imported: warn now if it is not the release these readers know.
+check_version()

@@ -127,3 +127,20 @@ def test_demo_script_is_the_documented_command():
     text = open(os.path.join(REPO, "scripts", "demo.sh")).read()
     assert "examples/pytorch_mnist.py --compression topk --ratio 0.01" in text
     assert "horovodrun" in text and "-np 2" in text
+
+
+@pytest.mark.parametrize("scheme, min_ratio", [(["topk", "--ratio", "0.01"], 20), (["powersgd"], 2), (["int8"], 3.5)],
+                         ids=["topk", "powersgd", "int8"])
+def test_tf2_synthetic_benchmark_with_compression_built_in_step(scheme, min_ratio):
+    """Horovod's TF2 benchmark pattern: the compressor is built inside the
+    traced step, which retraces; every trace's compressor continues one state."""
+    rc, out, _ = horovodrun(["examples/tf2_synthetic_benchmark_compression_in_step.py", "--batch-size", "8",
+                             "--num-warmup-batches", "1", "--num-batches-per-iter", "2", "--num-iters", "2",
+                             "--compression", *scheme])
+    _ok(rc, out)
+    assert len(BENCH_ITER.findall(out)) == 2
+    assert re.search(r"^Total img/sec on 2 CPU\(s\): [\d.]+ \+-[\d.]+$", out, re.M), out[-3000:]
+    traces = re.search(r"^Traces: (\d+), compressors built: (\d+)$", out, re.M)
+    assert traces and int(traces.group(1)) >= 2 and int(traces.group(2)) >= 2, out[-3000:]
+    sent = re.search(r"^Gradients: sent (\d+) B vs dense (\d+) B \(([\d.]+)x smaller\) over 6 tensors$", out, re.M)
+    assert sent and float(sent.group(3)) >= min_ratio, out[-3000:]
