@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .compressor import stable_hash
+from .state import StateTable
 from .transports import Call, transport_for
 from .transports.two_phase import choose_two_phase  # noqa: F401  (re-exported)
 
@@ -105,7 +106,8 @@ class AdapterBase:
         raise NotImplementedError
 
     def reset(self):
-        self.scheme_state = {}
+        #: parameter key -> its ParamState
+        self.params = StateTable()
         self.pending_rounds = []
 
     # --- the shared flow ----------------------------------------------------------
@@ -135,7 +137,7 @@ class AdapterBase:
                     scheme=None, memory=None,
                     private_uniform=lambda n: B.uniform(n, self.seed_for(private, step), like=x),
                     shared_seed=self.seed_for(stable_hash(comp.seed, key), step),
-                    scheme_state=self.scheme_state.setdefault(key, {}))
+                    scheme_state=self.params.of(key).scheme)
 
     def _compress_scheduled(self, phases, call):
         """Eager frameworks: the phase follows the Python step counter

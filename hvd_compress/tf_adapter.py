@@ -18,6 +18,7 @@ from . import horovod_compat
 from .adapter import AdapterBase, CallerInfo
 from .backend import backend_for
 from .fingerprint import compare, describe_side
+from .state import OWNED_CHUNK_RESIDUAL, OWNED_CHUNK_SUFFIX, RESIDUAL
 from .transports import RESOLVED, ResolvedPending
 from .transports.base import pending_fields
 
@@ -65,7 +66,7 @@ class TFAdapter(AdapterBase):
 
     def reset(self):
         if getattr(self, "residuals", None):
-            for v in list(self.residuals.values()) + [v for st in self.memories.values() for v in st.values()]:
+            for v in list(self.residuals.values()) + [v for store in self.memories.values() for v in store.values()]:
                 v.assign(tf.zeros_like(v))
             for v in self.steps.values():
                 v.assign(0)
@@ -170,21 +171,27 @@ class TFAdapter(AdapterBase):
         return self.B.identity_with_deps(tf.ones([1], tf.float32), [dense]), pending
 
     def next_step(self, key):
-        v = self._var(self.steps, key, 0, tf.int64)
-        return v.assign_add(1)
+        state = self.params.of(key)
+        if state.step is None:
+            state.step = self._var(*tf_checkpoint_slot(self.state_module, "step", key), 0, tf.int64)
+        return state.step.assign_add(1)
 
-    def _store(self, name):
-        if name == "residual":
-            return self.residuals
-        if name not in self.memories:
-            self.memories[name] = {}  # assigned through the wrapper, so the inner dict is tracked too
-        return self.memories[name]
+    def _memory_variable(self, name, key, init):
+        """The variable of memory state ``name`` of ``key``: the one in its
+        ParamState, else the one at its checkpoint slot (a restored one), else a
+        new one put there."""
+        state = self.params.of(key)
+        variable = state.get_memory(name)
+        if variable is None:
+            variable = self._var(*tf_checkpoint_slot(self.state_module, "memory", key, name), init, tf.float32)
+            state.set_memory(name, variable)
+        return variable
 
     def get_memory(self, name, key, numel, like):
-        return self._var(self._store(name), key, lambda: tf.zeros([numel]), tf.float32).read_value()
+        return self._memory_variable(name, key, lambda: tf.zeros([numel])).read_value()
 
     def set_memory(self, name, key, value):
-        return self._store(name)[key].assign(value)
+        return self.params.of(key).get_memory(name).assign(value)
 
     def seed_for(self, base, step):
         return tf.constant(base % 1_000_000_007, tf.int64) * 1_000_003 + tf.cast(step, tf.int64)
@@ -202,11 +209,14 @@ class TFAdapter(AdapterBase):
         return hvd.alltoall(tensor, name=name, process_set=process_set, ignore_name_scope=True)
 
     def get_state(self, key, name, init):
-        v = self._var(self.scheme_vars, key + "/" + name, init, tf.float32)
-        return v.read_value()
+        scheme_state = self.params.of(key).scheme
+        if name not in scheme_state:
+            scheme_state[name] = self._var(*tf_checkpoint_slot(self.state_module, "scheme", key, name), init,
+                                           tf.float32)
+        return scheme_state[name].read_value()
 
     def set_state(self, key, name, value):
-        return self.scheme_vars[key + "/" + name].assign(value)
+        return self.params.of(key).scheme[name].assign(value)
 
     def wait(self, handle):
         return handle
@@ -242,7 +252,7 @@ class TFAdapter(AdapterBase):
     def state_dict(self):
         out = {f"residual/{k}": v.numpy() for k, v in self.residuals.items()}
         out.update({f"step/{k}": v.numpy() for k, v in self.steps.items()})
-        out.update({f"memory/{n}/{k}": v.numpy() for n, st in self.memories.items() for k, v in st.items()})
+        out.update({f"memory/{n}/{k}": v.numpy() for n, store in self.memories.items() for k, v in store.items()})
         out.update({f"scheme/{k}": v.numpy() for k, v in self.scheme_vars.items()})
         return out
 
@@ -250,13 +260,32 @@ class TFAdapter(AdapterBase):
         for name, value in state.items():
             kind, _, key = name.partition("/")
             if kind == "memory":
-                mem, _, key = key.partition("/")
-                store = self._store(mem)
+                memory_name, _, key = key.partition("/")
+                store, key = tf_checkpoint_slot(self.state_module, "memory", key, memory_name)
+            elif kind in ("residual", "step", "scheme"):
+                store = {"residual": self.residuals, "step": self.steps, "scheme": self.scheme_vars}[kind]
             else:
-                store = {"residual": self.residuals, "step": self.steps, "scheme": self.scheme_vars}.get(kind)
-            if store is None:
                 raise ValueError(f"unknown entry {name!r} in the TF state of hvd_compress")
             if key in store:
                 store[key].assign(value)
-            else:
+            else:  # the ParamState picks it up from its slot at the first use
                 self._var(store, key, value, tf.int64 if kind == "step" else tf.float32)
+
+
+def tf_checkpoint_slot(module, kind, key, name=None):
+    """Where one state variable lives in the ``tf.Module`` that
+    ``tf_checkpointable()`` returns, and so in checkpoints: (tracked dict, key
+    in it).  ``kind`` is "memory" (``name`` the memory state), "step" or
+    "scheme" (``name`` the scheme state).  The layout is what earlier releases
+    wrote, so their checkpoints still restore."""
+    if kind == "step":
+        return module.steps, key
+    if kind == "scheme":
+        return module.scheme_state, f"{key}/{name}"
+    if name == RESIDUAL:
+        return module.residuals, key
+    if name == OWNED_CHUNK_RESIDUAL:
+        return module.residuals, key + OWNED_CHUNK_SUFFIX
+    if name not in module.memories:
+        module.memories[name] = {}  # assigned through the wrapper, so the inner dict is tracked too
+    return module.memories[name], key

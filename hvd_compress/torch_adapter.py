@@ -8,6 +8,7 @@ from . import horovod_compat
 from .adapter import AdapterBase, CallerInfo
 from .backend import backend_for
 from .fingerprint import compare, describe_side
+from .state import RESIDUAL, MemoryView, StepView
 
 
 class AdasumNotSupported(ValueError):
@@ -24,10 +25,25 @@ class TorchAdapter(AdapterBase):
     def reset(self):
         super().reset()
         self.fingerprint_checked = False
-        self.residuals = {}
-        self.memories = {}
-        self.steps = {}
         self._in_flight = {}
+
+    # views of the per-parameter state by kind: {key: value}
+    @property
+    def residuals(self):
+        return MemoryView(self.params, RESIDUAL)
+
+    @property
+    def memories(self):
+        names = sorted({name for state in self.params.values() for name in state.memory})
+        return {name: MemoryView(self.params, name) for name in names}
+
+    @property
+    def steps(self):
+        return StepView(self.params)
+
+    @property
+    def scheme_state(self):
+        return {key: state.scheme for key, state in self.params.items()}
 
     def caller_info(self, tensor):
         import horovod.torch as hvd
@@ -85,22 +101,20 @@ class TorchAdapter(AdapterBase):
                 self._in_flight.get(base, set()).discard(int(n))
 
     def next_step(self, key):
-        self.steps[key] = self.steps.get(key, 0) + 1
-        return self.steps[key]
-
-    def _store(self, name):
-        return self.residuals if name == "residual" else self.memories.setdefault(name, {})
+        state = self.params.of(key)
+        state.step = (state.step or 0) + 1
+        return state.step
 
     def get_memory(self, name, key, numel, like):
-        store = self._store(name)
-        r = store.get(key)
-        if r is None or r.numel() != numel or r.device != like.device:
-            r = torch.zeros(numel, dtype=torch.float32, device=like.device)
-            store[key] = r
-        return r
+        state = self.params.of(key)
+        value = state.get_memory(name)
+        if value is None or value.numel() != numel or value.device != like.device:
+            value = torch.zeros(numel, dtype=torch.float32, device=like.device)
+            state.set_memory(name, value)
+        return value
 
     def set_memory(self, name, key, value):
-        self._store(name)[key] = value
+        self.params.of(key).set_memory(name, value)
         return None
 
     def seed_for(self, base, step):
@@ -128,13 +142,13 @@ class TorchAdapter(AdapterBase):
                 p.transport.launch_second_round(p)
 
     def get_state(self, key, name, init):
-        st = self.scheme_state.setdefault(key, {})
-        if name not in st:
-            st[name] = init()
-        return st[name]
+        scheme_state = self.params.of(key).scheme
+        if name not in scheme_state:
+            scheme_state[name] = init()
+        return scheme_state[name]
 
     def set_state(self, key, name, value):
-        self.scheme_state.setdefault(key, {})[name] = value
+        self.params.of(key).scheme[name] = value
         return None
 
     def wait(self, handle):
@@ -147,33 +161,45 @@ class TorchAdapter(AdapterBase):
 
     # --- checkpoints -----------------------------------------------------------
     def state_dict(self):
-        out = {}
-        for k, v in self.residuals.items():
-            out[f"residual/{k}"] = v.detach().clone()
-        for name, store in self.memories.items():
-            for k, v in store.items():
-                out[f"memory/{name}/{k}"] = v.detach().clone()
-        for k, v in self.steps.items():
-            out[f"step/{k}"] = torch.tensor(v, dtype=torch.int64)
-        for k, st in self.scheme_state.items():
-            for name, v in st.items():
-                if isinstance(v, torch.Tensor):
-                    out[f"scheme/{k}/{name}"] = v.detach().clone()
-        return out
+        return torch_state_dict(self.params)
 
     def load_state_dict(self, state):
         self.reset()
-        for name, v in state.items():
-            kind, _, rest = name.partition("/")
-            if kind == "residual":
-                self.residuals[rest] = v.clone()
-            elif kind == "memory":
-                name, _, key = rest.partition("/")
-                self.memories.setdefault(name, {})[key] = v.clone()
-            elif kind == "step":
-                self.steps[rest] = int(v)
-            elif kind == "scheme":
-                key, _, field = rest.rpartition("/")
-                self.scheme_state.setdefault(key, {})[field] = v.clone()
-            else:
-                raise ValueError(f"unknown entry {name!r} in the torch state of hvd_compress")
+        torch_load_state_dict(self.params, state)
+
+
+def torch_state_dict(table):
+    """The states as ``{"<kind>/<key>[/<name>]": tensor}``: plain tensors (no
+    pickled objects), for ``torch.save`` or safetensors."""
+    out = {}
+    for key, value in MemoryView(table, RESIDUAL).items():
+        out[f"residual/{key}"] = value.detach().clone()
+    for key, state in table.items():
+        for name, value in state.memory.items():
+            out[f"memory/{name}/{key}"] = value.detach().clone()
+    for key, state in table.items():
+        if state.step is not None:
+            out[f"step/{key}"] = torch.tensor(state.step, dtype=torch.int64)
+    for key, state in table.items():
+        for name, value in state.scheme.items():
+            if isinstance(value, torch.Tensor):
+                out[f"scheme/{key}/{name}"] = value.detach().clone()
+    return out
+
+
+def torch_load_state_dict(table, entries):
+    """The inverse of :func:`torch_state_dict`, into an empty table."""
+    for entry, value in entries.items():
+        kind, _, rest = entry.partition("/")
+        if kind == "residual":
+            MemoryView(table, RESIDUAL)[rest] = value.clone()
+        elif kind == "memory":
+            name, _, key = rest.partition("/")
+            table.of(key).set_memory(name, value.clone())
+        elif kind == "step":
+            table.of(rest).step = int(value)
+        elif kind == "scheme":
+            key, _, name = rest.rpartition("/")
+            table.of(key).scheme[name] = value.clone()
+        else:
+            raise ValueError(f"unknown entry {entry!r} in the torch state of hvd_compress")

@@ -18,12 +18,9 @@ from ..backend import ceil_div
 from ..compressor import collective_name, stable_hash
 from ..memory import ResidualMemory
 from ..schemes.base import EncodeContext
-from .base import (TwoRoundPending, Transport, compensate, encode_with_feedback, pending_fields, placeholder,
-                   split_per_rank, to_gradient, update)
-
-#: where the owner's second-stage residual is kept: the tensor's key plus this
-OWNED_CHUNK_SUFFIX = "#owned_chunk"
-
+from ..state import OWNED_CHUNK_RESIDUAL, RESIDUAL
+from .base import (TwoRoundPending, Transport, compensate, pending_fields, placeholder, split_per_rank,
+                   to_gradient, update)
 
 def choose_two_phase(mode, n_ranks, numel):
     """``auto``: two-phase once there are 3+ ranks (allgather makes each rank
@@ -114,8 +111,7 @@ class TwoPhaseTransport(Transport):
                                 shared_seed=0, state={})
         stage2 = pending.scheme.stage2()
         if pending.owner_feedback:
-            payload, deps = encode_with_feedback(adapter, stage2, chunk_sum, context, ResidualMemory(),
-                                                 pending.key + OWNED_CHUNK_SUFFIX, chunk)
+            payload, deps = self._encode_owned_chunk(adapter, stage2, chunk_sum, context, pending.key, chunk)
         else:
             payload, deps = stage2.encode(B, chunk_sum, context)[0], []
         pending.owned_lengths = {part: B.numel(t) for part, t in payload.items()}
@@ -124,6 +120,17 @@ class TwoPhaseTransport(Transport):
             name = collective_name(pending.coll_key, "ag." + part)
             pending.owned_gathers[part] = adapter.allgather(sent, name, pending.process_set)
         pending.second_round_launched = True
+
+    @staticmethod
+    def _encode_owned_chunk(adapter, stage2, chunk_sum, context, key, chunk):
+        """Plain error feedback on the owned chunk's sum, with the owner's own
+        residual (ParamState.owned_chunk_residual); returns (payload, deps)."""
+        memory, B = ResidualMemory(), adapter.B
+        state = {RESIDUAL: adapter.get_memory(OWNED_CHUNK_RESIDUAL, key, chunk, chunk_sum)}
+        acc = memory.compensate(B, chunk_sum, state)
+        payload, sent = stage2.encode(B, acc, context)
+        residual = memory.update(B, acc, sent, state)[RESIDUAL]
+        return payload, [adapter.set_memory(OWNED_CHUNK_RESIDUAL, key, residual)]
 
     def finish(self, pending, reduced):
         adapter = pending.adapter
