@@ -44,6 +44,7 @@ from typing import Any, NamedTuple
 from .backend import backend_for
 from .memory import ResidualMemory, finite_or_zero  # noqa: F401  (finite_or_zero is re-exported)
 from .momentum_check import check_construction, check_optimizer_momentum
+from .protocols import Memory as MemoryProtocol
 from .schemes.base import Scheme
 from .stats import CompressionStats
 
@@ -67,7 +68,7 @@ def stable_hash(*parts):
     return int.from_bytes(h, "little") & 0x7FFF_FFFF_FFFF_FFFF
 
 
-def encode_with_feedback(B, scheme, x, residual, ectx):
+def encode_with_feedback(B, scheme, x, residual, encode_context):
     """Plain error feedback around ``scheme.encode``; returns (payload, new_residual).
 
     ``acc = x + residual``; the scheme sends ``sent``; the residual becomes
@@ -76,18 +77,18 @@ def encode_with_feedback(B, scheme, x, residual, ectx):
     means no error feedback.
     """
     if residual is None:
-        payload, _ = scheme.encode(B, x, ectx)
+        payload, _ = scheme.encode(B, x, encode_context)
         return payload, None
-    payload, state = encode_with_memory(B, scheme, x, {"residual": residual}, ectx, ResidualMemory())
+    payload, state = encode_with_memory(B, scheme, x, {"residual": residual}, encode_context, ResidualMemory())
     return payload, state["residual"]
 
 
-def encode_with_memory(B, scheme, x, state, ectx, memory):
+def encode_with_memory(B, scheme, x, state, encode_context, memory):
     """``memory.compensate`` -> ``scheme.encode`` -> ``memory.update``;
     returns (payload, new_state)."""
     state = dict(state)
     acc = memory.compensate(B, x, state)
-    payload, sent = scheme.encode(B, acc, ectx)
+    payload, sent = scheme.encode(B, acc, encode_context)
     return payload, memory.update(B, acc, sent, state)
 
 
@@ -177,7 +178,7 @@ class Compressor:
         if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
             raise ValueError(f"seed must be a non-negative integer; got {seed!r}")
         self.scheme = scheme
-        if memory is not None and not hasattr(memory, "compensate"):
+        if memory is not None and not isinstance(memory, MemoryProtocol):
             raise ValueError(f"memory must be an hvd_compress memory such as MomentumMemory(0.9) or DGCMemory(); "
                              f"got {memory!r}")
         # a memory that keeps no residual (MomentumMemory(error_feedback=False)) runs without error feedback
@@ -261,8 +262,8 @@ class Compressor:
             # residuals are per rank: record whose they are (a JSON string, like
             # "config", so the state stays strings and tensors only)
             out["owner"] = json.dumps({"rank": where[0], "world_size": where[1]})
-        for name, ad in self._adapters.items():
-            out[name] = ad.state_dict()
+        for name, adapter in self._adapters.items():
+            out[name] = adapter.state_dict()
         return out
 
     def load_state_dict(self, state, allow_other_rank=False):
@@ -286,8 +287,8 @@ class Compressor:
 
     def reset_state(self):
         """Forget residuals and counters (e.g. after an elastic membership change)."""
-        for ad in self._adapters.values():
-            ad.reset()
+        for adapter in self._adapters.values():
+            adapter.reset()
 
     def tf_checkpointable(self):
         """A ``tf.Module`` tracking the TF state variables, for ``tf.train.Checkpoint``."""

@@ -186,7 +186,7 @@ class Policy(Compressor):
             comp = rule.compression if rule is not None else self.default
             phases = comp.plan_for(name, numel, shape)
             scheme = phases[-1][1]
-            payload = _payload_nbytes(scheme, numel, shape)
+            payload = scheme.step_nbytes(numel, shape)
             total_dense += 4 * numel
             total_payload += payload or 0
             rows.append((name, "x".join(map(str, shape)) or "scalar", numel,
@@ -204,16 +204,6 @@ class Policy(Compressor):
 
     def __repr__(self):
         return f"Policy({self.rules!r}, default={self.default!r})"
-
-
-def _payload_nbytes(scheme, numel, shape):
-    try:
-        return scheme.payload_nbytes(numel, shape)
-    except TypeError:
-        n = scheme.payload_nbytes(numel)
-        if n is not None and scheme.transport == "allgather":
-            n += 4  # the placeholder
-        return n
 
 
 def _bad_rule(r):

@@ -129,6 +129,15 @@ class Scheme:
         elements, or None where it depends on the data."""
         return None
 
+    def step_nbytes(self, numel: int, shape) -> Optional[int]:
+        """Bytes a rank hands to collectives per step for a tensor of this
+        shape, Horovod's 4-byte placeholder included where the payload travels
+        by allgather; None where it depends on the data."""
+        n = self.payload_nbytes(numel)
+        if n is not None and self.transport == "allgather":
+            n += 4  # the placeholder
+        return n
+
 
 # --- the registry ---------------------------------------------------------------
 @dataclass(frozen=True)

@@ -84,3 +84,6 @@ class PowerSGD(Scheme):
         if nm is None or self.transport_for(shape) != "powersgd":
             return 4 * numel
         return 4 * (nm[0] + nm[1]) * self.rank + 4
+
+    def step_nbytes(self, numel, shape):
+        return self.payload_nbytes(numel, shape)
