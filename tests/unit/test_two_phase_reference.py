@@ -4,8 +4,8 @@ own, and against the library's two-phase code path driven in one process.
 The in-process emulation: N ``TorchAdapter`` objects, one per emulated rank, whose
 collectives are replaced by an exchange through Python lists -- every rank compresses,
 then every rank launches its second phase, then every rank decompresses with the
-placeholder Horovod's Average would return (1.0).  That runs ``_compress_two_phase``,
-``_second_phase`` and ``_finish_two_phase`` unchanged at sizes horovodrun tests do not
+placeholder Horovod's Average would return (1.0).  That runs ``TwoPhaseTransport``'s
+``start``, ``launch_second_round`` and ``finish`` unchanged at sizes horovodrun tests do not
 reach on a 2-core machine (N = 5, 6) in well under a second.
 """
 from __future__ import annotations
