@@ -78,7 +78,7 @@ def pending_fields(call: Call):
 
 class Transport:
     """A strategy for moving one tensor's payload between ranks."""
-    #: the name stats and docs use
+    #: the transport's name (error messages, docs)
     name = ""
 
     def start(self, call: Call) -> Tuple[Any, Pending]:
@@ -93,13 +93,14 @@ class Transport:
         """Start the second collective (two-round transports only)."""
         raise TypeError(f"the {self.name} transport has no second round")
 
-    def resolve_now(self, pending: Pending, reduced_placeholder_of) -> Any:
-        """The unscaled flat float32 sum over ranks, right away (graph
-        frameworks, inside one branch of a schedule).  The placeholder that
-        Horovod would have scaled is replaced by ``size``: scale 1."""
+    def resolve_now(self, pending: Pending, out) -> Any:
+        """The unscaled flat float32 sum over ranks, right away, from ``out``
+        (what ``start`` returned): graph frameworks, inside one branch of a
+        schedule.  The placeholder Horovod would have scaled is replaced by
+        ``size``, which means scale 1."""
         B = pending.adapter.B
         pending = replace(pending, dtype="float32")
-        unscaled = B.full(1, float(pending.size), "float32", like=reduced_placeholder_of)
+        unscaled = B.full(1, float(pending.size), "float32", like=out)
         return B.flatten(self.finish(pending, unscaled))
 
 
