@@ -15,6 +15,7 @@ One object serves PyTorch and TensorFlow.
 from functools import wraps
 
 from . import schemes as _s
+from .auto_compressor import Auto
 from .compressor import Compressor
 from .memory import DGCMemory, MomentumMemory, ResidualMemory, momentum_memory
 from .policy import Policy, Rule, Schedule
@@ -60,5 +61,5 @@ def DGC(ratio=0.001, sample_ratio=0.01, values=None, *, momentum=0.0, clip_norm=
 
 _FACTORIES["DGC"] = DGC
 
-__all__ = ["Compressor", "DGCMemory", "MomentumMemory", "ResidualMemory", "Policy", "Rule", "Schedule",
+__all__ = ["Auto", "Compressor", "DGCMemory", "MomentumMemory", "ResidualMemory", "Policy", "Rule", "Schedule",
            "NoCompression", "none", *[name for name in _FACTORIES if name != "NoCompression"]]

@@ -40,6 +40,7 @@ from typing import Dict, List, Optional
 
 from .bench.report import human_bytes, human_count, human_seconds
 from .bench.specs import HOROVOD_SPECS, parse_spec, payload_nbytes, split_specs
+from ..auto import comm_time as _core_comm_time
 from .units import parse_count, parse_rate
 
 #: the encode/decode costs ``advise`` uses by default: a packaged copy of
@@ -186,20 +187,8 @@ def transport_of(spec):
     return "allreduce" if t == "powersgd" else t
 
 
-def comm_time(transport, payload, workers, bw, latency, extra_allgathers=0):
-    """(bytes each rank sends/receives, seconds) for one tensor.
-
-    Allgather schemes also hand Horovod's allreduce a 1-element placeholder
-    (one more ring: ``2 (N-1)`` latencies) and, for variable-length parts,
-    allgather the lengths (``extra_allgathers`` more rounds of ``N-1``)."""
-    n = workers
-    if n <= 1:
-        return 0.0, 0.0
-    if transport == "allreduce":
-        wire = 2.0 * (n - 1) / n * payload
-        return wire, 2 * (n - 1) * latency + wire / bw
-    wire = float(n - 1) * payload
-    return wire, (1 + extra_allgathers) * (n - 1) * latency + 2 * (n - 1) * latency + wire / bw
+#: the link model, shared with Auto (hvd_compress.auto, in the core)
+comm_time = _core_comm_time
 
 
 @dataclass

@@ -1,0 +1,231 @@
+"""The cost model and planner behind :class:`hvd_compress.Auto`: per tensor,
+the scheme with the least predicted time, and never a compressed one that
+does not beat a plain allreduce by a margin.
+
+Pure Python (no framework import): the measurements come in as numbers.
+
+The model (the one ``hvd-compress advise`` checks against measurements):
+
+* **link** -- Horovod's ring allreduce of ``b`` bytes over ``N`` ranks takes
+  ``2 (N-1) latency + 2 (N-1)/N x b / bandwidth`` (Patarasuk & Yuan, "Bandwidth
+  optimal all-reduce algorithms for clusters of workstations", JPDC 2009).
+  :func:`fit_link` fits ``latency`` and ``bandwidth`` to allreduce timings of
+  a few sizes by least squares;
+* **transport** -- dense and low-rank payloads ride the allreduce; sparse and
+  per-rank-scaled payloads travel by allgather, where every rank receives
+  ``(N-1) x payload`` (:func:`comm_time`), so their cost grows with ``N``;
+* **overhead** -- error feedback + encode + decoding all ``N`` payloads,
+  measured on the real tensor sizes (``codec_s``);
+* **per tensor** ``t = comm + overhead``, no overlap with the backward pass
+  assumed: an upper bound of the communication share, which makes the margin
+  ``min_gain`` conservative.
+
+A compressed scheme is chosen only where it is predicted at least
+``min_gain`` (default 10%) faster than ``none``; with ``min_gain > 0``,
+``Auto`` is never *predictably* slower than no compression.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+from .schemes.base import Scheme, check_range
+
+NONE_LABEL = "none"
+
+
+@dataclass(frozen=True)
+class Link:
+    """A fitted link: per-message latency (s) and bandwidth (bytes/s)."""
+    latency_s: float
+    bytes_per_s: float
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One scheme Auto may choose; ``label`` names it in plans and tables."""
+    label: str
+    scheme: Scheme
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A tensor's decision: the candidate (or ``"rule <i>"``), its predicted
+    seconds per step, those of ``none``, and the bytes it hands Horovod."""
+    label: str
+    predicted_s: float
+    none_s: float
+    payload_bytes: Optional[float]
+
+
+def comm_time(transport, payload, workers, bw, latency, extra_allgathers=0):
+    """(bytes each rank sends/receives, seconds) for one tensor.
+
+    Allgather schemes also hand Horovod's allreduce a 1-element placeholder
+    (one more ring: ``2 (N-1)`` latencies) and, for variable-length parts,
+    allgather the lengths (``extra_allgathers`` more rounds of ``N-1``)."""
+    n = workers
+    if n <= 1:
+        return 0.0, 0.0
+    if transport == "allreduce":
+        wire = 2.0 * (n - 1) / n * payload
+        return wire, 2 * (n - 1) * latency + wire / bw
+    wire = float(n - 1) * payload
+    return wire, (1 + extra_allgathers) * (n - 1) * latency + 2 * (n - 1) * latency + wire / bw
+
+
+def fit_link(nbytes: Sequence[float], seconds: Sequence[float], workers: int) -> Link:
+    """Least-squares fit of ``t = 2 (N-1) latency + 2 (N-1)/N x bytes / bw``
+    to allreduce timings of at least two sizes.  A non-positive slope (sizes
+    too small to see the bandwidth) gives an infinite bandwidth, a negative
+    intercept zero latency: the fit never invents a slow link."""
+    check_range("workers", workers, 1, None, kind=int)
+    if len(nbytes) != len(seconds) or len(nbytes) < 2 or len(set(nbytes)) < 2:
+        raise ValueError(f"fit_link needs timings of at least two distinct sizes; got sizes {list(nbytes)} "
+                         f"and {len(seconds)} timings")
+    if any(not math.isfinite(t) or t < 0 for t in seconds):
+        raise ValueError(f"seconds must be finite and non-negative; got {list(seconds)}")
+    if workers == 1:
+        return Link(0.0, math.inf)
+    mean_b = sum(nbytes) / len(nbytes)
+    mean_t = sum(seconds) / len(seconds)
+    var = sum((b - mean_b) ** 2 for b in nbytes)
+    slope = sum((b - mean_b) * (t - mean_t) for b, t in zip(nbytes, seconds)) / var
+    intercept = max(0.0, mean_t - slope * mean_b)
+    hops = 2.0 * (workers - 1)
+    bw = hops / workers / slope if slope > 0 else math.inf
+    return Link(intercept / hops, bw)
+
+
+def default_candidates(topk_ratios=(0.1, 0.01), min_topk_ratio=0.01, powersgd_rank=4, include_sign=False,
+                       fp16=True, int8=True) -> List[Candidate]:
+    """``none``, FP16, Int8, TopK at each ratio of the ladder not below
+    ``min_topk_ratio`` (an accuracy guard: fewer kept elements converge
+    slower), PowerSGD (2-D tensors only), and EF-SignSGD only with
+    ``include_sign=True`` (1 bit an element costs accuracy on many models;
+    Karimireddy et al., "Error Feedback Fixes SignSGD", ICML 2019)."""
+    from .schemes import FP16, EFSignSGD, Int8, NoCompression, PowerSGD, TopK
+    check_range("min_topk_ratio", min_topk_ratio, 0.0, 1.0)
+    if not isinstance(topk_ratios, (list, tuple)):
+        raise ValueError(f"topk_ratios must be a list of ratios in (0, 1]; got {topk_ratios!r}")
+    for r in topk_ratios:
+        check_range("topk_ratios", r, 0.0, 1.0, lo_open=True)
+    if powersgd_rank is not None:
+        check_range("powersgd_rank", powersgd_rank, 1, None, kind=int)
+    out = [Candidate(NONE_LABEL, NoCompression())]
+    if fp16:
+        out.append(Candidate("FP16", FP16()))
+    if int8:
+        out.append(Candidate("Int8", Int8()))
+    for r in sorted(set(topk_ratios), reverse=True):
+        if r >= min_topk_ratio:
+            out.append(Candidate(f"TopK({r:g})", TopK(r)))
+    if powersgd_rank is not None:
+        out.append(Candidate(f"PowerSGD({powersgd_rank})", PowerSGD(powersgd_rank)))
+    if include_sign:
+        out.append(Candidate("EFSignSGD", EFSignSGD()))
+    return out
+
+
+def applies(candidate: Candidate, shape) -> bool:
+    """Whether a candidate may carry a tensor of this shape: PowerSGD only
+    where its factors are smaller than the matrix (it would otherwise fall
+    back to a plain allreduce, which ``none`` already is)."""
+    scheme = candidate.scheme
+    return not (scheme.transport == "powersgd" and scheme.transport_for(tuple(shape)) != "powersgd")
+
+
+def predict_comm(scheme: Scheme, numel: int, shape, workers: int, link: Link):
+    """(payload bytes, seconds on the wire) of one tensor under ``scheme``;
+    payload None (and seconds inf) where the bytes depend on the data."""
+    payload = scheme.step_nbytes(numel, tuple(shape))
+    if payload is None:
+        return None, math.inf
+    transport = scheme.transport_for(tuple(shape))
+    if transport == "powersgd":
+        # two factor allreduces and Horovod's placeholder: two more rings of latency
+        _, seconds = comm_time("allreduce", payload, workers, link.bytes_per_s, link.latency_s)
+        return payload, seconds + 2 * 2 * max(0, workers - 1) * link.latency_s
+    extra = min(2, len(scheme.variable_parts)) if transport == "allgather" else 0
+    _, seconds = comm_time(transport, payload, workers, link.bytes_per_s, link.latency_s, extra)
+    return payload, seconds
+
+
+def choose(numel, shape, workers, link, candidates, codec_s: Dict[str, float], min_gain=0.1) -> Choice:
+    """One tensor's choice.  ``codec_s[label]``: measured error feedback +
+    encode + decode seconds; a candidate without a measurement is not
+    chosen.  ``none``'s own codec cost (the residual add) counts too."""
+    none_payload, none_comm = predict_comm(candidates[0].scheme, numel, shape, workers, link)
+    none_s = none_comm + codec_s.get(NONE_LABEL, 0.0)
+    best = Choice(NONE_LABEL, none_s, none_s, none_payload)
+    for cand in candidates[1:]:
+        cost = codec_s.get(cand.label)
+        if cost is None or not math.isfinite(cost) or cost < 0 or not applies(cand, shape):
+            continue
+        payload, comm = predict_comm(cand.scheme, numel, shape, workers, link)
+        total = comm + cost
+        if total < best.predicted_s:
+            best = Choice(cand.label, total, none_s, payload)
+    if best.label != NONE_LABEL and best.predicted_s > none_s * (1.0 - min_gain):
+        return Choice(NONE_LABEL, none_s, none_s, none_payload)
+    return best
+
+
+def plan(tensors: Dict[str, tuple], workers: int, link: Link, candidates: List[Candidate],
+         codec_s: Dict[str, Dict[str, float]], rules=(), min_gain=0.1) -> Dict[str, Choice]:
+    """``{key: Choice}`` for ``tensors = {key: (numel, shape)}``.  The first
+    matching :class:`~hvd_compress.Rule` pins a tensor (label ``"rule <i>"``);
+    the others get :func:`choose`."""
+    check_range("workers", workers, 1, None, kind=int)
+    check_range("min_gain", min_gain, 0.0, 1.0, hi_open=True)
+    if not candidates or candidates[0].label != NONE_LABEL:
+        raise ValueError(f"candidates must start with the '{NONE_LABEL}' candidate; got "
+                         f"{[c.label for c in candidates]}")
+    if not isinstance(link, Link) or not link.bytes_per_s > 0 or link.latency_s < 0:
+        raise ValueError(f"link must be a Link with bytes_per_s > 0 and latency_s >= 0; got {link!r}")
+    out = {}
+    for key in sorted(tensors):
+        numel, shape = tensors[key]
+        pinned = next((i for i, rule in enumerate(rules) if rule.matches(key, numel, tuple(shape))), None)
+        if pinned is not None:
+            out[key] = Choice(f"rule {pinned}", math.nan, math.nan, None)
+            continue
+        out[key] = choose(numel, shape, workers, link, candidates, codec_s.get(key, {}), min_gain)
+    return out
+
+
+def predicted_total(choices: Dict[str, Choice], tensors, workers, link, candidates, codec_s) -> float:
+    """Seconds per step of a plan's choices under ``link`` (pinned tensors
+    excluded): how a re-check compares the plan in force with a new one."""
+    by_label = {c.label: c for c in candidates}
+    total = 0.0
+    for key, choice in choices.items():
+        cand = by_label.get(choice.label)
+        if cand is None or key not in tensors:
+            continue
+        numel, shape = tensors[key]
+        _, comm = predict_comm(cand.scheme, numel, shape, workers, link)
+        total += comm + codec_s.get(key, {}).get(cand.label, 0.0)
+    return total
+
+
+def format_plan(choices: Dict[str, Choice], tensors, link: Optional[Link] = None, step_s=None) -> str:
+    """The table ``Auto.describe()`` prints: each tensor, its choice, the
+    predicted ms of the choice and of ``none``, and the bytes per step."""
+    w = max([len(k) for k in choices] + [6])
+    lines = [f"{'tensor':<{w}}  {'shape':>14}  {'choice':>12}  {'pred. ms':>9}  {'none ms':>9}  {'bytes/step':>11}"]
+    tot = tot_none = 0.0
+    for key in sorted(choices):
+        c = choices[key]
+        shape = "x".join(map(str, tensors.get(key, (0, ()))[1])) or "scalar"
+        pb = "-" if c.payload_bytes is None else str(int(c.payload_bytes))
+        lines.append(f"{key:<{w}}  {shape:>14}  {c.label:>12}  {1e3 * c.predicted_s:>9.3f}  "
+                     f"{1e3 * c.none_s:>9.3f}  {pb:>11}")
+        if math.isfinite(c.predicted_s):
+            tot, tot_none = tot + c.predicted_s, tot_none + c.none_s
+    lines.append(f"predicted communication {1e3 * tot:.3f} ms per step (none: {1e3 * tot_none:.3f} ms)")
+    if link is not None:
+        lines.append(f"link: latency {1e6 * link.latency_s:.1f} us, {link.bytes_per_s / 1e6:.1f} MB/s"
+                     + (f"; measured step {1e3 * step_s:.2f} ms" if step_s else ""))
+    return "\n".join(lines)

@@ -1,0 +1,123 @@
+"""PyTorch measurements and agreement for :class:`hvd_compress.Auto`.
+
+Every function here issues its collectives under fixed names that carry the
+plan version, and is called at the same step on every rank (the first
+``compress`` of the step, before any other collective of that step), so the
+blocking collectives cannot interleave with a rank's gradients in flight.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import torch
+
+from .compressor import stable_hash
+from .schemes.base import EncodeContext
+
+#: repetitions of each probe and codec timing; the minimum is kept (the
+#: usual estimator of a cost under noise from other processes)
+REPEATS = 3
+
+
+class PlanMismatchError(RuntimeError):
+    """Ranks would apply different Auto plans (raised on every rank)."""
+
+
+def probe_link(numels, version, process_set):
+    """Seconds of a blocking fp32 allreduce of each size, minimum of
+    :data:`REPEATS`, under names ``hvdc.auto.probe.<version>.<numel>.<i>``."""
+    import horovod.torch as hvd
+    out = []
+    for numel in numels:
+        x = torch.ones(int(numel), dtype=torch.float32)
+        best = float("inf")
+        for i in range(REPEATS):
+            t0 = time.perf_counter()
+            hvd.allreduce(x, name=f"hvdc.auto.probe.{version}.{numel}.{i}", op=hvd.Sum, process_set=process_set)
+            best = min(best, time.perf_counter() - t0)
+        out.append(best)
+    return out
+
+
+def _codec_once(B, scheme, acc, shape, size, ctx):
+    """Encode and decode one tensor as the transport would, with error feedback."""
+    transport = scheme.transport_for(shape)
+    if transport == "powersgd":
+        n, m = scheme.matrix_shape(shape)
+        q = torch.randn(m, scheme.rank)
+        p_local, matrix = scheme.first_round(B, acc, q, shape)
+        p, q_local = scheme.second_round(B, p_local * size, matrix)
+        _, sent = scheme.finish(B, p, q_local, q_local * size)
+    else:
+        payload, sent = scheme.encode(B, acc, ctx)
+        local = {k: v for k, v in payload.items() if k.startswith("_")}
+        wire = {k: v for k, v in payload.items() if not k.startswith("_")}
+        if transport == "allgather":
+            scheme.aggregate(B, [wire] * size, acc.numel(), local)
+        else:
+            scheme.decode_reduced(B, wire["reduce"], acc.numel(), local)
+    return acc - sent
+
+
+def codec_seconds(scheme, numel, shape, size, seed=0):
+    """Error feedback + encode + decoding ``size`` payloads of one tensor of
+    this shape, in seconds (minimum of :data:`REPEATS` after one warm-up)."""
+    from .backend import backend_for
+    B = backend_for(torch.zeros(0))
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(int(numel), generator=gen)
+    residual = torch.zeros_like(x)
+    ctx = EncodeContext(key="hvdc.auto.codec", step=1, rank=0, size=size,
+                        uniform=lambda n: torch.rand(int(n), generator=gen), shared_seed=seed,
+                        shape=tuple(shape), state={})
+    best = float("inf")
+    for i in range(REPEATS + 1):
+        t0 = time.perf_counter()
+        residual = _codec_once(B, scheme, x + residual, tuple(shape), size, ctx)
+        if i:
+            best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def measure_codecs(tensors, keys, candidates, size, applies):
+    """``[len(keys) x len(candidates)]`` seconds, -1 where a candidate does
+    not apply; tensors of equal shape are measured once."""
+    by_shape = {}
+    rows = []
+    for key in keys:
+        numel, shape = tensors[key]
+        if shape not in by_shape:
+            by_shape[shape] = [codec_seconds(c.scheme, numel, shape, size) if applies(c, shape) else -1.0
+                               for c in candidates]
+        rows.append(by_shape[shape])
+    return rows
+
+
+def average_over_ranks(values, version, process_set):
+    """The element-wise mean over ranks of a list of floats (one allreduce)."""
+    import horovod.torch as hvd
+    x = torch.tensor(values, dtype=torch.float64)
+    return hvd.allreduce(x, name=f"hvdc.auto.measure.{version}", op=hvd.Average,
+                         process_set=process_set).tolist()
+
+
+def broadcast_indices(indices, version, process_set):
+    """Rank 0's candidate indices (one per tensor, sorted key order) on every rank."""
+    import horovod.torch as hvd
+    x = torch.tensor(indices, dtype=torch.int64)
+    return hvd.broadcast(x, root_rank=0, name=f"hvdc.auto.plan.{version}", process_set=process_set).tolist()
+
+
+def check_same_plan(labels, version, process_set):
+    """Allgather a hash of the plan each rank is about to apply; raise
+    :class:`PlanMismatchError` on every rank where any differs."""
+    import horovod.torch as hvd
+    mine = stable_hash(json.dumps(labels, sort_keys=True))
+    hashes = hvd.allgather(torch.tensor([mine], dtype=torch.int64), name=f"hvdc.auto.plan_hash.{version}",
+                           process_set=process_set).tolist()
+    if any(h != hashes[0] for h in hashes):
+        differ = [r for r, h in enumerate(hashes) if h != hashes[0]]
+        raise PlanMismatchError(f"hvd_compress.Auto: ranks would apply different plans at plan version {version} "
+                                f"(ranks {differ} differ from rank 0; plan hashes {hashes}); every rank must "
+                                f"build the same Auto and see the same tensors")

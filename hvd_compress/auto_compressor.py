@@ -1,0 +1,251 @@
+"""``hvd_compress.Auto()``: each tensor's scheme chosen online from the
+measured link and encode cost (PyTorch).
+
+Life of an ``Auto``:
+
+1. **Calibrate** (the first ``calibration_steps`` communications of each
+   tensor): dense, like ``none``, while the step time is measured.
+2. **Decide** at the first ``compress`` of the next step, on every rank:
+   time blocking allreduces of ``probe_numels`` elements (fit of latency and
+   bandwidth, :func:`hvd_compress.auto.fit_link`) and each candidate's error
+   feedback + encode + decode on every distinct tensor shape; average the
+   measurements over ranks (one allreduce); rank 0 plans
+   (:func:`hvd_compress.auto.plan`) and broadcasts candidate indices in sorted
+   key order (one broadcast); every rank allgathers a hash of the plan it is
+   about to apply and raises :class:`PlanMismatchError` on every rank where
+   they differ -- an error, never a hang.
+3. **Re-check** every ``recheck_every`` steps: re-probe the link (the codec
+   costs are kept) and adopt rank 0's new plan where it is predicted more
+   than ``replan_threshold`` faster than the plan in force.
+
+Every candidate runs with plain error feedback and one residual per tensor
+that carries across changes of scheme (``none`` sends the residual out in
+full), so ``sum(sent) + residual == sum(gradients)`` holds across re-plans.
+A plan version is a phase, as in :class:`~hvd_compress.Schedule`: its side
+collectives are named ``<key>@<version>``.
+
+Only the global process set is supported; tensors first seen after
+calibration and TensorFlow are not (TensorFlow raises NotImplementedError:
+use :class:`~hvd_compress.Policy`).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+from .auto import NONE_LABEL, Choice, applies, default_candidates, fit_link, format_plan, plan, predicted_total
+from .compressor import Compressor, Phase
+from .memory import ResidualMemory
+from .schemes.base import check_range
+
+DEFAULT_PROBE_NUMELS = (1 << 10, 1 << 16, 1 << 20)
+
+
+class Auto(Compressor):
+    """Per-tensor compression chosen from measurements; see the module docstring.
+
+    Args:
+        rules: :class:`~hvd_compress.Rule` s that pin tensors (they win over the planner).
+        calibration_steps: dense steps measured before the first plan (>= 1).
+            Also a warmup: DGC (Lin et al., ICLR 2018) warms up dense for the
+            same reason.
+        recheck_every: steps between re-checks of the link (0: never).
+        topk_ratios, min_topk_ratio, powersgd_rank, include_sign: the
+            candidates (:func:`hvd_compress.auto.default_candidates`); raise
+            ``min_topk_ratio`` if accuracy suffers.
+        min_gain: a compressed scheme must be predicted this much faster than
+            ``none`` for a tensor (0.1 = 10%).
+        replan_threshold: a re-check adopts a new plan only if it is predicted
+            this much faster than the plan in force.
+        probe_numels: fp32 allreduce sizes timed to fit the link.
+    """
+
+    def __init__(self, rules=(), calibration_steps=5, recheck_every=1000, topk_ratios=(0.1, 0.01),
+                 min_topk_ratio=0.01, powersgd_rank=4, include_sign=False, min_gain=0.1, replan_threshold=0.1,
+                 probe_numels=DEFAULT_PROBE_NUMELS, seed=0):
+        from .policy import Rule
+        from .schemes import NoCompression
+        self.rules = list(rules)
+        for r in self.rules:
+            if not isinstance(r, Rule):
+                raise ValueError(f"rules must be hvd_compress.Rule instances; got {r!r}")
+        self.calibration_steps = check_range("calibration_steps", calibration_steps, 1, None, kind=int)
+        self.recheck_every = check_range("recheck_every", recheck_every, 0, None, kind=int)
+        self.min_gain = check_range("min_gain", min_gain, 0.0, 1.0, hi_open=True)
+        self.replan_threshold = check_range("replan_threshold", replan_threshold, 0.0, 1.0, hi_open=True)
+        if not isinstance(probe_numels, (list, tuple)) or len(set(probe_numels)) < 2:
+            raise ValueError(f"probe_numels must list at least two distinct sizes; got {probe_numels!r}")
+        for n in probe_numels:
+            check_range("probe_numels", n, 1, None, kind=int)
+        self.probe_numels = tuple(probe_numels)
+        self.candidates = default_candidates(topk_ratios, min_topk_ratio, powersgd_rank, include_sign)
+        super().__init__(NoCompression(), error_feedback=True, seed=seed, memory=ResidualMemory())
+        self._feedback = self.memory
+        self._reset_plan()
+
+    def _reset_plan(self):
+        self.tensors = {}  # key -> (numel, shape), as first seen
+        self._calls = {}  # key -> compress calls so far
+        self._next_check = self.calibration_steps + 1
+        self._step_times = []  # perf_counter at each call of the first key seen
+        self.step_s = None
+        self.codec_s = {}  # key -> {label: seconds}, averaged over ranks
+        self.link = None
+        #: [(start, {key: Choice}, version)]: the plans adopted so far, in order
+        self.history = []
+        self._phases = {}
+
+    # --- Horovod's interface ----------------------------------------------------------
+    def compress(self, tensor):
+        from .backend import backend_for
+        if backend_for(tensor).name != "torch":
+            raise NotImplementedError("hvd_compress.Auto supports PyTorch only for now; in TensorFlow choose per "
+                                      "tensor with hvd_compress.Policy([...]) (hvd-compress advise suggests one)")
+        return super().compress(tensor)
+
+    def plan_for(self, key, numel, shape):
+        rule = next((r for r in self.rules if r.matches(key, numel, shape)), None)
+        if rule is not None:
+            return rule.compression.plan_for(key, numel, shape)
+        shape = tuple(int(d) for d in shape)
+        self.tensors.setdefault(key, (int(numel), shape))
+        calls = self._calls[key] = self._calls.get(key, 0) + 1
+        if key == next(iter(self.tensors)) and calls <= self.calibration_steps + 1:
+            self._step_times.append(time.perf_counter())
+        if self._next_check and calls >= self._next_check:
+            self._decide(calls - 1)
+            self._next_check = calls + self.recheck_every if self.recheck_every else 0
+        return self._phases_of(key)
+
+    def _phases_of(self, key):
+        phases = self._phases.get(key)
+        if phases is None:
+            by_label = {c.label: c for c in self.candidates}
+            phases = [Phase(0, self.candidates[0].scheme, self._feedback, "allgather")]
+            for start, choices, _ in self.history:
+                label = choices[key].label if key in choices else NONE_LABEL
+                phases.append(Phase(start, by_label[label].scheme, self._feedback, "allgather"))
+            self._phases[key] = phases
+        return phases
+
+    # --- deciding ---------------------------------------------------------------------
+    def _decide(self, start):
+        """Measure, agree and (maybe) adopt a plan; the same steps on every rank."""
+        import horovod.torch as hvd
+        from . import auto_calibration as cal
+        ps, size, version = hvd.global_process_set, hvd.size(), len(self.history)
+        keys = sorted(k for k in self.tensors if self._pinned(k) is None)
+        first = self.link is None
+        probes = cal.probe_link(self.probe_numels, f"{version}.{start}", ps)
+        codecs = cal.measure_codecs(self.tensors, keys, self.candidates, size, applies) if first else []
+        gaps = [b - a for a, b in zip(self._step_times, self._step_times[1:])]
+        step_s = statistics.median(gaps) if gaps else 0.0
+        flat = probes + [step_s] + [v for row in codecs for v in row]
+        avg = cal.average_over_ranks(flat, f"{version}.{start}", ps)
+        self.link = fit_link([4 * n for n in self.probe_numels], avg[:len(probes)], size)
+        if first:
+            self.step_s = avg[len(probes)]
+            width = len(self.candidates)
+            rest = avg[len(probes) + 1:]
+            self.codec_s = {k: {c.label: rest[i * width + j] for j, c in enumerate(self.candidates)
+                                if rest[i * width + j] >= 0} for i, k in enumerate(keys)}
+        proposal = self._propose(keys, size) if hvd.rank() == 0 else [0] * len(keys)
+        indices = cal.broadcast_indices(proposal, f"{version}.{start}", ps)
+        labels = self.labels_from_indices(keys, indices)
+        cal.check_same_plan(labels, f"{version}.{start}", ps)
+        current = self.history[-1][1] if self.history else None
+        if current is None or {k: c.label for k, c in current.items()} != labels:
+            choices = plan({k: self.tensors[k] for k in keys}, size, self.link, self.candidates, self.codec_s,
+                           (), self.min_gain)
+            choices = {k: self._choice_as(choices[k], labels[k], k, size) for k in keys}
+            self.history.append((start, choices, version))
+            self._phases = {}
+
+    def _propose(self, keys, size):
+        """Rank 0: candidate indices of the new plan, or of the plan in force
+        where the new one is not ``replan_threshold`` faster."""
+        tensors = {k: self.tensors[k] for k in keys}
+        fresh = plan(tensors, size, self.link, self.candidates, self.codec_s, (), self.min_gain)
+        if self.history:
+            current = self.history[-1][1]
+            now = predicted_total(current, tensors, size, self.link, self.candidates, self.codec_s)
+            new = predicted_total(fresh, tensors, size, self.link, self.candidates, self.codec_s)
+            if not new < now * (1.0 - self.replan_threshold):
+                fresh = current
+        index = {c.label: i for i, c in enumerate(self.candidates)}
+        return [index[fresh[k].label] if k in fresh else 0 for k in keys]
+
+    def labels_from_indices(self, keys, indices):
+        """``{key: candidate label}`` from the broadcast indices."""
+        if len(indices) != len(keys) or any(not 0 <= i < len(self.candidates) for i in indices):
+            raise ValueError(f"hvd_compress.Auto: the broadcast plan has {len(indices)} entries {indices}, "
+                             f"expected {len(keys)} indices below {len(self.candidates)}")
+        return {k: self.candidates[i].label for k, i in zip(keys, indices)}
+
+    def _choice_as(self, choice, label, key, size):
+        """The broadcast label with this rank's predictions of it."""
+        if choice.label == label:
+            return choice
+        from .auto import choose
+        numel, shape = self.tensors[key]
+        forced = [c for c in self.candidates if c.label in (NONE_LABEL, label)]
+        got = choose(numel, shape, size, self.link, forced, {label: self.codec_s[key].get(label, 0.0),
+                                                             NONE_LABEL: self.codec_s[key].get(NONE_LABEL, 0.0)},
+                     min_gain=0.0)
+        return Choice(label, got.predicted_s if got.label == label else float("nan"), got.none_s, None)
+
+    def _pinned(self, key):
+        numel, shape = self.tensors[key]
+        return next((i for i, r in enumerate(self.rules) if r.matches(key, numel, shape)), None)
+
+    # --- showing, saving --------------------------------------------------------------
+    def current_plan(self):
+        """``{key: candidate label}`` in force ({} during calibration)."""
+        return {k: c.label for k, c in self.history[-1][1].items()} if self.history else {}
+
+    def describe(self):
+        """A table per tensor: chosen scheme, predicted ms (and none's), bytes per step."""
+        if not self.history:
+            return f"Auto: calibrating ({self.calibration_steps} dense steps before the first plan)"
+        start, choices, version = self.history[-1]
+        head = f"Auto plan version {version}, in force from communication {start}\n"
+        return head + format_plan(choices, self.tensors, self.link, self.step_s)
+
+    def config(self):
+        return {"auto": [c.label for c in self.candidates], "rules": [r.config() for r in self.rules],
+                "calibration_steps": self.calibration_steps, "recheck_every": self.recheck_every,
+                "min_gain": self.min_gain, "replan_threshold": self.replan_threshold,
+                "probe_numels": list(self.probe_numels), "seed": self.seed}
+
+    def state_dict(self):
+        out = super().state_dict()
+        out["auto_plan"] = json.dumps(self._plan_state())
+        return out
+
+    def _plan_state(self):
+        return {"tensors": {k: [n, list(s)] for k, (n, s) in self.tensors.items()}, "calls": self._calls,
+                "next_check": self._next_check, "step_s": self.step_s, "codec_s": self.codec_s,
+                "link": None if self.link is None else [self.link.latency_s, self.link.bytes_per_s],
+                "history": [[start, {k: list(c) for k, c in ch.items()}, v] for start, ch, v in self.history]}
+
+    def load_state_dict(self, state, allow_other_rank=False):
+        from .auto import Link
+        state = dict(state)
+        saved = json.loads(state.pop("auto_plan", "null"))
+        super().load_state_dict(state, allow_other_rank)
+        self._reset_plan()
+        if saved is None:
+            return
+        self.tensors = {k: (n, tuple(s)) for k, (n, s) in saved["tensors"].items()}
+        self._calls, self._next_check = dict(saved["calls"]), saved["next_check"]
+        self.step_s, self.codec_s = saved["step_s"], saved["codec_s"]
+        self.link = None if saved["link"] is None else Link(*saved["link"])
+        self.history = [(start, {k: Choice(*c) for k, c in ch.items()}, v) for start, ch, v in saved["history"]]
+
+    def reset_state(self):
+        super().reset_state()
+        self._reset_plan()
+
+    def __repr__(self):
+        return f"Auto(candidates={[c.label for c in self.candidates]}, rules={self.rules!r})"
