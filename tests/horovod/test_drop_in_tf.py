@@ -150,32 +150,28 @@ def test_models_with_equal_names_do_not_share_state():
 
 
 # --- 2. variables with the same name, every TF path -------------------------------------------
-def _train_keras(variables, comp, bpps, steps):
-    opt = hvdk.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), backward_passes_per_step=bpps,
-                                    sparse_as_dense=True, compression=comp)
+def _train_optimizer(variables, opt, steps):
+    """``steps`` traced steps of Horovod's optimizer wrapper: gradients by its
+    own method (Keras' ``_compute_gradients``, the legacy ``compute_gradients``)."""
+    compute = opt._compute_gradients if hasattr(opt, "_compute_gradients") else opt.compute_gradients
 
     @tf.function
     def step():
-        grads_and_vars = opt._compute_gradients(lambda: _loss(variables), var_list=variables)
-        opt.apply_gradients(grads_and_vars)
+        opt.apply_gradients(compute(lambda: _loss(variables), var_list=variables))
 
     for _ in range(steps):
         step()
     return [v.numpy() for v in variables]
+
+
+def _train_keras(variables, comp, bpps, steps):
+    return _train_optimizer(variables, hvdk.DistributedOptimizer(
+        tf.keras.optimizers.SGD(0.1), backward_passes_per_step=bpps, sparse_as_dense=True, compression=comp), steps)
 
 
 def _train_legacy(variables, comp, steps):
-    opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1), sparse_as_dense=True,
-                                   compression=comp)
-
-    @tf.function
-    def step():
-        grads_and_vars = opt.compute_gradients(lambda: _loss(variables), var_list=variables)
-        opt.apply_gradients(grads_and_vars)
-
-    for _ in range(steps):
-        step()
-    return [v.numpy() for v in variables]
+    return _train_optimizer(variables, hvd.DistributedOptimizer(
+        tf.compat.v1.train.GradientDescentOptimizer(0.1), sparse_as_dense=True, compression=comp), steps)
 
 
 PATHS = {
