@@ -1,0 +1,165 @@
+"""The planner of hvd_compress.Auto (hvd_compress/auto.py): pure numbers in,
+per-tensor choices out.  Codec costs here are fixed numbers, so each test
+knows what the cost model must pick."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import hvd_compress
+from hvd_compress.auto import (Link, choose, comm_time, default_candidates, fit_link, format_plan, plan,
+                               predict_comm, predicted_total)
+
+BIG = ("layer.weight", (1 << 22, (2048, 2048)))
+SMALL = ("layer.bias", (64, (64,)))
+TENSORS = dict([BIG, SMALL])
+FAST = Link(latency_s=5e-6, bytes_per_s=50e9)  # 400 Gbit/s: nothing pays
+SLOW = Link(latency_s=50e-6, bytes_per_s=100e6 / 8)  # 100 Mbit/s
+
+
+def codec_costs(candidates, per_element_s=1e-9, fixed_s=20e-6):
+    """A cost for every candidate on every tensor: fixed + per element; none
+    pays only a tenth (its residual add)."""
+    out = {}
+    for key, (numel, _) in TENSORS.items():
+        out[key] = {c.label: (fixed_s + per_element_s * numel) * (0.1 if c.label == "none" else 1.0)
+                    for c in candidates}
+    return out
+
+
+def test_fast_link_picks_none_for_everything():
+    cands = default_candidates()
+    choices = plan(TENSORS, 8, FAST, cands, codec_costs(cands, per_element_s=5e-9))
+    assert {k: c.label for k, c in choices.items()} == {"layer.weight": "none", "layer.bias": "none"}
+
+
+def test_slow_link_compresses_big_tensors_and_not_small_ones():
+    cands = default_candidates()
+    choices = plan(TENSORS, 8, SLOW, cands, codec_costs(cands))
+    assert choices["layer.weight"].label != "none"
+    assert choices["layer.weight"].predicted_s < 0.9 * choices["layer.weight"].none_s
+    assert choices["layer.bias"].label == "none"
+    # the plan is never predicted slower than none, tensor by tensor
+    assert all(c.predicted_s <= c.none_s for c in choices.values())
+
+
+def test_a_compressed_scheme_needs_the_margin():
+    """Slightly faster than none is not enough: the margin guards against model error."""
+    cands = default_candidates(topk_ratios=(0.1,), powersgd_rank=None, fp16=False, int8=False)
+    numel, shape = BIG[1]
+    _, none_comm = predict_comm(cands[0].scheme, numel, shape, 2, SLOW)
+    _, topk_comm = predict_comm(cands[1].scheme, numel, shape, 2, SLOW)
+    # TopK's codec cost set so that it is 5% faster than none in total
+    codec = {"none": 0.0, "TopK(0.1)": 0.95 * none_comm - topk_comm}
+    assert choose(numel, shape, 2, SLOW, cands, codec, min_gain=0.1).label == "none"
+    assert choose(numel, shape, 2, SLOW, cands, codec, min_gain=0.01).label == "TopK(0.1)"
+
+
+def test_pinned_rules_win():
+    cands = default_candidates()
+    rules = [hvd_compress.Rule(name="*.weight", compression=hvd_compress.none()),
+             hvd_compress.Rule(max_numel=100, compression=hvd_compress.FP16())]
+    choices = plan(TENSORS, 8, SLOW, cands, codec_costs(cands), rules=rules)
+    assert choices["layer.weight"].label == "rule 0" and choices["layer.bias"].label == "rule 1"
+
+
+def test_auto_plan_for_honours_pinned_rules():
+    auto = hvd_compress.Auto(rules=[hvd_compress.Rule(name="*embed*", compression=hvd_compress.TopK(0.05))])
+    (phase,) = auto.plan_for("embed.weight", 1000, (10, 100))
+    assert phase.scheme.name == "TopK" and phase.scheme.ratio == 0.05
+    assert "embed.weight" not in auto.tensors  # a pinned tensor is not measured or planned
+
+
+def test_min_topk_ratio_guard():
+    labels = [c.label for c in default_candidates(topk_ratios=(0.1, 0.01, 0.001), min_topk_ratio=0.01)]
+    assert "TopK(0.1)" in labels and "TopK(0.01)" in labels and "TopK(0.001)" not in labels
+    auto = hvd_compress.Auto(topk_ratios=(0.1, 0.001), min_topk_ratio=0.05)
+    assert [c.label for c in auto.candidates if c.label.startswith("TopK")] == ["TopK(0.1)"]
+
+
+def test_sign_schemes_only_when_asked():
+    assert not any("Sign" in c.label for c in default_candidates())
+    assert any(c.label == "EFSignSGD" for c in default_candidates(include_sign=True))
+    assert any(c.label == "EFSignSGD" for c in hvd_compress.Auto(include_sign=True).candidates)
+
+
+def test_powersgd_only_for_matrices_it_shrinks():
+    cands = default_candidates()
+    codec = {c.label: 0.0 for c in cands}
+    # a vector: PowerSGD does not apply, so it is never chosen whatever its cost
+    assert choose(1 << 22, (1 << 22,), 8, SLOW, cands, codec).label != "PowerSGD(4)"
+    assert choose(1 << 22, (2048, 2048), 8, SLOW, cands, codec).label == "PowerSGD(4)"
+
+
+def test_unmeasured_candidates_are_not_chosen():
+    cands = default_candidates()
+    numel, shape = BIG[1]
+    assert choose(numel, shape, 8, SLOW, cands, {"none": 0.0}).label == "none"
+
+
+def test_fit_link_recovers_latency_and_bandwidth():
+    workers, latency, bw = 4, 30e-6, 1e9
+    sizes = [4e3, 4e5, 4e6]
+    seconds = [comm_time("allreduce", b, workers, bw, latency)[1] for b in sizes]
+    link = fit_link(sizes, seconds, workers)
+    assert math.isclose(link.latency_s, latency, rel_tol=1e-6)
+    assert math.isclose(link.bytes_per_s, bw, rel_tol=1e-6)
+    # flat timings (sizes too small to see the bandwidth): an infinite bandwidth, not a slow link
+    assert fit_link([4, 8], [1e-4, 1e-4], 2).bytes_per_s == math.inf
+
+
+def test_predicted_total_and_table():
+    cands = default_candidates()
+    costs = codec_costs(cands)
+    choices = plan(TENSORS, 8, SLOW, cands, costs)
+    total = predicted_total(choices, TENSORS, 8, SLOW, cands, costs)
+    assert math.isclose(total, sum(c.predicted_s for c in choices.values()), rel_tol=1e-9)
+    table = format_plan(choices, TENSORS, SLOW)
+    assert "layer.weight" in table and "2048x2048" in table and choices["layer.weight"].label in table
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(calibration_steps=0), "calibration_steps"),
+    (dict(calibration_steps=2.5), "calibration_steps"),
+    (dict(recheck_every=-1), "recheck_every"),
+    (dict(min_gain=1.0), "min_gain"),
+    (dict(replan_threshold=-0.1), "replan_threshold"),
+    (dict(min_topk_ratio=2), "min_topk_ratio"),
+    (dict(topk_ratios=0.1), "topk_ratios"),
+    (dict(topk_ratios=(0.1, 0)), "topk_ratios"),
+    (dict(powersgd_rank=0), "powersgd_rank"),
+    (dict(probe_numels=(1024,)), "probe_numels"),
+    (dict(probe_numels=(1024, -5)), "probe_numels"),
+    (dict(rules=["*bias"]), "rules"),
+])
+def test_bad_arguments_name_the_parameter(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        hvd_compress.Auto(**kwargs)
+
+
+def test_bad_planner_arguments_name_the_parameter():
+    cands = default_candidates()
+    with pytest.raises(ValueError, match="workers"):
+        plan(TENSORS, 0, SLOW, cands, {})
+    with pytest.raises(ValueError, match="link"):
+        plan(TENSORS, 2, Link(1e-5, 0.0), cands, {})
+    with pytest.raises(ValueError, match="candidates"):
+        plan(TENSORS, 2, SLOW, cands[1:], {})
+    with pytest.raises(ValueError, match="two distinct sizes"):
+        fit_link([4, 4], [1e-4, 1e-4], 2)
+
+
+def test_auto_refuses_tensorflow():
+    tf = pytest.importorskip("tensorflow")
+    with pytest.raises(NotImplementedError, match="Policy"):
+        hvd_compress.Auto().compress(tf.ones([4]))
+
+
+def test_calibration_is_dense_with_error_feedback():
+    """Before any plan every tensor is sent dense (one phase, none), and the
+    residual memory is on: a later scheme change keeps the residual."""
+    auto = hvd_compress.Auto()
+    (phase,) = auto.plan_for("w", 10, (10,))
+    assert phase.scheme.name == "NoCompression" and phase.memory is not None
+    assert auto.describe().startswith("Auto: calibrating")
