@@ -60,24 +60,35 @@ def _codec_once(B, scheme, acc, shape, size, ctx):
     return acc - sent
 
 
-def codec_seconds(scheme, numel, shape, size, seed=0):
-    """Error feedback + encode + decoding ``size`` payloads of one tensor of
-    this shape, in seconds (minimum of :data:`REPEATS` after one warm-up)."""
-    from .backend import backend_for
-    B = backend_for(torch.zeros(0))
+def _codec_inputs(numel, shape, size, seed=0):
+    """A gradient, a zero residual and an encode context for timing one shape."""
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(int(numel), generator=gen)
-    residual = torch.zeros_like(x)
     ctx = EncodeContext(key="hvdc.auto.codec", step=1, rank=0, size=size,
                         uniform=lambda n: torch.rand(int(n), generator=gen), shared_seed=seed,
                         shape=tuple(shape), state={})
-    best = float("inf")
+    return x, torch.zeros_like(x), ctx
+
+
+def codec_seconds(schemes, numel, shape, size, seed=0):
+    """Error feedback + encode + decoding ``size`` payloads of one tensor of
+    this shape, in seconds, for each scheme (None: not timed).  The schemes
+    take turns, one warm-up round then :data:`REPEATS` rounds, and each keeps
+    its minimum: a burst of load from another process then slows every
+    scheme's round alike instead of one scheme's whole measurement."""
+    from .backend import backend_for
+    B = backend_for(torch.zeros(0))
+    x, residual, ctx = _codec_inputs(numel, shape, size, seed)
+    best = [float("inf")] * len(schemes)
     for i in range(REPEATS + 1):
-        t0 = time.perf_counter()
-        residual = _codec_once(B, scheme, x + residual, tuple(shape), size, ctx)
-        if i:
-            best = min(best, time.perf_counter() - t0)
-    return best
+        for j, scheme in enumerate(schemes):
+            if scheme is None:
+                continue
+            t0 = time.perf_counter()
+            _codec_once(B, scheme, x + residual, tuple(shape), size, ctx)
+            if i:
+                best[j] = min(best[j], time.perf_counter() - t0)
+    return [None if s is None else b for s, b in zip(schemes, best)]
 
 
 def measure_codecs(tensors, keys, candidates, size, applies):
@@ -88,8 +99,8 @@ def measure_codecs(tensors, keys, candidates, size, applies):
     for key in keys:
         numel, shape = tensors[key]
         if shape not in by_shape:
-            by_shape[shape] = [codec_seconds(c.scheme, numel, shape, size) if applies(c, shape) else -1.0
-                               for c in candidates]
+            timed = codec_seconds([c.scheme if applies(c, shape) else None for c in candidates], numel, shape, size)
+            by_shape[shape] = [-1.0 if t is None else t for t in timed]
         rows.append(by_shape[shape])
     return rows
 

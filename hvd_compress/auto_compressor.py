@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from dataclasses import astuple
 
 from .auto import NONE_LABEL, Choice, applies, default_candidates, fit_link, format_plan, plan, predicted_total
 from .compressor import Compressor, Phase
@@ -59,11 +60,13 @@ class Auto(Compressor):
         replan_threshold: a re-check adopts a new plan only if it is predicted
             this much faster than the plan in force.
         probe_numels: fp32 allreduce sizes timed to fit the link.
+        exclude: labels of candidates to leave out (``("FP16",)`` where a
+            half-precision sum would overflow; ``"none"`` always stays).
     """
 
     def __init__(self, rules=(), calibration_steps=5, recheck_every=1000, topk_ratios=(0.1, 0.01),
                  min_topk_ratio=0.01, powersgd_rank=4, include_sign=False, min_gain=0.1, replan_threshold=0.1,
-                 probe_numels=DEFAULT_PROBE_NUMELS, seed=0):
+                 probe_numels=DEFAULT_PROBE_NUMELS, exclude=(), seed=0):
         from .policy import Rule
         from .schemes import NoCompression
         self.rules = list(rules)
@@ -79,7 +82,11 @@ class Auto(Compressor):
         for n in probe_numels:
             check_range("probe_numels", n, 1, None, kind=int)
         self.probe_numels = tuple(probe_numels)
-        self.candidates = default_candidates(topk_ratios, min_topk_ratio, powersgd_rank, include_sign)
+        candidates = default_candidates(topk_ratios, min_topk_ratio, powersgd_rank, include_sign)
+        labels = [c.label for c in candidates]
+        if isinstance(exclude, str) or any(e not in labels[1:] for e in exclude):
+            raise ValueError(f"exclude must be a list of candidate labels among {labels[1:]}; got {exclude!r}")
+        self.candidates = [c for c in candidates if c.label not in exclude]
         super().__init__(NoCompression(), error_feedback=True, seed=seed, memory=ResidualMemory())
         self._feedback = self.memory
         self._reset_plan()
@@ -227,7 +234,7 @@ class Auto(Compressor):
         return {"tensors": {k: [n, list(s)] for k, (n, s) in self.tensors.items()}, "calls": self._calls,
                 "next_check": self._next_check, "step_s": self.step_s, "codec_s": self.codec_s,
                 "link": None if self.link is None else [self.link.latency_s, self.link.bytes_per_s],
-                "history": [[start, {k: list(c) for k, c in ch.items()}, v] for start, ch, v in self.history]}
+                "history": [[start, {k: list(astuple(c)) for k, c in ch.items()}, v] for start, ch, v in self.history]}
 
     def load_state_dict(self, state, allow_other_rank=False):
         from .auto import Link

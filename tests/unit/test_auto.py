@@ -78,6 +78,11 @@ def test_min_topk_ratio_guard():
     assert [c.label for c in auto.candidates if c.label.startswith("TopK")] == ["TopK(0.1)"]
 
 
+def test_exclude_leaves_candidates_out():
+    assert [c.label for c in hvd_compress.Auto(exclude=("FP16", "Int8")).candidates] == [
+        "none", "TopK(0.1)", "TopK(0.01)", "PowerSGD(4)"]
+
+
 def test_sign_schemes_only_when_asked():
     assert not any("Sign" in c.label for c in default_candidates())
     assert any(c.label == "EFSignSGD" for c in default_candidates(include_sign=True))
@@ -132,6 +137,9 @@ def test_predicted_total_and_table():
     (dict(probe_numels=(1024,)), "probe_numels"),
     (dict(probe_numels=(1024, -5)), "probe_numels"),
     (dict(rules=["*bias"]), "rules"),
+    (dict(exclude=("none",)), "exclude"),
+    (dict(exclude="FP16"), "exclude"),
+    (dict(exclude=("TopK(0.5)",)), "exclude"),
 ])
 def test_bad_arguments_name_the_parameter(kwargs, name):
     with pytest.raises(ValueError, match=name):
