@@ -12,7 +12,8 @@ Life of an ``Auto``:
    measurements over ranks (one allreduce); rank 0 plans
    (:func:`hvd_compress.auto.plan`) and broadcasts candidate indices in sorted
    key order (one broadcast); every rank allgathers a hash of the plan it is
-   about to apply and raises :class:`PlanMismatchError` on every rank where
+   about to apply and raises
+   :class:`~hvd_compress.auto_calibration.PlanMismatchError` on every rank where
    they differ -- an error, never a hang.
 3. **Re-check** every ``recheck_every`` steps: re-probe the link (the codec
    costs are kept) and adopt rank 0's new plan where it is predicted more
