@@ -35,6 +35,10 @@ from .schemes.base import Scheme, check_range
 NONE_LABEL = "none"
 
 
+class PlanMismatchError(RuntimeError):
+    """Ranks would apply different Auto plans (raised on every rank)."""
+
+
 @dataclass(frozen=True)
 class Link:
     """A fitted link: per-message latency (s) and bandwidth (bytes/s)."""
@@ -155,7 +159,8 @@ def predict_comm(scheme: Scheme, numel: int, shape, workers: int, link: Link):
 def choose(numel, shape, workers, link, candidates, codec_s: Dict[str, float], min_gain=0.1) -> Choice:
     """One tensor's choice.  ``codec_s[label]``: measured error feedback +
     encode + decode seconds; a candidate without a measurement is not
-    chosen.  ``none``'s own codec cost (the residual add) counts too."""
+    chosen.  ``none``'s own measured cost counts too (about nothing: Auto
+    runs it without error feedback)."""
     none_payload, none_comm = predict_comm(candidates[0].scheme, numel, shape, workers, link)
     none_s = none_comm + codec_s.get(NONE_LABEL, 0.0)
     best = Choice(NONE_LABEL, none_s, none_s, none_payload)

@@ -12,16 +12,13 @@ import time
 
 import torch
 
+from .auto import PlanMismatchError
 from .compressor import stable_hash
 from .schemes.base import EncodeContext
 
 #: repetitions of each probe and codec timing; the minimum is kept (the
 #: usual estimator of a cost under noise from other processes)
 REPEATS = 3
-
-
-class PlanMismatchError(RuntimeError):
-    """Ranks would apply different Auto plans (raised on every rank)."""
 
 
 def probe_link(numels, version, process_set):
@@ -40,8 +37,10 @@ def probe_link(numels, version, process_set):
     return out
 
 
-def _codec_once(B, scheme, acc, shape, size, ctx):
-    """Encode and decode one tensor as the transport would, with error feedback."""
+def _codec_once(B, scheme, x, residual, shape, size, ctx):
+    """Encode and decode one tensor as the transport would, with error
+    feedback where ``residual`` is given (Auto runs ``none`` without)."""
+    acc = x if residual is None else x + residual
     transport = scheme.transport_for(shape)
     if transport == "powersgd":
         n, m = scheme.matrix_shape(shape)
@@ -57,7 +56,7 @@ def _codec_once(B, scheme, acc, shape, size, ctx):
             scheme.aggregate(B, [wire] * size, acc.numel(), local)
         else:
             scheme.decode_reduced(B, wire["reduce"], acc.numel(), local)
-    return acc - sent
+    return None if residual is None else acc - sent
 
 
 def _codec_inputs(numel, shape, size, seed=0):
@@ -71,8 +70,8 @@ def _codec_inputs(numel, shape, size, seed=0):
 
 
 def codec_seconds(schemes, numel, shape, size, seed=0):
-    """Error feedback + encode + decoding ``size`` payloads of one tensor of
-    this shape, in seconds, for each scheme (None: not timed).  The schemes
+    """Error feedback (none: without) + encode + decoding ``size`` payloads of
+    one tensor of this shape, in seconds, for each scheme (None: not timed).  The schemes
     take turns, one warm-up round then :data:`REPEATS` rounds, and each keeps
     its minimum: a burst of load from another process then slows every
     scheme's round alike instead of one scheme's whole measurement."""
@@ -85,7 +84,8 @@ def codec_seconds(schemes, numel, shape, size, seed=0):
             if scheme is None:
                 continue
             t0 = time.perf_counter()
-            _codec_once(B, scheme, x + residual, tuple(shape), size, ctx)
+            _codec_once(B, scheme, x, residual if scheme.name != "NoCompression" else None, tuple(shape), size,
+                        ctx)
             if i:
                 best[j] = min(best[j], time.perf_counter() - t0)
     return [None if s is None else b for s, b in zip(schemes, best)]

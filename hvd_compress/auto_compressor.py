@@ -13,15 +13,16 @@ Life of an ``Auto``:
    (:func:`hvd_compress.auto.plan`) and broadcasts candidate indices in sorted
    key order (one broadcast); every rank allgathers a hash of the plan it is
    about to apply and raises
-   :class:`~hvd_compress.auto_calibration.PlanMismatchError` on every rank where
+   :class:`~hvd_compress.auto.PlanMismatchError` on every rank where
    they differ -- an error, never a hang.
 3. **Re-check** every ``recheck_every`` steps: re-probe the link (the codec
    costs are kept) and adopt rank 0's new plan where it is predicted more
    than ``replan_threshold`` faster than the plan in force.
 
-Every candidate runs with plain error feedback and one residual per tensor
-that carries across changes of scheme (``none`` sends the residual out in
-full), so ``sum(sent) + residual == sum(gradients)`` holds across re-plans.
+Every lossy candidate runs with plain error feedback and one residual per
+tensor that carries across changes of scheme; ``none`` runs without (exactly
+plain Horovod) after one step that sends a left-over residual out in full.
+So ``sum(sent) + residual == sum(gradients)`` holds across re-plans.
 A plan version is a phase, as in :class:`~hvd_compress.Schedule`: its side
 collectives are named ``<key>@<version>``.
 
@@ -127,13 +128,25 @@ class Auto(Compressor):
         return self._phases_of(key)
 
     def _phases_of(self, key):
+        """The key's phases: dense first, then one per plan version.  ``none``
+        runs without error feedback (exactly plain Horovod), except for one
+        step after a lossy phase, in which it sends the residual out in full."""
         phases = self._phases.get(key)
         if phases is None:
             by_label = {c.label: c for c in self.candidates}
-            phases = [Phase(0, self.candidates[0].scheme, self._feedback, "allgather")]
+            phases = [Phase(0, self.candidates[0].scheme, None, "allgather")]
+            lossy_before = False
             for start, choices, _ in self.history:
                 label = choices[key].label if key in choices else NONE_LABEL
-                phases.append(Phase(start, by_label[label].scheme, self._feedback, "allgather"))
+                scheme = by_label[label].scheme
+                if label != NONE_LABEL:
+                    phases.append(Phase(start, scheme, self._feedback, "allgather"))
+                elif lossy_before:  # flush the residual once, then plain
+                    phases += [Phase(start, scheme, self._feedback, "allgather"), Phase(start + 1, scheme, None,
+                                                                                      "allgather")]
+                else:
+                    phases.append(Phase(start, scheme, None, "allgather"))
+                lossy_before = label != NONE_LABEL
             self._phases[key] = phases
         return phases
 

@@ -8,7 +8,7 @@ import math
 import pytest
 
 import hvd_compress
-from hvd_compress.auto import (Link, choose, comm_time, default_candidates, fit_link, format_plan, plan,
+from hvd_compress.auto import (Choice, Link, choose, comm_time, default_candidates, fit_link, format_plan, plan,
                                predict_comm, predicted_total)
 
 BIG = ("layer.weight", (1 << 22, (2048, 2048)))
@@ -164,10 +164,23 @@ def test_auto_refuses_tensorflow():
         hvd_compress.Auto().compress(tf.ones([4]))
 
 
-def test_calibration_is_dense_with_error_feedback():
-    """Before any plan every tensor is sent dense (one phase, none), and the
-    residual memory is on: a later scheme change keeps the residual."""
+def test_calibration_is_dense_without_error_feedback():
+    """Before any plan every tensor is sent dense, exactly as plain none."""
     auto = hvd_compress.Auto()
     (phase,) = auto.plan_for("w", 10, (10,))
-    assert phase.scheme.name == "NoCompression" and phase.memory is not None
+    assert phase.scheme.name == "NoCompression" and phase.memory is None
     assert auto.describe().startswith("Auto: calibrating")
+
+
+def test_phases_carry_the_residual_and_flush_it_once():
+    """Lossy phases share one error-feedback memory; a return to none flushes
+    the residual in one step with feedback, then runs without."""
+    auto = hvd_compress.Auto()
+    auto.plan_for("w", 4096, (64, 64))
+    topk = Choice("TopK(0.1)", 1.0, 2.0, 100)
+    plain = Choice("none", 2.0, 2.0, 16384)
+    auto.history = [(5, {"w": topk}, 0), (8, {"w": plain}, 1), (11, {"w": plain}, 2)]
+    auto._phases = {}
+    got = [(p.start, p.scheme.name, p.memory is not None) for p in auto._phases_of("w")]
+    assert got == [(0, "NoCompression", False), (5, "TopK", True), (8, "NoCompression", True),
+                   (9, "NoCompression", False), (11, "NoCompression", False)]
