@@ -45,6 +45,19 @@ from .schemes.base import check_range
 DEFAULT_PROBE_NUMELS = (1 << 10, 1 << 16, 1 << 20)
 
 
+def require_global_process_set():
+    """Auto's measurement and agreement collectives run on the global process
+    set; an optimizer on a smaller set would leave them waiting for ranks
+    that never call them, so refuse it (on every rank of that set)."""
+    from . import horovod_compat
+    caller = horovod_compat.find_torch_caller()
+    ps = caller.process_set if caller.optimizer is not None else None
+    if ps is not None and getattr(ps, "process_set_id", 0) != 0:
+        raise NotImplementedError(f"hvd_compress.Auto supports the global process set only; this optimizer "
+                                  f"reduces over process set {getattr(ps, 'process_set_id', ps)}: use a fixed "
+                                  f"compressor or hvd_compress.Policy there")
+
+
 class Auto(Compressor):
     """Per-tensor compression chosen from measurements; see the module docstring.
 
@@ -91,6 +104,7 @@ class Auto(Compressor):
         self.candidates = [c for c in candidates if c.label not in exclude]
         super().__init__(NoCompression(), error_feedback=True, seed=seed, memory=ResidualMemory())
         self._feedback = self.memory
+        self._process_set_checked = False
         self._reset_plan()
 
     def _reset_plan(self):
@@ -111,6 +125,9 @@ class Auto(Compressor):
         if backend_for(tensor).name != "torch":
             raise NotImplementedError("hvd_compress.Auto supports PyTorch only for now; in TensorFlow choose per "
                                       "tensor with hvd_compress.Policy([...]) (hvd-compress advise suggests one)")
+        if not self._process_set_checked:
+            self._process_set_checked = True
+            require_global_process_set()
         return super().compress(tensor)
 
     def plan_for(self, key, numel, shape):

@@ -184,3 +184,17 @@ def test_phases_carry_the_residual_and_flush_it_once():
     got = [(p.start, p.scheme.name, p.memory is not None) for p in auto._phases_of("w")]
     assert got == [(0, "NoCompression", False), (5, "TopK", True), (8, "NoCompression", True),
                    (9, "NoCompression", False), (11, "NoCompression", False)]
+
+
+def test_auto_refuses_a_process_set_other_than_the_global_one(monkeypatch):
+    from types import SimpleNamespace
+
+    from hvd_compress import auto_compressor, horovod_compat
+
+    def caller_on(ps_id):
+        return lambda: SimpleNamespace(optimizer=object(), process_set=SimpleNamespace(process_set_id=ps_id))
+    monkeypatch.setattr(horovod_compat, "find_torch_caller", caller_on(0))
+    auto_compressor.require_global_process_set()
+    monkeypatch.setattr(horovod_compat, "find_torch_caller", caller_on(3))
+    with pytest.raises(NotImplementedError, match="global process set"):
+        auto_compressor.require_global_process_set()
