@@ -77,6 +77,18 @@ def _is_ours(compression):
     return isinstance(compression, Compressor)
 
 
+def auto_plan_summary(compression):
+    """For :class:`hvd_compress.Auto`: how many plans it has adopted (0 while
+    calibrating) and how many of its planned tensors the plan in force
+    compresses, as numbers a TensorBoard scalar can hold; {} for the others."""
+    plan = getattr(compression, "current_plan", None)
+    if not callable(plan):
+        return {}
+    labels = plan()
+    return {"auto_plans_adopted": len(compression.history), "auto_tensors": len(labels),
+            "auto_tensors_compressed": sum(label != "none" for label in labels.values())}
+
+
 def _builtin_bytes_per_element(compression):
     """Horovod's own Compression classes: 2 bytes for fp16, else 4."""
     name = getattr(compression, "__name__", type(compression).__name__)
@@ -167,6 +179,7 @@ class CompressionMeter:
         if self.timed:
             out.update(compress_ms_per_step=1e3 * e["compress_s"] / n,
                        decompress_ms_per_step=1e3 * e["decompress_s"] / n)
+        out.update(auto_plan_summary(self.compression))
         return out
 
     @staticmethod
@@ -180,6 +193,9 @@ class CompressionMeter:
              f"({ratio:.1f}x smaller, {saved:.1f}% saved)")
         if summary.get("residual_norm"):
             s += f", residual norm {summary['residual_norm']:.3g}"
+        if "auto_tensors" in summary:
+            s += (f", Auto plan {summary['auto_plans_adopted']}: {summary['auto_tensors_compressed']} of "
+                  f"{summary['auto_tensors']} tensors compressed")
         if "compress_ms_per_step" in summary:
             s += (f", codec {summary['compress_ms_per_step']:.2f}+{summary['decompress_ms_per_step']:.2f}"
                   " ms/step")

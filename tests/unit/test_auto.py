@@ -198,3 +198,17 @@ def test_auto_refuses_a_process_set_other_than_the_global_one(monkeypatch):
     monkeypatch.setattr(horovod_compat, "find_torch_caller", caller_on(3))
     with pytest.raises(NotImplementedError, match="global process set"):
         auto_compressor.require_global_process_set()
+
+
+def test_metrics_show_the_plan_in_force():
+    from hvd_compress.tools.metrics import CompressionMeter
+    auto = hvd_compress.Auto()
+    for key in ("w", "b"):
+        auto.plan_for(key, 10, (10,))
+    meter = CompressionMeter(auto)
+    assert meter.epoch_summary()["auto_plans_adopted"] == 0  # calibrating
+    auto.history = [(5, {"w": Choice("TopK(0.1)", 1.0, 2.0, 100), "b": Choice("none", 1.0, 1.0, 40)}, 0)]
+    summary = meter.epoch_summary()
+    assert (summary["auto_plans_adopted"], summary["auto_tensors"], summary["auto_tensors_compressed"]) == (1, 2, 1)
+    assert "Auto plan 1: 1 of 2 tensors compressed" in CompressionMeter.format(summary)
+    assert "auto_tensors" not in CompressionMeter(hvd_compress.TopK(0.1)).epoch_summary()
