@@ -122,7 +122,7 @@ def broadcast_indices(indices, version, process_set):
 
 def check_same_plan(labels, version, process_set):
     """Allgather a hash of the plan each rank is about to apply; raise
-    :class:`PlanMismatchError` on every rank where any differs."""
+    :class:`~hvd_compress.auto.PlanMismatchError` on every rank where any differs."""
     import horovod.torch as hvd
     mine = stable_hash(json.dumps(labels, sort_keys=True))
     hashes = hvd.allgather(torch.tensor([mine], dtype=torch.int64), name=f"hvdc.auto.plan_hash.{version}",
