@@ -26,6 +26,7 @@ import tensorflow as tf  # noqa: E402
 
 import horovod.tensorflow as hvd  # noqa: E402
 import horovod.tensorflow.keras as hvdk  # noqa: E402
+from tf_linear_training import mlp  # noqa: E402
 
 import hvd_compress as hc  # noqa: E402
 from hvd_compress.momentum_check import RecipeWarning  # noqa: E402
@@ -33,14 +34,6 @@ from hvd_compress.momentum_check import RecipeWarning  # noqa: E402
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
 f32 = np.float32
-
-
-def _mlp(seed, prefix):
-    model = tf.keras.Sequential([tf.keras.layers.Dense(16, activation="tanh", input_shape=(12,), name=prefix + "fc1"),
-                                 tf.keras.layers.Dense(1, name=prefix + "out")])
-    rng = np.random.default_rng(seed)
-    model.set_weights([(rng.standard_normal(w.shape) * 0.3).astype(f32) for w in model.get_weights()])
-    return model
 
 
 def _dataset():
@@ -56,7 +49,7 @@ SPEC_X, SPEC_Y = tf.TensorSpec([16, 12], tf.float32), tf.TensorSpec([16, 1], tf.
 
 class TapeRun:
     def __init__(self, comp, momentum, seed=1, prefix="mt_"):
-        self.model = _mlp(seed, prefix)
+        self.model = mlp(seed, prefix, hidden=16)
         hvd.broadcast_variables(self.model.variables, root_rank=0)
         self.opt = tf.keras.optimizers.SGD(learning_rate=0.05, momentum=momentum)
         self.comp = comp
@@ -126,7 +119,7 @@ def test_tape_velocity_checkpoint_restored_before_the_first_trace_is_bit_identic
 
 
 def _keras_fit(comp, momentum, prefix):
-    model = _mlp(3, prefix)
+    model = mlp(3, prefix, hidden=16)
     opt = hvdk.DistributedOptimizer(tf.keras.optimizers.SGD(learning_rate=0.05, momentum=momentum),
                                     compression=comp)
     model.compile(optimizer=opt, loss="mse")

@@ -40,6 +40,7 @@ import horovod.tensorflow.keras as hvdk  # noqa: E402
 
 from compression_cases import G, local_grads, ref, tolerance  # noqa: E402
 from compression_cases import simulate as ref_simulate  # noqa: E402
+from tf_linear_training import mlp  # noqa: E402
 
 import hvd_compress as hc  # noqa: E402
 from hvd_compress import Policy, Rule, Schedule  # noqa: E402
@@ -495,16 +496,6 @@ def test_keras_dgc_corrections_with_backward_passes_per_step():
     _check_dgc(comp, got, keys, steps=3, bpps=2)
 
 
-def _mlp(seed, prefix=""):
-    """A small MLP with named layers and initial weights drawn from ``seed`` by numpy (Keras's
-    unseeded initializers do not repeat after tf.random.set_seed in one process)."""
-    model = tf.keras.Sequential([tf.keras.layers.Dense(32, activation="tanh", input_shape=(12,), name=prefix + "fc1"),
-                                 tf.keras.layers.Dense(1, name=prefix + "out")])
-    rng = np.random.default_rng(seed)
-    model.set_weights([(rng.standard_normal(w.shape) * 0.3).astype(f32) for w in model.get_weights()])
-    return model
-
-
 def _dataset():
     rng = np.random.default_rng(2024)
     x = rng.standard_normal((96 * SIZE, 12)).astype(f32)
@@ -526,7 +517,7 @@ def _replicas_identical(model, what):
 def test_keras_policy_with_dgc_schedule_plain_sgd_trains_and_replicas_identical():
     """Keras model.fit with a policy (biases dense, kernels on a warmup schedule into DGC with
     momentum correction), plain SGD(momentum=0), backward_passes_per_step=2."""
-    model = _mlp(40 + RANK, prefix="dgcfit_")
+    model = mlp(40 + RANK, prefix="dgcfit_")
     pol = Policy([Rule(hc.none(), name="*bias*"),
                   Rule(Schedule([(0, hc.none()), (2, hc.DGC(0.25, momentum=0.9)), (5, hc.DGC(0.05, momentum=0.9))]),
                        min_ndim=2)])
@@ -585,7 +576,7 @@ class Run:
 
     def __init__(self, cid, seed):
         make, momentum = CKPT[cid]
-        self.model = _mlp(seed)
+        self.model = mlp(seed)
         hvd.broadcast_variables(self.model.variables, root_rank=0)
         self.opt = tf.keras.optimizers.SGD(learning_rate=0.05, momentum=momentum)
         self.comp = make()

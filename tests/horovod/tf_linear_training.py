@@ -1,4 +1,4 @@
-"""One linear model per scheme, all trained in one ``tf.function`` through the stock
+"""Small TF models for the integration tests, and one linear model per scheme, all trained in one ``tf.function`` through the stock
 ``hvd.DistributedGradientTape``. Shared by test_tf_compression.py (replicas identical,
 loss falls) and scripts/tf_replica_stress.py (replicas compared after every step)."""
 import numpy as np
@@ -21,6 +21,17 @@ def linear_model(seed, name=None):
     """A linear model (two tensors: tracing costs per tensor)."""
     tf.random.set_seed(seed)  # deliberately different initial weights per rank: the broadcast fixes them
     return tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(12,))], name=name)
+
+
+def mlp(seed, prefix="", hidden=32):
+    """A small MLP with named layers and initial weights drawn from ``seed`` by numpy (Keras's
+    unseeded initializers do not repeat after tf.random.set_seed in one process)."""
+    model = tf.keras.Sequential([tf.keras.layers.Dense(hidden, activation="tanh", input_shape=(12,),
+                                                       name=prefix + "fc1"),
+                                 tf.keras.layers.Dense(1, name=prefix + "out")])
+    rng = np.random.default_rng(seed)
+    model.set_weights([(rng.standard_normal(w.shape) * 0.3).astype(np.float32) for w in model.get_weights()])
+    return model
 
 
 def flat_weights(model):

@@ -16,67 +16,18 @@ import torch
 
 import hvd_compress
 from hvd_compress import Compressor, DGCMemory, ResidualMemory, schemes
-from hvd_compress.adapter import CallerInfo
-from hvd_compress.torch_adapter import TorchAdapter
 from hvd_compress.transports import (ALLGATHER, ALLREDUCE, LOW_RANK, TWO_PHASE, Pending, TwoRoundPending,
                                      transport_for)
-
-
-class _World:
-    def __init__(self, size):
-        self.size = size
-        self.posted = {}
-
-    def post(self, kind, name, rank, tensor):
-        self.posted.setdefault((kind, name), {})[rank] = tensor.detach().clone()
-        return kind, name
-
-
-class _InProcessAdapter(TorchAdapter):
-    """Collectives as list exchanges between the adapters of one process."""
-
-    def __init__(self, world, rank):
-        super().__init__()
-        self.world, self.rank = world, rank
-        self.key = "w"
-
-    def caller_info(self, tensor):
-        return CallerInfo(self.key, None, self.rank, self.world.size)
-
-    def check_fingerprint(self, comp, info):
-        return None
-
-    def allgather(self, tensor, name, process_set):
-        return self.world.post("allgather", name, self.rank, tensor)
-
-    def allreduce_sum(self, tensor, name, process_set):
-        return self.world.post("allreduce", name, self.rank, tensor)
-
-    def alltoall(self, tensor, name, process_set):
-        return self.world.post("alltoall", name, self.rank, tensor)
-
-    def wait(self, handle):
-        kind, name = handle
-        got = [self.world.posted[handle][r] for r in range(self.world.size)]
-        if kind == "allgather":
-            return torch.cat(got)
-        if kind == "allreduce":
-            total = got[0]
-            for t in got[1:]:
-                total = total + t
-            return total
-        n = self.world.size
-        m = got[0].numel() // n
-        return torch.cat([t[self.rank * m:(self.rank + 1) * m] for t in got])
+from in_process_world import InProcessAdapter, World
 
 
 def run(make, grads, size):
     """``grads[step][rank]`` through ``size`` emulated ranks; returns
     (aggregate[step] of rank 0, compressors).  Horovod's Average is emulated on
     what compress returns, so the placeholder carries the 1/size."""
-    world = _World(size)
+    world = World(size)
     comps = [make() for _ in range(size)]
-    adapters = [_InProcessAdapter(world, r) for r in range(size)]
+    adapters = [InProcessAdapter(world, r) for r in range(size)]
     for comp, adapter in zip(comps, adapters):
         comp._adapters["torch"] = adapter
     out = []
@@ -126,9 +77,9 @@ def test_transport_for(scheme, shape, mode, size, expected):
 def test_pendings_are_typed_and_hold_no_untyped_bags(make, shape, pending_type):
     """What crosses from compress to decompress is a dataclass of named
     fields: no string-keyed ``local`` dict, no handle names with prefixes."""
-    world = _World(2)
+    world = World(2)
     comp = make()
-    comp._adapters["torch"] = _InProcessAdapter(world, 0)
+    comp._adapters["torch"] = InProcessAdapter(world, 0)
     _, pending = comp.compress(torch.zeros(shape))
     assert type(pending).__name__ == pending_type and isinstance(pending, Pending)
     names = {f.name for f in dataclasses.fields(pending)}

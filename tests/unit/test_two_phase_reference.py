@@ -16,8 +16,8 @@ import torch
 
 import reference as R
 import two_phase_reference as T
+from in_process_world import InProcessAdapter, World
 import hvd_compress
-from hvd_compress.adapter import CallerInfo
 from hvd_compress.compressor import stable_hash
 from hvd_compress.torch_adapter import TorchAdapter
 
@@ -102,55 +102,14 @@ def test_reference_is_independent_of_the_library():
 
 
 # --- the library's two-phase path, emulated in one process --------------------------------------
-class _World:
-    def __init__(self, size):
-        self.size = size
-        self.posted = {}
-
-    def post(self, kind, name, rank, tensor):
-        self.posted.setdefault((kind, name), {})[rank] = tensor.detach().clone()
-        return (kind, name)
-
-
-class _FakeAdapter(TorchAdapter):
-    """A TorchAdapter whose collectives are list exchanges within one process."""
-
-    def __init__(self, world, rank, key):
-        super().__init__()
-        self.world, self.rank, self.key = world, rank, key
-
-    def caller_info(self, tensor):
-        return CallerInfo(self.key, None, self.rank, self.world.size)
-
-    def check_fingerprint(self, comp, info):
-        return None
-
-    def alltoall(self, tensor, name, process_set):
-        return self.world.post("a2a", name, self.rank, tensor)
-
-    def allgather(self, tensor, name, process_set):
-        return self.world.post("ag", name, self.rank, tensor)
-
-    def wait(self, handle):
-        kind, name = handle
-        got = self.world.posted[(kind, name)]
-        assert len(got) == self.world.size, f"{name}: only ranks {sorted(got)} posted"
-        if kind == "ag":
-            return torch.cat([got[r] for r in range(self.world.size)])
-        # alltoall with equal splits: the slice of every sender's tensor meant for this rank
-        n = self.world.size
-        m = got[0].numel() // n
-        return torch.cat([got[r][self.rank * m:(self.rank + 1) * m] for r in range(n)])
-
-
 def emulate(sid, size, shape, steps, key="w"):
     """``steps`` steps of the library's two-phase path on ``size`` emulated ranks; returns
     (aggregated[step][rank], compressors)."""
-    world = _World(size)
+    world = World(size)
     comps = [T.make_compressor(hvd_compress, sid, transport="two_phase") for _ in range(size)]
     adapters = []
     for rank, comp in enumerate(comps):
-        comp._adapters["torch"] = _FakeAdapter(world, rank, key)
+        comp._adapters["torch"] = InProcessAdapter(world, rank, key)
         adapters.append(comp._adapters["torch"])
     out = []
     for step in range(steps):
