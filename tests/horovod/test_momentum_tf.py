@@ -26,7 +26,7 @@ import tensorflow as tf  # noqa: E402
 
 import horovod.tensorflow as hvd  # noqa: E402
 import horovod.tensorflow.keras as hvdk  # noqa: E402
-from tf_linear_training import mlp  # noqa: E402
+from tf_linear_training import mlp, mse_tape_step  # noqa: E402
 
 import hvd_compress as hc  # noqa: E402
 from hvd_compress.momentum_check import RecipeWarning  # noqa: E402
@@ -53,18 +53,7 @@ class TapeRun:
         hvd.broadcast_variables(self.model.variables, root_rank=0)
         self.opt = tf.keras.optimizers.SGD(learning_rate=0.05, momentum=momentum)
         self.comp = comp
-        model, opt = self.model, self.opt
-
-        @tf.function(input_signature=[SPEC_X, SPEC_Y])
-        def step_fn(xb, yb):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(tf.square(model(xb, training=True) - yb))
-            tape = hvd.DistributedGradientTape(tape, compression=comp)
-            grads = tape.gradient(loss, model.trainable_variables)
-            opt.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
-
-        self.step_fn = step_fn
+        self.step_fn = mse_tape_step(self.model, self.opt, comp, input_signature=[SPEC_X, SPEC_Y])
 
     def train(self, steps, first=0):
         losses = []

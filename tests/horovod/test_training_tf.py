@@ -40,7 +40,7 @@ import horovod.tensorflow.keras as hvdk  # noqa: E402
 
 from compression_cases import G, local_grads, ref, tolerance  # noqa: E402
 from compression_cases import simulate as ref_simulate  # noqa: E402
-from tf_linear_training import mlp  # noqa: E402
+from tf_linear_training import mlp, mse_tape_step  # noqa: E402
 
 import hvd_compress as hc  # noqa: E402
 from hvd_compress import Policy, Rule, Schedule  # noqa: E402
@@ -580,18 +580,7 @@ class Run:
         hvd.broadcast_variables(self.model.variables, root_rank=0)
         self.opt = tf.keras.optimizers.SGD(learning_rate=0.05, momentum=momentum)
         self.comp = make()
-        model, opt, comp = self.model, self.opt, self.comp
-
-        @tf.function
-        def step_fn(xb, yb):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(tf.square(model(xb, training=True) - yb))
-            tape = hvd.DistributedGradientTape(tape, compression=comp)
-            grads = tape.gradient(loss, model.trainable_variables)
-            opt.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
-
-        self.step_fn = step_fn
+        self.step_fn = mse_tape_step(self.model, self.opt, self.comp)
 
     def trace(self):
         """Build the graph (and with it the compressor's variables) without running a step."""

@@ -34,6 +34,20 @@ def mlp(seed, prefix="", hidden=32):
     return model
 
 
+def mse_tape_step(model, opt, comp, input_signature=None):
+    """A traced step: mean squared error, gradients through the stock
+    DistributedGradientTape with ``comp``, applied by ``opt``; returns the loss."""
+    @tf.function(input_signature=input_signature)
+    def step_fn(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(xb, training=True) - yb))
+        tape = hvd.DistributedGradientTape(tape, compression=comp)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+    return step_fn
+
+
 def flat_weights(model):
     return tf.concat([tf.reshape(v, [-1]) for v in model.trainable_variables], 0)
 
