@@ -166,19 +166,16 @@ class TFCaller:
     process_set: Any  # None when not found (the global process set is meant)
     variables: Optional[list]  # the variables Horovod is reducing, in its order
     index: Optional[int]  # position of this gradient's variable in ``variables``
-    optimizer: Any = None  # Horovod's Keras/legacy optimizer wrapper, when on the call chain
-
-    def keys(self) -> Optional[List[str]]:
-        return None if self.variables is None else unique_keys([v.name for v in self.variables])
+    keys: Optional[List[str]] = None  # unique_keys of the variables' names, in the same order
 
     @property
     def key(self) -> Optional[str]:
-        return None if self.index is None else self.keys()[self.index]
+        return None if self.index is None else self.keys[self.index]
 
     def params(self):
         if self.variables is None:
             return None
-        return [(k, tuple(v.shape.as_list())) for k, v in zip(self.keys(), self.variables)]
+        return [(k, tuple(v.shape.as_list())) for k, v in zip(self.keys, self.variables)]
 
 
 def _index_of(tensor, grads) -> Optional[int]:
@@ -190,15 +187,11 @@ def _index_of(tensor, grads) -> Optional[int]:
 
 def find_tf_caller(tensor) -> TFCaller:
     """Process set, variable list and this gradient's index, from Horovod's TF frames."""
-    process_set, optimizer = None, None
+    process_set = None
     for f in _frames():
-        loc = f.f_locals
-        if f.f_globals.get("__name__", "").startswith("horovod.") and optimizer is None:
-            owner = loc.get("self")
-            if owner is not None and hasattr(owner, "_allreduce_grads"):
-                optimizer = owner
         if f.f_globals.get("__name__") != "horovod.tensorflow":
             continue
+        loc = f.f_locals
         if process_set is None and "process_set" in loc:
             process_set = loc["process_set"]
         variables = loc.get("vars")
@@ -209,8 +202,8 @@ def find_tf_caller(tensor) -> TFCaller:
                 index = loc["i"]  # a loop index, if the identity was lost on the way
             if index is not None and not 0 <= index < len(variables):
                 index = None
-            return TFCaller(process_set, variables, index, optimizer)
-    return TFCaller(process_set, None, None, optimizer)
+            return TFCaller(process_set, variables, index, unique_keys([v.name for v in variables]))
+    return TFCaller(process_set, None, None)
 
 
 def keras_optimizer_momentum(optimizer) -> float:
