@@ -25,6 +25,9 @@ class CallerInfo:
     rank: int
     size: int
     params: Any = None  # [(name, shape)] of every tensor the optimizer reduces, when known
+    #: the tensor is a gradient that Horovod's optimizer replaces by the result
+    #: (``p.grad.set_(decompress(...))``), so a decode may write into it
+    owns_input: bool = False
 
 
 class AdapterBase:
@@ -68,6 +71,15 @@ class AdapterBase:
     def get_state(self, key, name, init):
         """Scheme state that persists across steps (PowerSGD's Q)."""
         raise NotImplementedError
+
+    def fused_codec(self, scheme, memory, x):
+        """A fused kernel codec (:mod:`hvd_compress.kernels`) for this scheme,
+        memory and flat tensor, or None: the eager scheme runs."""
+        return None
+
+    def workspace(self, key):
+        """Scratch buffers of one parameter, reused from step to step."""
+        return self.params.of(key).workspace
 
     def set_state(self, key, name, value):
         raise NotImplementedError
@@ -134,7 +146,7 @@ class AdapterBase:
         private = stable_hash(comp.seed, key, info.rank)
         return Call(adapter=self, comp=comp, key=key, coll_key=key, x=x, step=step, rank=info.rank,
                     size=info.size, process_set=info.process_set, shape=shape, dtype=dtype, numel=numel,
-                    scheme=None, memory=None,
+                    scheme=None, memory=None, out=x if info.owns_input else None,
                     private_uniform=lambda n: B.uniform(n, self.seed_for(private, step), like=x),
                     shared_seed=self.seed_for(stable_hash(comp.seed, key), step),
                     scheme_state=self.params.of(key).scheme)

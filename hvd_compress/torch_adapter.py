@@ -60,7 +60,7 @@ class TorchAdapter(AdapterBase):
         if key is None:  # an optimizer called, but its parameter was not found: say so
             key = self.fallback_key(tensor, tuple(tensor.shape))
             horovod_compat.warn_fallback_key(key, "torch")
-        return CallerInfo(key, ps, ps.rank(), ps.size(), caller.params())
+        return CallerInfo(key, ps, ps.rank(), ps.size(), caller.params(), owns_input=True)
 
     def check_fingerprint(self, comp, info):
         # Blocking is safe here: it is the first collective every rank issues
@@ -140,6 +140,10 @@ class TorchAdapter(AdapterBase):
         for p in waiting:
             if not p.second_round_launched:
                 p.transport.launch_second_round(p)
+
+    def fused_codec(self, scheme, memory, x):
+        from .kernels.torch_cpu import codec_for
+        return codec_for(scheme, memory, x)
 
     def get_state(self, key, name, init):
         scheme_state = self.params.of(key).scheme

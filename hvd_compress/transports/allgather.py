@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..compressor import collective_name
-from .base import (Pending, Transport, encode_context, encode_with_feedback, local_and_wire, pending_fields,
-                   placeholder, split_per_rank, to_gradient)
+from .base import (Pending, Transport, encode_context, encode_with_feedback, fused_codec, local_and_wire,
+                   op_scale, pending_fields, placeholder, split_per_rank, to_gradient)
 
 #: bytes of the placeholder Horovod allreduces
 PLACEHOLDER_NBYTES = 4
@@ -33,10 +33,11 @@ class AllgatherTransport(Transport):
 
     def start(self, call):
         adapter, B = call.adapter, call.backend
+        codec = fused_codec(call)
         payload, deps = encode_with_feedback(adapter, call.scheme, call.x, encode_context(call), call.memory,
-                                             call.key, call.numel)
+                                             call.key, call.numel, codec)
         local, wire = local_and_wire(payload)
-        pending = AllgatherPending(transport=self, local_parts=local, **pending_fields(call))
+        pending = AllgatherPending(transport=self, local_parts=local, codec=codec, **pending_fields(call))
         nbytes = PLACEHOLDER_NBYTES
         for part in sorted(wire):  # sorted: the same collective order on every rank
             sent = B.identity_with_deps(wire[part], deps)
@@ -58,5 +59,10 @@ class AllgatherTransport(Transport):
         lengths = dict(pending.fixed_lengths)
         lengths.update({part: adapter.wait(handle) for part, handle in pending.length_gathers.items()})
         per_rank = split_per_rank(adapter.B, gathered, lengths, pending.size)
+        if pending.codec is not None:  # the fused decode applies the op's scaling in its pass
+            scale = op_scale(adapter.B, reduced, pending.size) if scheme.apply_op_scale else None
+            dense = pending.codec.aggregate(per_rank, pending.numel, pending.local_parts, scale, pending.out,
+                                            adapter.workspace(pending.key))
+            return to_gradient(pending, dense)
         dense = scheme.aggregate(adapter.B, per_rank, pending.numel, pending.local_parts)
         return to_gradient(pending, dense, reduced if scheme.apply_op_scale else None)

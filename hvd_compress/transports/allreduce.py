@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ..compressor import collective_name
-from .base import (Pending, Transport, encode_context, encode_with_feedback, local_and_wire, pending_fields,
-                   to_gradient)
+from .base import (Pending, Transport, encode_context, encode_with_feedback, fused_codec, local_and_wire,
+                   pending_fields, to_gradient)
 
 
 @dataclass(eq=False, kw_only=True)
@@ -21,14 +21,19 @@ class AllreduceTransport(Transport):
 
     def start(self, call):
         adapter = call.adapter
+        codec = fused_codec(call)
         payload, deps = encode_with_feedback(adapter, call.scheme, call.x, encode_context(call), call.memory,
-                                             call.key, call.numel)
+                                             call.key, call.numel, codec)
         local, wire = local_and_wire(payload)
         out = adapter.B.identity_with_deps(wire["reduce"], deps)
         adapter.record_bytes(call.comp, call.key, call.scheme, call.numel, adapter.nbytes(out))
-        return out, AllreducePending(transport=self, local_parts=local, **pending_fields(call))
+        return out, AllreducePending(transport=self, local_parts=local, codec=codec, **pending_fields(call))
 
     def finish(self, pending, reduced):
+        if pending.codec is not None:
+            dense = pending.codec.decode_reduced(reduced, pending.numel, pending.out,
+                                                 pending.adapter.workspace(pending.key))
+            return to_gradient(pending, dense)
         dense = pending.scheme.decode_reduced(pending.adapter.B, reduced, pending.numel, pending.local_parts)
         return to_gradient(pending, dense)
 

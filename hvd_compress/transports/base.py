@@ -39,6 +39,10 @@ class Call:
     private_uniform: Callable[[int], Any]  # n -> U[0,1) draws private to this rank, key and step
     shared_seed: Any  # the same on every rank for this key and step (Random-K's indices)
     scheme_state: dict  # the scheme's state kept across steps, handed to it as EncodeContext.state
+    #: where a fused decode may write the result: ``x`` itself when it is the
+    #: gradient Horovod's optimizer replaces by the result (as Horovod's own
+    #: in-place allreduce does), else None (a fresh output)
+    out: Any = None
 
     @property
     def backend(self):
@@ -60,6 +64,10 @@ class Pending:
     numel: int
     size: int
     process_set: Any
+    #: the fused codec that encoded the payload (None: the eager scheme), and
+    #: the buffer its decode writes into (see :attr:`Call.out`)
+    codec: Any = None
+    out: Any = None
 
 
 @dataclass(eq=False)
@@ -73,7 +81,7 @@ def pending_fields(call: Call):
     """The :class:`Pending` fields every transport fills from its call."""
     return dict(adapter=call.adapter, key=call.key, coll_key=call.coll_key, scheme=call.scheme,
                 shape=call.shape, dtype=call.dtype, numel=call.numel, size=call.size,
-                process_set=call.process_set)
+                process_set=call.process_set, out=call.out)
 
 
 class Transport:
@@ -128,10 +136,20 @@ def update(adapter, memory, key: str, acc, sent, state: dict) -> list:
     return [adapter.set_memory(name, key, new_state[name]) for name in memory.names]
 
 
-def encode_with_feedback(adapter, scheme, x, context: EncodeContext, memory, key: str, numel: int):
+def fused_codec(call: Call):
+    """The fused kernel codec for this call (:mod:`hvd_compress.kernels`), or
+    None where the eager scheme runs."""
+    return call.adapter.fused_codec(call.scheme, call.memory, call.x)
+
+
+def encode_with_feedback(adapter, scheme, x, context: EncodeContext, memory, key: str, numel: int, codec=None):
     """get memory -> compensate -> encode -> update -> set memory; returns
     (payload, dependencies).  Without a memory the scheme is told that
-    nobody reads its dense ``sent`` (``need_sent=False``)."""
+    nobody reads its dense ``sent`` (``need_sent=False``).  A fused ``codec``
+    does all of it in its kernels, updating the stored residual in place."""
+    if codec is not None:
+        residual = adapter.get_memory("residual", key, numel, x) if memory is not None else None
+        return codec.encode(x, residual, adapter.workspace(key), context), []
     if memory is None:
         payload, _ = scheme.encode(adapter.B, x, replace(context, need_sent=False))
         return payload, []

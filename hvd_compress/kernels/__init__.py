@@ -1,0 +1,22 @@
+"""Fused CPU kernels for the hot schemes (issue #12: encode at memory speed).
+
+The eager code in :mod:`hvd_compress.schemes` is the reference: it is written
+once, in framework-neutral backend ops, and runs everywhere (CPU, CUDA, inside
+``tf.function``).  On the CPU every one of those ops is a full pass over
+memory into a fresh temporary, so a 16M-element Top-K with error feedback
+costs tens of memory copies.  The kernels here do the same math in one or
+two passes, in place, into buffers kept per parameter
+(:attr:`hvd_compress.state.ParamState.workspace`):
+
+* :mod:`.native` -- the C source ``hvdc_kernels.c``, compiled once per machine
+  with the system C compiler into a cache directory and loaded with ctypes
+  (no Python extension ABI: one shared object serves every framework);
+* :mod:`.torch_cpu` -- the fused codecs for PyTorch CPU tensors.
+
+``HVDC_KERNELS=0`` turns them off (the eager reference runs instead); where no
+compiler is found, the eager path runs and a warning says so once.
+docs/design/kernels.md compares the mechanisms that were measured.
+"""
+from __future__ import annotations
+
+from .native import available, load  # noqa: F401

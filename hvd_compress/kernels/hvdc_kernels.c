@@ -1,0 +1,409 @@
+/* hvd_compress's fused CPU kernels: error feedback, encode and decode of the
+ * hot schemes in one or two passes over memory, into caller-owned buffers.
+ *
+ * Each function is the same math as the scheme's eager code in
+ * hvd_compress/schemes (the reference the tests compare against, bit for bit
+ * where the math is element-wise): same float32 operations in the same order,
+ * round half to even, non-finite residuals replaced by 0.  Reductions (sums
+ * for scales) accumulate in double, so they may differ from the eager sum in
+ * the last bits.
+ *
+ * Conventions: n is the element count; a residual pointer r may be NULL
+ * (no error feedback: the input x is compressed as it is).  With r, the
+ * compensated gradient acc = x + r is written into r first (in place), and r
+ * ends as the new residual acc - sent.  Bit streams are little-endian: bit j
+ * of byte i is element 8 i + j, as hvd_compress.coding.pack_bits writes them.
+ * Single-threaded: one Horovod rank per core is the common CPU layout, and
+ * the passes are bound by memory bandwidth, not arithmetic.
+ */
+#include <math.h>
+#include <stdint.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+#include <stdlib.h>
+#include <string.h>
+
+typedef int64_t i64;
+
+static inline int is_finite(float v) { return (v - v) == 0.0f; }  /* false for NaN and +-Inf */
+static inline float keep_finite(float v) { return is_finite(v) ? v : 0.0f; }
+static inline float clamp127(float v) { return v < -127.0f ? -127.0f : (v > 127.0f ? 127.0f : v); }
+
+/* ---- compensation -------------------------------------------------------- */
+
+/* acc = x + r, written into r; returns nothing.  Used by the schemes whose
+ * scale needs the whole accumulated tensor before anything can be sent. */
+static double compensate_l1(const float *x, float *r, i64 n, int want_l1) {
+    double l1 = 0.0;
+    i64 i = 0;
+    if (!r && !want_l1) return 0.0;
+#if defined(__AVX512F__)
+    /* float lanes summed over 4096 elements at a time, each block's sum added in double */
+    while (i + 16 <= n) {
+        __m512 part = _mm512_setzero_ps();
+        i64 end = i + 4096 <= n ? i + 4096 : n - (n - i) % 16;
+        for (; i < end; i += 16) {
+            __m512 a = _mm512_loadu_ps(x + i);
+            if (r) { a = _mm512_add_ps(a, _mm512_loadu_ps(r + i)); _mm512_storeu_ps(r + i, a); }
+            part = _mm512_add_ps(part, _mm512_abs_ps(a));
+        }
+        l1 += want_l1 ? (double)_mm512_reduce_add_ps(part) : 0.0;
+    }
+#endif
+    for (; i < n; i++) {
+        float a = r ? x[i] + r[i] : x[i];
+        if (r) r[i] = a;
+        l1 += want_l1 ? fabsf(a) : 0.0f;
+    }
+    return l1;
+}
+
+/* ---- Int8: q = clip(rint(acc / scale), -127, 127), scale = max|acc| / 127 per block ---- */
+
+#if defined(__AVX512F__)
+static inline __m512 keep_finite16(__m512 e) {
+    __mmask16 fin = _mm512_cmp_ps_mask(_mm512_sub_ps(e, e), _mm512_setzero_ps(), _CMP_EQ_OQ);
+    return _mm512_maskz_mov_ps(fin, e);
+}
+#endif
+
+/* pass 1 over one block: acc = x + r into r; returns max |acc|, NaN if any acc is NaN */
+static float int8_block_amax(const float *x, float *r, i64 lo, i64 hi) {
+    float amax = 0.0f; int nan = 0;
+    i64 i = lo;
+#if defined(__AVX512F__)
+    __m512 vmax = _mm512_setzero_ps();
+    __mmask16 vnan = 0;
+    for (; i + 16 <= hi; i += 16) {
+        __m512 a = _mm512_loadu_ps(x + i);
+        if (r) { a = _mm512_add_ps(a, _mm512_loadu_ps(r + i)); _mm512_storeu_ps(r + i, a); }
+        vnan |= _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
+        vmax = _mm512_max_ps(vmax, _mm512_abs_ps(a));
+    }
+    amax = _mm512_reduce_max_ps(vmax);
+    nan = vnan != 0;
+#endif
+    for (; i < hi; i++) {
+        float a = r ? x[i] + r[i] : x[i];
+        if (r) r[i] = a;
+        float m = fabsf(a);
+        amax = m > amax ? m : amax;
+        nan |= (a != a);
+    }
+    return nan ? NAN : amax;
+}
+
+/* pass 2 over one block: q = clip(rint(acc / scale)); r = acc - q * scale */
+static void int8_block_quantize(const float *acc, float *r, i64 lo, i64 hi, float scale, int8_t *q) {
+    i64 i = lo;
+#if defined(__AVX512F__)
+    const __m512 vs = _mm512_set1_ps(scale), lo127 = _mm512_set1_ps(-127.0f), hi127 = _mm512_set1_ps(127.0f);
+    for (; i + 16 <= hi; i += 16) {
+        __m512 a = _mm512_loadu_ps(acc + i);
+        __m512 v = _mm512_roundscale_ps(_mm512_div_ps(a, vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        /* max/min return their second operand when one is NaN: a NaN v stays NaN, as in torch.clamp */
+        v = _mm512_min_ps(hi127, _mm512_max_ps(lo127, v));
+        __mmask16 ok = _mm512_cmp_ps_mask(v, v, _CMP_ORD_Q);
+        _mm_storeu_si128((__m128i *)(q + i), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_maskz_mov_ps(ok, v))));
+        if (r) _mm512_storeu_ps(r + i, keep_finite16(_mm512_sub_ps(a, _mm512_mul_ps(v, vs))));
+    }
+#endif
+    for (; i < hi; i++) {
+        float a = acc[i];
+        float v = clamp127(rintf(a / scale));
+        q[i] = (int8_t)(int)((v == v) ? v : 0.0f);  /* NaN -> 0, as torch's cast gives */
+        if (r) r[i] = keep_finite(a - v * scale);
+    }
+}
+
+void hvdc_int8_encode(const float *x, float *r, i64 n, i64 block, int8_t *q, float *scales) {
+    i64 nb = n ? (n + block - 1) / block : 1;
+    if (n == 0) { scales[0] = 1.0f; return; }
+    for (i64 b = 0; b < nb; b++) {
+        i64 lo = b * block, hi = lo + block < n ? lo + block : n;
+        float amax = int8_block_amax(x, r, lo, hi);
+        float scale = amax != amax ? NAN : (amax == 0.0f ? 1.0f : amax / 127.0f);
+        scales[b] = scale;
+        int8_block_quantize(r ? r : x, r, lo, hi, scale, q);
+    }
+}
+
+/* out = ((d_0 + d_1) + ...) [* s], d_j = q_j * scale_j (rank order, as every rank sums) */
+void hvdc_int8_decode_sum(int nr, const int8_t *const *qs, const float *const *scales, i64 n, i64 block,
+                          float s, int scaled, float *out) {
+    for (i64 b = 0; b * block < n; b++) {
+        i64 lo = b * block, hi = lo + block < n ? lo + block : n;
+        const int8_t *q0 = qs[0]; float s0 = scales[0][b];
+        for (i64 i = lo; i < hi; i++) out[i] = (float)q0[i] * s0;
+        for (int j = 1; j < nr; j++) {
+            const int8_t *qj = qs[j]; float sj = scales[j][b];
+            for (i64 i = lo; i < hi; i++) out[i] += (float)qj[i] * sj;
+        }
+        if (scaled) for (i64 i = lo; i < hi; i++) out[i] *= s;
+    }
+}
+
+/* ---- the sign family ------------------------------------------------------ */
+
+/* bits = (acc >= 0); mode 0 (SignSGD): sent = +-1; mode 1 (EFSignSGD): sent =
+ * +-scale with scale = sum|acc| / n, written to *scale_out. */
+void hvdc_sign_encode(const float *x, float *r, i64 n, int mode, uint8_t *bits, float *scale_out) {
+    double l1 = compensate_l1(x, r, n, mode == 1);
+    float scale = mode == 1 ? (float)l1 / (float)n : 1.0f;
+    if (scale_out) *scale_out = scale;
+    const float *acc = r ? r : x;
+    i64 i0 = 0;
+#if defined(__AVX512F__)
+    const __m512 zero = _mm512_setzero_ps(), pos = _mm512_set1_ps(scale), neg = _mm512_set1_ps(-scale);
+    for (; i0 + 16 <= n; i0 += 16) {
+        __m512 a = _mm512_loadu_ps(acc + i0);
+        __mmask16 m = _mm512_cmp_ps_mask(a, zero, _CMP_GE_OQ);  /* NaN: false, as a >= 0 is */
+        uint16_t m16 = (uint16_t)m;
+        memcpy(bits + i0 / 8, &m16, 2);
+        if (r) {
+            __m512 e = _mm512_sub_ps(a, _mm512_mask_blend_ps(m, neg, pos));
+            __mmask16 fin = _mm512_cmp_ps_mask(_mm512_sub_ps(e, e), zero, _CMP_EQ_OQ);
+            _mm512_storeu_ps(r + i0, _mm512_maskz_mov_ps(fin, e));
+        }
+    }
+#endif
+    for (; i0 < n; i0 += 8) {
+        i64 hi = i0 + 8 < n ? i0 + 8 : n;
+        uint8_t byte = 0;
+        for (i64 i = i0; i < hi; i++) {
+            float a = acc[i];
+            int bit = a >= 0.0f;
+            byte |= (uint8_t)(bit << (i - i0));
+            if (r) r[i] = keep_finite(a - (bit ? scale : -scale));
+        }
+        bits[i0 / 8] = byte;
+    }
+}
+
+/* rank j's decoded signs, +-value, added onto out (first: written) */
+static void sign_accumulate(const uint8_t *bits, float value, i64 n, int first, float *out) {
+    i64 i0 = 0;
+#if defined(__AVX512F__)
+    const __m512 pos = _mm512_set1_ps(value), neg = _mm512_set1_ps(-value);
+    for (; i0 + 16 <= n; i0 += 16) {
+        uint16_t m16; memcpy(&m16, bits + i0 / 8, 2);
+        __m512 d = _mm512_mask_blend_ps((__mmask16)m16, neg, pos);
+        _mm512_storeu_ps(out + i0, first ? d : _mm512_add_ps(_mm512_loadu_ps(out + i0), d));
+    }
+#endif
+    for (i64 i = i0; i < n; i++) {
+        float d = ((bits[i >> 3] >> (i & 7)) & 1) ? value : -value;
+        out[i] = first ? d : out[i] + d;
+    }
+}
+
+/* mode 0: out = sign(sum_j (+-1)); mode 1: out = (sum_j (+-scale_j)) [* s] */
+void hvdc_sign_decode_sum(int nr, const uint8_t *const *bits, const float *scales, i64 n, int mode,
+                          float s, int scaled, float *out) {
+    const i64 chunk = 4096;  /* the ranks are summed chunk by chunk, while out stays in cache */
+    for (i64 lo = 0; lo < n; lo += chunk) {
+        i64 len = lo + chunk < n ? chunk : n - lo;
+        for (int j = 0; j < nr; j++)
+            sign_accumulate(bits[j] + lo / 8, mode == 1 ? scales[j] : 1.0f, len, j == 0, out + lo);
+        float *o = out + lo;
+        if (mode == 0) for (i64 i = 0; i < len; i++) o[i] = (float)((o[i] > 0.0f) - (o[i] < 0.0f));
+        if (scaled) for (i64 i = 0; i < len; i++) o[i] *= s;
+    }
+}
+
+/* ---- 16-bit floats ---------------------------------------------------------- */
+
+static inline uint16_t to_bf16(float f) {  /* round half to even; every NaN becomes 0x7FC0, as in torch */
+    uint32_t u; memcpy(&u, &f, 4);
+    if (f != f) return (uint16_t)0x7FC0;
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+static inline float from_bf16(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+
+/* dtype 0: IEEE half; 1: bfloat16.  sent = the value cast back to float. */
+void hvdc_half_encode(const float *x, float *r, i64 n, int dtype, uint16_t *out) {
+    for (i64 i = 0; i < n; i++) {
+        float a = r ? x[i] + r[i] : x[i];
+        float sent;
+        if (dtype == 0) {
+            _Float16 h = (_Float16)a; memcpy(&out[i], &h, 2); sent = (float)h;
+        } else {
+            out[i] = to_bf16(a); sent = from_bf16(out[i]);
+        }
+        if (r) r[i] = keep_finite(a - sent);
+    }
+}
+
+/* bfloat16 payloads of nr ranks: out = (sum_j float(h_j)) [* s] */
+void hvdc_bf16_decode_sum(int nr, const uint16_t *const *hs, i64 n, float s, int scaled, float *out) {
+    for (i64 i = 0; i < n; i++) {
+        float acc = from_bf16(hs[0][i]);
+        for (int j = 1; j < nr; j++) acc += from_bf16(hs[j][i]);
+        out[i] = scaled ? acc * s : acc;
+    }
+}
+
+/* ---- sparsification ------------------------------------------------------------ */
+
+static inline float magnitude(float a, int nan_large) { return (a != a) ? (nan_large ? INFINITY : a) : fabsf(a); }
+
+/* acc = x + r into r (r != NULL), and the indices where |acc| >= thr (> thr
+ * when strict) into cand and their acc values into cand_val, up to cap of
+ * them; returns how many there are.
+ * nan_large: a NaN counts as the largest magnitude (torch.topk's order) and
+ * is a candidate; otherwise it never is, and its residual becomes 0 here. */
+i64 hvdc_compensate_select(const float *x, float *r, i64 n, float thr, int strict, int nan_large,
+                           i64 *cand, float *cand_val, i64 cap) {
+    i64 c = 0, i = 0;
+#if defined(__AVX512F__)
+    /* a vectorised pass forms acc and a mask of the taken elements; only the
+     * (few) set bits are visited one by one */
+    const __m512 vthr = _mm512_set1_ps(thr), inf = _mm512_set1_ps(INFINITY);
+    for (; i + 16 <= n; i += 16) {
+        __m512 a = _mm512_loadu_ps(x + i);
+        if (r) a = _mm512_add_ps(a, _mm512_loadu_ps(r + i));
+        __mmask16 nan = _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
+        __m512 m = _mm512_abs_ps(a);
+        if (nan_large) m = _mm512_mask_mov_ps(m, nan, inf);
+        unsigned take = (unsigned)_mm512_cmp_ps_mask(m, vthr, strict ? _CMP_GT_OQ : _CMP_GE_OQ);
+        if (r) _mm512_storeu_ps(r + i, nan_large ? a : _mm512_mask_mov_ps(a, nan, _mm512_setzero_ps()));
+        if (take) {
+            float av[16];
+            _mm512_storeu_ps(av, a);
+            while (take) {
+                int t = __builtin_ctz(take); take &= take - 1;
+                if (c < cap) { cand[c] = i + t; cand_val[c] = av[t]; }
+                c++;
+            }
+        }
+    }
+#endif
+    for (; i < n; i++) {
+        float a = r ? x[i] + r[i] : x[i];
+        float m = magnitude(a, nan_large);
+        int take = strict ? m > thr : m >= thr;
+        if (r) r[i] = (a != a && !nan_large) ? 0.0f : a;
+        if (take) { if (c < cap) { cand[c] = i; cand_val[c] = a; } c++; }
+    }
+    return c;
+}
+
+/* |acc| at every stride-th element (ceil(n / stride) of them): the sample
+ * a top-k threshold is estimated from, before acc is formed */
+void hvdc_sample_magnitudes(const float *x, const float *r, i64 n, i64 stride, int nan_large, float *out) {
+    for (i64 i = 0, j = 0; i < n; i += stride, j++) out[j] = magnitude(r ? x[i] + r[i] : x[i], nan_large);
+}
+
+/* the k-th largest of v[0..m) (1 <= k <= m), by quickselect; v is permuted */
+float hvdc_kth_largest(float *v, i64 m, i64 k) {
+    i64 lo = 0, hi = m - 1, want = k - 1;  /* descending order position */
+    while (lo < hi) {
+        float p = v[lo + (hi - lo) / 2];
+        i64 i = lo, j = hi;
+        while (i <= j) {
+            while (v[i] > p) i++;
+            while (v[j] < p) j--;
+            if (i <= j) { float t = v[i]; v[i] = v[j]; v[j] = t; i++; j--; }
+        }
+        if (want <= j) hi = j; else if (want >= i) lo = i; else return v[want];
+    }
+    return v[want];
+}
+
+/* From c candidates (ascending indices, with their values), the k (<= c)
+ * with the largest magnitudes, ties taken in index order: their indices
+ * (ascending) into out and values into out_val.  tmp holds c floats. */
+void hvdc_topk_fixup(const i64 *cand, const float *cand_val, i64 c, i64 k, int nan_large, i64 *out,
+                     float *out_val, float *tmp) {
+    if (k >= c) {
+        memcpy(out, cand, (size_t)c * sizeof(i64));
+        memcpy(out_val, cand_val, (size_t)c * sizeof(float));
+        return;
+    }
+    for (i64 j = 0; j < c; j++) tmp[j] = magnitude(cand_val[j], nan_large);
+    float t = hvdc_kth_largest(tmp, c, k);
+    i64 above = 0;
+    for (i64 j = 0; j < c; j++) above += magnitude(cand_val[j], nan_large) > t;
+    i64 ties = k - above, o = 0;
+    for (i64 j = 0; j < c && o < k; j++) {
+        float m = magnitude(cand_val[j], nan_large);
+        if (m > t || (m == t && ties-- > 0)) { out[o] = cand[j]; out_val[o] = cand_val[j]; o++; }
+    }
+}
+
+/* Error feedback after a selection: the residual at the k kept elements
+ * becomes 0 (acc - acc), and so does that of candidates that were not kept
+ * and are not finite. */
+void hvdc_clear_sent(float *acc, const i64 *idx, i64 k, const i64 *cand, const float *cand_val, i64 c) {
+    for (i64 j = 0; j < c; j++) if (!is_finite(cand_val[j])) acc[cand[j]] = 0.0f;
+    for (i64 j = 0; j < k; j++) acc[idx[j]] = 0.0f;
+}
+
+/* ---- index codes (hvd_compress.coding): 0 raw int32, 1 bitmap, 2 Elias-Fano ---- */
+
+static inline void set_bit(uint8_t *b, i64 pos) { b[pos >> 3] |= (uint8_t)(1u << (pos & 7)); }
+
+/* idx ascending and distinct; out holds the code's byte count (zeroed here) */
+void hvdc_index_encode(const i64 *idx, i64 k, i64 n, int code, int low, uint8_t *out, i64 nbytes) {
+    if (code == 0) { int32_t *o = (int32_t *)out; for (i64 j = 0; j < k; j++) o[j] = (int32_t)idx[j]; return; }
+    memset(out, 0, (size_t)nbytes);
+    if (code == 1) { for (i64 j = 0; j < k; j++) set_bit(out, idx[j]); return; }
+    i64 low_nbytes = (k * low + 7) / 8;
+    uint8_t *high = out + low_nbytes;
+    uint64_t mask = low ? ((uint64_t)1 << low) - 1 : 0;
+    uint64_t acc = 0; int filled = 0; i64 byte = 0;  /* little-endian bit writer */
+    for (i64 j = 0; j < k; j++) {
+        acc |= ((uint64_t)idx[j] & mask) << filled;
+        filled += low;
+        while (filled >= 8) { out[byte++] = (uint8_t)acc; acc >>= 8; filled -= 8; }
+        set_bit(high, (idx[j] >> low) + j);
+    }
+    if (filled) out[byte] = (uint8_t)acc;
+}
+
+/* inverse of hvdc_index_encode: k ascending indices into out */
+void hvdc_index_decode(const uint8_t *in, i64 k, i64 n, int code, int low, i64 *out) {
+    if (code == 0) { const int32_t *p = (const int32_t *)in; for (i64 j = 0; j < k; j++) out[j] = p[j]; return; }
+    const uint8_t *bits = in;
+    i64 len = n, shift_low = 0;
+    if (code == 2) { bits = in + (k * low + 7) / 8; len = k + (n >> low) + 1; shift_low = low; }
+    i64 j = 0;
+    for (i64 byte = 0; byte * 8 < len && j < k; byte++) {
+        unsigned v = bits[byte];
+        while (v && j < k) {
+            int t = __builtin_ctz(v); v &= v - 1;
+            i64 pos = byte * 8 + t;
+            out[j] = code == 1 ? pos : ((pos - j) << shift_low);
+            j++;
+        }
+    }
+    if (code == 2 && low) {  /* little-endian bit reader */
+        uint64_t acc = 0, mask = ((uint64_t)1 << low) - 1; int filled = 0; i64 byte = 0;
+        for (i64 jj = 0; jj < k; jj++) {
+            while (filled < low) { acc |= (uint64_t)in[byte++] << filled; filled += 8; }
+            out[jj] |= (i64)(acc & mask);
+            acc >>= low; filled -= low;
+        }
+    }
+}
+
+/* Sum of nr sparse payloads (each idx ascending, distinct within a rank)
+ * into a dense out of n: out = 0, then for every index the ranks' values
+ * added in rank order onto 0 (as index_add_ into zeros does), [* s]. */
+void hvdc_sparse_sum(int nr, const i64 *const *idx, const float *const *vals, const i64 *ks, i64 n,
+                     float s, int scaled, float *out) {
+    memset(out, 0, (size_t)n * sizeof(float));
+    i64 small[64] = {0};
+    i64 *pos = nr <= 64 ? small : calloc((size_t)nr, sizeof(i64));
+    if (!pos) return;
+    for (;;) {
+        i64 best = -1;
+        for (int j = 0; j < nr; j++) if (pos[j] < ks[j] && (best < 0 || idx[j][pos[j]] < best)) best = idx[j][pos[j]];
+        if (best < 0) break;
+        float acc = 0.0f;
+        for (int j = 0; j < nr; j++) if (pos[j] < ks[j] && idx[j][pos[j]] == best) { acc += vals[j][pos[j]]; pos[j]++; }
+        out[best] = scaled ? acc * s : acc;
+    }
+    if (pos != small) free(pos);
+}

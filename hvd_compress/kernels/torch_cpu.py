@@ -1,0 +1,324 @@
+"""Fused codecs for PyTorch CPU tensors: the hot schemes' error feedback,
+encode and decode in one or two passes of :mod:`.native`'s kernels.
+
+A codec is chosen per call by :func:`codec_for`; it encodes into buffers
+kept in the parameter's workspace (reused every step, so no fresh 64 MB
+temporaries and their page faults), updates the residual in place, and
+decodes every rank's payload into one output buffer with Horovod's scaling
+applied in the same pass.  Payload parts have the eager scheme's names,
+dtypes and bytes, so the transports, the fingerprint and the receivers do not
+know which path encoded them; tests/unit/test_kernels.py holds the two paths
+to the same results.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+
+import torch
+
+from ..backend import backend_for, ceil_div
+from ..coding import _ef_low_bits, index_code_nbytes
+from ..memory import ResidualMemory
+from ..schemes.casts import BF16, FP16
+from ..schemes.quantization import EFSignSGD, Int8, SignSGD
+from ..schemes.sparsification import DGC, TopK, Threshold, _k_for
+from .native import load
+
+CODES = {"raw": 0, "bitmap": 1, "elias_fano": 2}
+
+
+def _p(t):
+    return ctypes.c_void_p(t.data_ptr()) if t is not None else None
+
+
+def _ptrs(ts):
+    return (ctypes.c_void_p * len(ts))(*[t.data_ptr() for t in ts])
+
+
+def buffer(ws, name, n, dtype):
+    """The workspace buffer ``name`` of ``n`` elements, allocated once and reused."""
+    t = ws.get(name)
+    if t is None or t.numel() < n or t.dtype != dtype:
+        t = ws[name] = torch.empty(max(n, 1), dtype=dtype)
+    return t[:n]
+
+
+def output(ws, out, n):
+    """Where a decode writes: the caller's buffer (the gradient Horovod will
+    replace by the result), else a fresh tensor, since the caller keeps it."""
+    return out if out is not None else torch.empty(n, dtype=torch.float32)
+
+
+class Codec:
+    """Encode (with error feedback) and decode of one scheme, fused."""
+
+    def __init__(self, lib, scheme):
+        self.lib, self.scheme = lib, scheme
+
+    def encode(self, x, r, ws, ctx):
+        raise NotImplementedError
+
+    def aggregate(self, payloads, numel, local, scale, out, ws):
+        """The sum over ranks, times ``scale`` unless it is None, into ``out``."""
+        raise NotImplementedError
+
+    def decode_reduced(self, reduced, numel, out, ws):
+        raise NotImplementedError
+
+
+def _scale_args(scale):
+    return (ctypes.c_float(0.0), 0) if scale is None else (ctypes.c_float(float(scale)), 1)
+
+
+class Int8Codec(Codec):
+    def encode(self, x, r, ws, ctx):
+        n = x.numel()
+        block = self.scheme._block(n)
+        q = buffer(ws, "q", n, torch.int8)
+        scales = buffer(ws, "scale", max(1, ceil_div(n, block)), torch.float32)
+        self.lib.hvdc_int8_encode(_p(x), _p(r), n, block, _p(q), _p(scales))
+        return {"q": q, "scale": scales}
+
+    def aggregate(self, payloads, numel, local, scale, out, ws):
+        out = output(ws, out, numel)
+        qs = [p["q"] for p in payloads]
+        ss = [p["scale"] for p in payloads]
+        self.lib.hvdc_int8_decode_sum(len(qs), _ptrs(qs), _ptrs(ss), numel, self.scheme._block(numel),
+                                      *_scale_args(scale), _p(out))
+        return out
+
+
+class SignCodec(Codec):
+    """SignSGD (mode 0: a majority vote) and EFSignSGD (mode 1: scaled signs)."""
+
+    def __init__(self, lib, scheme, mode):
+        super().__init__(lib, scheme)
+        self.mode = mode
+
+    def encode(self, x, r, ws, ctx):
+        n = x.numel()
+        bits = buffer(ws, "bits", ceil_div(n, 8), torch.uint8)
+        scale = buffer(ws, "scale", 1, torch.float32) if self.mode else None
+        self.lib.hvdc_sign_encode(_p(x), _p(r), n, self.mode, _p(bits), _p(scale))
+        return {"bits": bits, "scale": scale} if self.mode else {"bits": bits}
+
+    def aggregate(self, payloads, numel, local, scale, out, ws):
+        out = output(ws, out, numel)
+        bits = [p["bits"] for p in payloads]
+        scales = torch.stack([p["scale"][0] for p in payloads]).contiguous() if self.mode else None
+        self.lib.hvdc_sign_decode_sum(len(bits), _ptrs(bits), _p(scales), numel, self.mode,
+                                      *_scale_args(scale), _p(out))
+        return out
+
+
+class HalfCodec(Codec):
+    """FP16 (by allreduce) and BF16 (its bits by allgather)."""
+
+    def __init__(self, lib, scheme, dtype):
+        super().__init__(lib, scheme)
+        self.dtype = dtype  # 0: float16, 1: bfloat16
+
+    def encode(self, x, r, ws, ctx):
+        n = x.numel()
+        h = buffer(ws, "half", n, torch.float16 if self.dtype == 0 else torch.int16)
+        if r is None and self.dtype == 0:
+            h.copy_(x)  # torch's own vectorised conversion, round half to even
+        else:
+            self.lib.hvdc_half_encode(_p(x), _p(r), n, self.dtype, _p(h))
+        return {"reduce": h} if self.dtype == 0 else {"bits": h}
+
+    def decode_reduced(self, reduced, numel, out, ws):
+        out = output(ws, out, numel)
+        out.copy_(reduced.reshape(-1))
+        return out
+
+    def aggregate(self, payloads, numel, local, scale, out, ws):
+        out = output(ws, out, numel)
+        hs = [p["bits"] for p in payloads]
+        self.lib.hvdc_bf16_decode_sum(len(hs), _ptrs(hs), numel, *_scale_args(scale), _p(out))
+        return out
+
+
+class SparseCodec(Codec):
+    """Top-K, Threshold and DGC: one pass that forms ``acc = x + r`` in place and
+    collects the candidates above a threshold, then an exact selection among
+    the candidates only (Top-K), gathering, and the index code."""
+    nan_large = 0
+
+    def threshold(self, x, r, ws, ctx):
+        raise NotImplementedError
+
+    def encode(self, x, r, ws, ctx):
+        n = x.numel()
+        thr, cap = self.threshold(x, r, ws, ctx)
+        cand, cval = buffer(ws, "cand", cap, torch.int64), buffer(ws, "cand_val", cap, torch.float32)
+        c = self.lib.hvdc_compensate_select(_p(x), _p(r), n, ctx_float(thr), 0, self.nan_large, _p(cand),
+                                            _p(cval), cap)
+        acc = r if r is not None else x
+        if c > cap:  # more candidates than room: collect again from acc, with room
+            cand, cval = buffer(ws, "cand", c, torch.int64), buffer(ws, "cand_val", c, torch.float32)
+            self.lib.hvdc_compensate_select(_p(acc), None, n, ctx_float(thr), 0, self.nan_large, _p(cand),
+                                            _p(cval), c)
+        kept = self.select(cand[:c], cval[:c], n, ws)
+        if kept is None:
+            return self.encode_eager(acc, r is not None, ctx)
+        idx, vals = kept
+        if r is not None:
+            self.lib.hvdc_clear_sent(_p(acc), _p(idx), idx.numel(), _p(cand), _p(cval), c)
+        return self.pack(acc, idx, vals, r is not None, ws, ctx)
+
+    def select(self, cand, cval, n, ws):
+        """(indices, values) kept among the candidates, or None: too few."""
+        return cand, cval
+
+    def pack(self, acc, idx, vals, ef, ws, ctx):
+        n, k = acc.numel(), idx.numel()
+        code = self.scheme.index_code(n)
+        nbytes = index_code_nbytes(code, n, k)
+        coded = buffer(ws, "idx", k if code == "raw" else nbytes, torch.int32 if code == "raw" else torch.uint8)
+        self.lib.hvdc_index_encode(_p(idx), k, n, CODES[code], _ef_low_bits(n, k), _p(coded), nbytes)
+        payload = {"idx": coded}
+        values = self.scheme.values
+        if values is None:
+            payload["val"] = vals
+            return payload
+        B = backend_for(acc)
+        vpayload, sent = values.encode(B, vals, ctx)
+        payload.update({"v." + name: part for name, part in vpayload.items()})
+        if ef:
+            acc[idx] = B.finite_or_zero(vals - sent)
+        return payload
+
+    def encode_eager(self, acc, ef, ctx):
+        """The reference selection on the formed ``acc`` (rare: a sample that
+        missed, or a tensor too small to sample)."""
+        B = backend_for(acc)
+        payload, sent = self.scheme.encode(B, acc, ctx)
+        if ef:
+            acc.copy_(B.finite_or_zero(acc - sent))
+        return payload
+
+    def aggregate(self, payloads, numel, local, scale, out, ws):
+        out = output(ws, out, numel)
+        idxs, vals, ks = [], [], []
+        for j, p in enumerate(payloads):
+            idx, val = self.unpack(p, numel, ws, j)
+            idxs.append(idx)
+            vals.append(val.contiguous())
+            ks.append(idx.numel())
+        kt = torch.tensor(ks, dtype=torch.int64)
+        self.lib.hvdc_sparse_sum(len(idxs), _ptrs(idxs), _ptrs(vals), _p(kt), numel, *_scale_args(scale), _p(out))
+        return out
+
+    def unpack(self, payload, numel, ws, j):
+        k = self.scheme.fixed_k(numel)
+        code = "raw" if k is None else self.scheme.index_code(numel)
+        coded = payload["idx"]
+        if k is None:
+            k = coded.numel()
+        idx = buffer(ws, f"didx{j}", k, torch.int64)
+        self.lib.hvdc_index_decode(_p(coded), k, numel, CODES[code], _ef_low_bits(numel, k), _p(idx))
+        values = self.scheme.values
+        if values is None:
+            return idx, payload["val"]
+        vp = {name[2:]: t for name, t in payload.items() if name.startswith("v.")}
+        return idx, values.decode_one(backend_for(coded), vp, k)
+
+
+def ctx_float(v):
+    return ctypes.c_float(float(v))
+
+
+class TopKCodec(SparseCodec):
+    nan_large = 1  # torch.topk orders NaN above everything: it is sent, never kept
+
+    def threshold(self, x, r, ws, ctx):
+        n = x.numel()
+        k = self.scheme.fixed_k(n)
+        stride, want = fused_topk_plan(n, k)
+        sample = buffer(ws, "sample", ceil_div(n, stride), torch.float32)
+        self.lib.hvdc_sample_magnitudes(_p(x), _p(r), n, stride, 1, _p(sample))
+        thr = self.lib.hvdc_kth_largest(_p(sample), sample.numel(), want)
+        # room for the ~2k candidates aimed at; the buffer grows where a step needs more
+        return thr, 3 * k + 1024
+
+    def select(self, cand, cval, n, ws):
+        k = self.scheme.fixed_k(n)
+        c = cand.numel()
+        if c < k:
+            return None
+        idx, vals = buffer(ws, "kept", k, torch.int64), buffer(ws, "val", k, torch.float32)
+        tmp = buffer(ws, "tmp", c, torch.float32)
+        self.lib.hvdc_topk_fixup(_p(cand), _p(cval), c, k, 1, _p(idx), _p(vals), _p(tmp))
+        return idx, vals
+
+
+def fused_topk_plan(n, k):
+    """``(stride, want)``: sample every ``stride``-th magnitude (at most about
+    65536 of them) and take the ``want``-th largest as the threshold, aiming
+    at about 2k candidates (the exact selection then looks at those only)."""
+    stride = max(1, n // 65536)
+    m = ceil_div(n, stride)
+    return stride, min(m, max(1, int(2.0 * k * m / n) + 8))
+
+
+def fuses_topk(n, k):
+    """Fused Top-K keeps up to a few k candidate indices per tensor: worth it
+    (and small next to the gradient) up to an eighth of the elements."""
+    return 0 < k and 8 * k <= n
+
+
+class ThresholdCodec(SparseCodec):
+    def threshold(self, x, r, ws, ctx):
+        n = x.numel()
+        return self.scheme.tau, max(1024, n // 64)
+
+
+class DGCCodec(SparseCodec):
+    def threshold(self, x, r, ws, ctx):
+        n = x.numel()
+        s = self.scheme
+        if n == 0:
+            return math.inf, 1
+        # the eager scheme's sample, drawn alike (same offset, same indices), of acc = x + r
+        m = min(n, max(_k_for(s.sample_ratio, n), 256))
+        stride = max(1, n // m)
+        offset = (ctx.uniform(1) * float(stride)).to(torch.int64)
+        sample_idx = (torch.arange(m, dtype=torch.int64) * stride + offset).clamp_(0, n - 1)
+        sample = x[sample_idx] if r is None else x[sample_idx] + r[sample_idx]
+        ks = _k_for(s.ratio, m)
+        thr = torch.kthvalue(sample.abs(), m - ks + 1).values
+        return float(thr), max(1024, 2 * _k_for(s.ratio, n) + 1024)
+
+
+FUSED = {Int8: Int8Codec, TopK: TopKCodec, Threshold: ThresholdCodec, DGC: DGCCodec}
+
+
+def codec_for(scheme, memory, x):
+    """The fused codec of ``scheme`` for the flat float32 tensor ``x``, or None
+    where the eager path runs: kernels off or unbuilt, not a CPU float32
+    tensor, a memory other than plain error feedback (momentum memories keep
+    the eager path), or more elements than int32 offsets cover."""
+    if not (isinstance(x, torch.Tensor) and x.device.type == "cpu" and x.dtype == torch.float32
+            and x.is_contiguous() and x.numel() < 2**31):
+        return None
+    if memory is not None and type(memory) is not ResidualMemory:
+        return None
+    lib = load()
+    if lib is None:
+        return None
+    cls = type(scheme)
+    if cls is TopK and not fuses_topk(x.numel(), scheme.fixed_k(x.numel())):
+        return None
+    if cls in FUSED:
+        return FUSED[cls](lib, scheme)
+    if cls is SignSGD:
+        return SignCodec(lib, scheme, 0)
+    if cls is EFSignSGD:
+        return SignCodec(lib, scheme, 1)
+    if cls is FP16:
+        return HalfCodec(lib, scheme, 0)
+    if cls is BF16:
+        return HalfCodec(lib, scheme, 1)
+    return None
