@@ -388,6 +388,12 @@ void hvdc_index_decode(const uint8_t *in, i64 k, i64 n, int code, int low, i64 *
     }
 }
 
+/* whether idx[0..k) is strictly ascending (the eager Top-K sends raw indices in torch.topk's order) */
+int hvdc_is_ascending(const i64 *idx, i64 k) {
+    for (i64 j = 1; j < k; j++) if (idx[j] <= idx[j - 1]) return 0;
+    return 1;
+}
+
 /* Sum of nr sparse payloads (each idx ascending, distinct within a rank)
  * into a dense out of n: out = 0, then for every index the ranks' values
  * added in rank order onto 0 (as index_add_ into zeros does), [* s]. */

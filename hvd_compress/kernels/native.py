@@ -48,6 +48,7 @@ SIGNATURES = {
     "hvdc_clear_sent": ((ptr, ptr, i64, ptr, ptr, i64), None),
     "hvdc_index_encode": ((ptr, i64, i64, ctypes.c_int, ctypes.c_int, ptr, i64), None),
     "hvdc_index_decode": ((ptr, i64, i64, ctypes.c_int, ctypes.c_int, ptr), None),
+    "hvdc_is_ascending": ((ptr, i64), ctypes.c_int),
     "hvdc_sparse_sum": ((ctypes.c_int, ptr, ptr, ptr, i64, f32, ctypes.c_int, ptr), None),
 }
 

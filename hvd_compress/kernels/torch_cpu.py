@@ -221,9 +221,15 @@ class SparseCodec(Codec):
         self.lib.hvdc_index_decode(_p(coded), k, numel, CODES[code], _ef_low_bits(numel, k), _p(idx))
         values = self.scheme.values
         if values is None:
-            return idx, payload["val"]
-        vp = {name[2:]: t for name, t in payload.items() if name.startswith("v.")}
-        return idx, values.decode_one(backend_for(coded), vp, k)
+            vals = payload["val"]
+        else:
+            vp = {name[2:]: t for name, t in payload.items() if name.startswith("v.")}
+            vals = values.decode_one(backend_for(coded), vp, k)
+        if code == "raw" and not self.lib.hvdc_is_ascending(_p(idx), k):
+            # an eager encoder's raw Top-K indices come in torch.topk's order; the merge needs them ascending
+            idx, order = torch.sort(idx)
+            vals = vals[order]
+        return idx, vals
 
 
 def ctx_float(v):
@@ -300,8 +306,8 @@ def codec_for(scheme, memory, x):
     where the eager path runs: kernels off or unbuilt, not a CPU float32
     tensor, a memory other than plain error feedback (momentum memories keep
     the eager path), or more elements than int32 offsets cover."""
-    if not (isinstance(x, torch.Tensor) and x.device.type == "cpu" and x.dtype == torch.float32
-            and x.is_contiguous() and x.numel() < 2**31):
+    if not (isinstance(x, torch.Tensor) and x.dtype == torch.float32 and x.is_contiguous() and x.numel() < 2**31
+            and backend_for(x).host_reads_are_free(x)):  # CPU memory (and not the CUDA stand-in of the sync test)
         return None
     if memory is not None and type(memory) is not ResidualMemory:
         return None
