@@ -26,6 +26,11 @@ host by default).  Per run:
   warm-up included) from the cluster's own counters, for cross-checking.
 * ``speedup_vs_none`` / ``speedup_vs_hvd_fp16`` -- ratio of median step times
   at the same link rate.
+* ``ceiling_step_s`` -- the byte-limited step: the median ``compute_s`` of
+  this link's runs plus ``expected_wire_bytes_per_step`` at the measured TCP goodput
+  (``link_measured_mbit``), as if encoding were free and nothing overlapped;
+  ``ceiling_speedup`` is ``none``'s median step over it, and
+  ``ceiling_fraction`` the share of it that ``speedup_vs_none`` reaches.
 """
 from __future__ import annotations
 
@@ -192,6 +197,27 @@ def _add_speedups(rows):
         for name, key in (("none", "speedup_vs_none"), ("hvd_fp16", "speedup_vs_hvd_fp16")):
             b = [x for x in same if x["scheme"] == name]
             r[key] = b[0]["median_step_s"] / r["median_step_s"] if b else None
+        _add_ceiling(r, same)
+
+
+def _add_ceiling(r, same):
+    """The byte-limited step: the model's compute (the median over this
+    link's runs of the purely local step, which is the same work in each) plus
+    the bytes the transport puts on the wire at the measured link goodput,
+    with zero encode cost and no overlap; and the speedup over ``none`` that
+    it would give, and the share of it reached."""
+    import statistics
+    rate = r.get("link_measured_mbit") or r.get("link_mbit")
+    base = next((x for x in same if x["scheme"] == "none"), None)
+    computes = [x["compute_s"] for x in same if x.get("compute_s") is not None]
+    compute = statistics.median(computes) if computes else None
+    if not rate or compute is None or r.get("expected_wire_bytes_per_step") is None:
+        r["ceiling_step_s"] = r["ceiling_speedup"] = r["ceiling_fraction"] = None
+        return
+    r["ceiling_step_s"] = compute + r["expected_wire_bytes_per_step"] * 8.0 / (rate * 1e6)
+    r["ceiling_speedup"] = base["median_step_s"] / r["ceiling_step_s"] if base else None
+    r["ceiling_fraction"] = (r["speedup_vs_none"] / r["ceiling_speedup"]
+                             if r["ceiling_speedup"] and r.get("speedup_vs_none") else None)
 
 
 def format_table(rows):
@@ -204,6 +230,8 @@ def format_table(rows):
             ("compute", lambda r: human_seconds(r.get("compute_s")), ">"),
             ("vs none", lambda r: f2(r.get("speedup_vs_none")), ">"),
             ("vs hvd fp16", lambda r: f2(r.get("speedup_vs_hvd_fp16")), ">"),
+            ("ceiling", lambda r: f2(r.get("ceiling_speedup")), ">"),
+            ("of ceiling", lambda r: "-" if r.get("ceiling_fraction") is None else f"{r['ceiling_fraction']:.0%}", ">"),
             ("payload/step", lambda r: human_bytes(r["payload_bytes_per_step"]), ">"),
             ("wire/step", lambda r: human_bytes(r.get("wire_bytes_per_step")), ">"),
             ("wire/payload", lambda r: f2(r.get("wire_to_payload")), ">"),
