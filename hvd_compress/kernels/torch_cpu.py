@@ -156,17 +156,32 @@ class SparseCodec(Codec):
         c = self.lib.hvdc_compensate_select(_p(x), _p(r), n, ctx_float(thr), 0, self.nan_large, _p(cand),
                                             _p(cval), cap)
         acc = r if r is not None else x
-        if c > cap:  # more candidates than room: collect again from acc, with room
-            cand, cval = buffer(ws, "cand", c, torch.int64), buffer(ws, "cand_val", c, torch.float32)
-            self.lib.hvdc_compensate_select(_p(acc), None, n, ctx_float(thr), 0, self.nan_large, _p(cand),
-                                            _p(cval), c)
-        kept = self.select(cand[:c], cval[:c], n, ws)
-        if kept is None:
-            return self.encode_eager(acc, r is not None, ctx)
-        idx, vals = kept
-        if r is not None:
-            self.lib.hvdc_clear_sent(_p(acc), _p(idx), idx.numel(), _p(cand), _p(cval), c)
-        return self.pack(acc, idx, vals, r is not None, ws, ctx)
+        for _ in range(self.retries + 1):
+            if c > cap:  # more candidates than room: collect again from acc, with room
+                if c > self.max_candidates(n):
+                    break
+                cap = c
+                cand, cval = buffer(ws, "cand", c, torch.int64), buffer(ws, "cand_val", c, torch.float32)
+                self.lib.hvdc_compensate_select(_p(acc), None, n, ctx_float(thr), 0, self.nan_large, _p(cand),
+                                                _p(cval), c)
+            kept = self.select(cand[:c], cval[:c], n, ws)
+            if kept is not None:
+                idx, vals = kept
+                if r is not None:
+                    self.lib.hvdc_clear_sent(_p(acc), _p(idx), idx.numel(), _p(cand), _p(cval), c)
+                return self.pack(acc, idx, vals, r is not None, ws, ctx)
+            # the sample overshot (fewer than k candidates): a lower threshold, one more read of acc
+            thr = thr / 4.0
+            c = self.lib.hvdc_compensate_select(_p(acc), None, n, ctx_float(thr), 0, self.nan_large, _p(cand),
+                                                _p(cval), cap)
+        return self.encode_eager(acc, r is not None, ctx)
+
+    #: times a threshold that left too few candidates is lowered before the eager selection runs
+    retries = 3
+
+    def max_candidates(self, n):
+        """The most candidate indices kept in the workspace (beyond it: the eager path)."""
+        return n
 
     def select(self, cand, cval, n, ws):
         """(indices, values) kept among the candidates, or None: too few."""
@@ -239,6 +254,9 @@ def ctx_float(v):
 class TopKCodec(SparseCodec):
     nan_large = 1  # torch.topk orders NaN above everything: it is sent, never kept
 
+    def max_candidates(self, n):
+        return n // 4  # a threshold this low has met ties or zeros: the eager selection handles them
+
     def threshold(self, x, r, ws, ctx):
         n = x.numel()
         k = self.scheme.fixed_k(n)
@@ -264,7 +282,9 @@ def fused_topk_plan(n, k):
     """``(stride, want)``: sample every ``stride``-th magnitude (at most about
     65536 of them) and take the ``want``-th largest as the threshold, aiming
     at about 2k candidates (the exact selection then looks at those only)."""
-    stride = max(1, n // 65536)
+    # an odd stride: a power-of-two row length would otherwise put every sample
+    # in the same few columns of a weight gradient
+    stride = max(1, n // 65536) | 1
     m = ceil_div(n, stride)
     return stride, min(m, max(1, int(2.0 * k * m / n) + 8))
 
