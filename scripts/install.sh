@@ -8,6 +8,7 @@
 #      The built wheel is cached, keyed by Horovod/torch/TF/Python versions,
 #      so the second run installs it in seconds.
 #   4. hvd_compress itself, editable, with its test extras.
+#   5. hvd_compress's fused CPU kernels, compiled once for this machine.
 # Every step says what it does; any failure stops the script with the reason.
 set -euo pipefail
 
@@ -131,7 +132,11 @@ else
   "${PIP[@]}" install -q --no-deps -e "$REPO" || die "pip install -e $REPO failed"
 fi
 
-# --- 5. verify -------------------------------------------------------------------
+# --- 5. the fused CPU kernels (hvd_compress/kernels): built once per machine, cached --------
+step "building hvd_compress's fused CPU kernels"
+"$PY" -m hvd_compress.kernels || die "building the fused kernels failed (a C compiler is needed; HVDC_KERNELS=0 runs without them)"
+
+# --- 6. verify -------------------------------------------------------------------
 step "checking the Horovod build"
 CHECK="$("$VENV/bin/horovodrun" --check-build)"
 echo "$CHECK"

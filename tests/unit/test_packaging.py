@@ -85,8 +85,8 @@ def test_console_script_target_exists():
 
 @pytest.mark.slow
 def test_wheel_ships_tools_and_their_data(tmp_path):
-    """A wheel built from the tracked files holds the core, the tools and the
-    advise data (built from a copy of the tree, so no build/ appears in the checkout)."""
+    """A wheel built from the tracked files holds the core, the tools, the
+    advise data and the kernels' C source (built from a copy of the tree, so no build/ appears in the checkout)."""
     pytest.importorskip("setuptools")
     pytest.importorskip("wheel")
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=str(REPO), capture_output=True,
@@ -103,7 +103,8 @@ def test_wheel_ships_tools_and_their_data(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     for want in ("hvd_compress/__init__.py", "hvd_compress/schemes/base.py", "hvd_compress/tools/cli.py",
                  "hvd_compress/tools/bench/micro.py", "hvd_compress/tools/testing/cluster.py",
-                 "hvd_compress/tools/data/micro.json"):
+                 "hvd_compress/tools/data/micro.json", "hvd_compress/kernels/hvdc_kernels.c",
+                 "hvd_compress/kernels/native.py"):
         assert want in names, f"{want} missing from {wheel.name}"
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "hvd-compress = hvd_compress.tools.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
