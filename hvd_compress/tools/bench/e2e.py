@@ -60,6 +60,8 @@ def parse_rates(text):
 
 
 def expected_wire(transport, payload, n):
+    if transport == "mixed":  # Auto: a transport per tensor; the plan, not the spec, says which
+        return None
     if n <= 1 or payload is None:
         return 0.0
     if transport in ("allreduce", "powersgd"):

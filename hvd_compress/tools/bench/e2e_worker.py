@@ -95,7 +95,20 @@ def _payload_per_step(comp, steps):
 def _transport(comp):
     if isinstance(comp, CountingCompression):
         return "allreduce"
+    if _is_auto(comp):
+        return "mixed"  # a scheme per tensor, chosen online
     return comp.scheme.transport
+
+
+def _is_auto(comp):
+    from hvd_compress import Auto
+    return isinstance(comp, Auto)
+
+
+def _warmup_steps(a, comp):
+    """``--warmup``, plus Auto's calibration steps and the step that applies
+    its first plan: the timed steps see the plan, not the calibration."""
+    return a.warmup + (comp.calibration_steps + 1 if _is_auto(comp) else 0)
 
 
 # ----------------------------------------------------------------------------- torch
@@ -208,7 +221,7 @@ def run_tf(a):
 # ----------------------------------------------------------------------------- shared
 def _timed_loop(a, hvd, barrier, dist_step, comp, compute, layer_numels, bcast, gather):
     losses, warm = [], []
-    for _ in range(a.warmup):
+    for _ in range(_warmup_steps(a, comp)):
         t0 = time.perf_counter()
         losses.append(dist_step())
         warm.append(time.perf_counter() - t0)
@@ -257,7 +270,7 @@ def _timed_loop(a, hvd, barrier, dist_step, comp, compute, layer_numels, bcast, 
         "scheme": a.scheme, "framework": a.framework, "model": a.model,
         "model_params": int(sum(layer_numels)), "layer_numels": layer_numels,
         "workers": hvd.size(), "hosts": len(hosts), "batch": a.batch, "threads": a.threads,
-        "steps": steps, "warmup": a.warmup, "transport": _transport(comp),
+        "steps": steps, "warmup": _warmup_steps(a, comp), "transport": _transport(comp),
         "median_step_s": statistics.median(per_step), "mean_step_s": wall / steps,
         "step_s_all": per_step, "compute_s": compute_s,
         "payload_bytes_per_step": statistics.mean(r["payload_bytes_per_step"] for r in everyone),
@@ -269,6 +282,8 @@ def _timed_loop(a, hvd, barrier, dist_step, comp, compute, layer_numels, bcast, 
                      for r in everyone],
         "malloc_env": malloc_env(),  # what reached this rank through horovodrun
     }
+    if _is_auto(comp):
+        result["auto_plan"] = comp.describe()  # the table of what Auto chose per tensor
     with open(a.out + ".tmp", "w") as f:
         json.dump(result, f)
     os.replace(a.out + ".tmp", a.out)

@@ -67,20 +67,26 @@ def e2e_markdown(rows):
            f"on {r0['hosts']} hosts, batch {r0['batch']}, {r0['threads']} thread(s) per rank, "
            f"{r0.get('controller', 'gloo')}", "",
            f"glibc malloc: {allocator_of(r0)}", "",
-           "| link (measured goodput) | scheme | median step | compute | vs none | vs hvd fp16 | payload/step | "
-           "wire/step | wire/payload | Horovod idle traffic | (wire - idle)/payload | load avg |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "| link (measured goodput) | scheme | median step | compute | vs none | vs hvd fp16 | byte-limited "
+           "ceiling | of ceiling | payload/step | wire/step | wire/payload | Horovod idle traffic | "
+           "(wire - idle)/payload | load avg |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         meas = r.get("link_measured_mbit")
         link = _rate(r["link_mbit"]) + (f" ({meas:.0f})" if meas else "")
         out.append(f"| {link} | {r['scheme']} | {human_seconds(r['median_step_s'])} | "
                    f"{human_seconds(r.get('compute_s'))} | {f2(r.get('speedup_vs_none'))} | "
-                   f"{f2(r.get('speedup_vs_hvd_fp16'))} | {human_bytes(r['payload_bytes_per_step'])} | "
+                   f"{f2(r.get('speedup_vs_hvd_fp16'))} | {f2(r.get('ceiling_speedup'))} | "
+                   f"{_percent(r.get('ceiling_fraction'))} | {human_bytes(r['payload_bytes_per_step'])} | "
                    f"{human_bytes(r.get('wire_bytes_per_step'))} | {f2(r.get('wire_to_payload'))} | "
                    f"{human_bytes(r.get('idle_wire_bytes_per_s'))}/s | "
                    f"{f2(r.get('wire_minus_control_to_payload'))} | "
                    f"{_load(r)} |")
     return "\n".join(out)
+
+
+def _percent(v):
+    return "-" if v is None else f"{v:.0%}"
 
 
 def _load(r):
@@ -145,6 +151,8 @@ def main(argv=None):
         micro_rows = json.load(f)
     with open(argv[1]) as f:
         e2e_rows = json.load(f)
+    from .e2e import _add_speedups
+    _add_speedups(e2e_rows)  # rows written before a field existed get it (ceiling_*)
     print("### bench micro\n")
     print(micro_markdown(micro_rows))
     print("### bench e2e\n")
