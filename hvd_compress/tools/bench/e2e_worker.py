@@ -100,6 +100,21 @@ def _transport(comp):
     return comp.scheme.transport
 
 
+def _wait_for_link_change(a, hvd, barrier):
+    """Rank 0 asks the driver (``scripts/auto_link_change.py``) to reshape the
+    link by creating ``<link-file>.request``; every rank waits for
+    ``<link-file>.done`` (the hosts share the filesystem), then all go on together."""
+    barrier()
+    if hvd.rank() == 0:
+        open(a.link_file + ".request", "w").close()
+    deadline = time.monotonic() + 120
+    while not os.path.exists(a.link_file + ".done"):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no link change within 120 s ({a.link_file}.done missing)")
+        time.sleep(0.05)
+    barrier()
+
+
 def _is_auto(comp):
     from hvd_compress import Auto
     return isinstance(comp, Auto)
@@ -235,7 +250,9 @@ def _timed_loop(a, hvd, barrier, dist_step, comp, compute, layer_numels, bcast, 
     c0 = read_iface(a.iface)
     times = []
     t_start = time.perf_counter()
-    for _ in range(steps):
+    for i in range(steps):
+        if a.change_link_at and i == a.change_link_at:
+            _wait_for_link_change(a, hvd, barrier)
         t0 = time.perf_counter()
         losses.append(dist_step())
         times.append(time.perf_counter() - t0)
@@ -284,6 +301,9 @@ def _timed_loop(a, hvd, barrier, dist_step, comp, compute, layer_numels, bcast, 
     }
     if _is_auto(comp):
         result["auto_plan"] = comp.describe()  # the table of what Auto chose per tensor
+        # the timed step at which each plan took effect (Auto counts communications, warm-up included)
+        result["auto_plan_steps"] = [start - result["warmup"] - 1 for start, *_ in comp.history]
+    result["change_link_at"] = a.change_link_at or None
     with open(a.out + ".tmp", "w") as f:
         json.dump(result, f)
     os.replace(a.out + ".tmp", a.out)
@@ -310,8 +330,13 @@ def main(argv=None):
     p.add_argument("--iface", default="eth0")
     p.add_argument("--idle-seconds", type=float, default=1.0,
                    help="after the timed steps, measure the interface's idle traffic this long")
+    p.add_argument("--change-link-at", type=int, default=0,
+                   help="before this timed step, have the driver reshape the link (0: never)")
+    p.add_argument("--link-file", default=None, help="the request/done file pair's prefix for --change-link-at")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
+    if a.change_link_at and not a.link_file:
+        p.error("--change-link-at needs --link-file")
     if a.framework == "tf":
         a.framework = "tensorflow"
     if a.warmup < 1:

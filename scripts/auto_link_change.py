@@ -1,0 +1,118 @@
+#!/usr/bin/env python
+"""Auto() when the link changes under it: unshaped, then 100 Mbit/s mid-run.
+
+    sudo .venv/bin/python scripts/auto_link_change.py [--recheck-every 10] [--steps 40] [--change-at 10] \
+        [--out docs/results/auto_link_change.json]
+
+On the emulated cluster (2 hosts, one rank each; root, like ``bench e2e``),
+each scheme trains the 16M-parameter MLP for ``--steps`` timed steps; before
+timed step ``--change-at`` every rank waits while this driver shapes both
+hosts' links to ``--rate`` Mbit/s (``tc tbf``), then they go on.  Schemes:
+``Auto(recheck_every=R)`` and ``TopK(0.01)`` (the best fixed scheme on a slow
+link in ``bench e2e``), with ``none`` for reference.
+
+Issue #13's targets, checked and written to the JSON:
+
+* Auto re-plans within its re-check period after the change (the timed step
+  of its first plan after the change minus the change step <= R);
+* after that re-plan, Auto's median step is within 1.2x of TopK(0.01)'s
+  median step after the change.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def _driver(cluster, link_file, rate, stop):
+    """Reshape the link when a rank asks (``<link_file>.request``)."""
+    while not stop.is_set():
+        if os.path.exists(link_file + ".request"):
+            cluster.set_rate(rate)
+            open(link_file + ".done", "w").close()
+            return
+        time.sleep(0.05)
+
+
+def run_one(cluster, spec, a, tmp):
+    from hvd_compress.tools.bench.micro import ALLOCATORS
+    link_file = os.path.join(tmp, f"link{abs(hash(spec))}")
+    out = os.path.join(tmp, f"{abs(hash(spec))}.json")
+    cluster.set_rate(None)
+    cmd = [sys.executable, "-m", "hvd_compress.tools.bench.e2e_worker", "--scheme", spec, "--steps", str(a.steps),
+           "--max-seconds", "0", "--warmup", "2", "--change-link-at", str(a.change_at), "--link-file", link_file,
+           "--iface", cluster.iface, "--out", out]
+    stop = threading.Event()
+    t = threading.Thread(target=_driver, args=(cluster, link_file, a.rate, stop), daemon=True)
+    t.start()
+    env = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+           **ALLOCATORS["default"]}
+    try:
+        r = cluster.run(0, cluster.horovodrun_command(cmd, np=2, controller="gloo", slots=1), env=env,
+                        timeout=1800, cwd=str(REPO))
+    finally:
+        stop.set()
+        t.join(timeout=5)
+    if r.returncode != 0 or not os.path.exists(out):
+        raise RuntimeError(f"{spec} failed (exit {r.returncode}):\n{(r.stdout or '')[-2000:]}{(r.stderr or '')[-2000:]}")
+    with open(out) as f:
+        row = json.load(f)
+    steps = row["step_s_all"]
+    row["median_before_s"] = statistics.median(steps[:a.change_at]) if a.change_at else None
+    row["median_after_s"] = statistics.median(steps[a.change_at:])
+    plans = [s for s in row.get("auto_plan_steps", []) if s >= a.change_at]
+    if "auto_plan_steps" in row:
+        row["replan_step"] = plans[0] if plans else None
+        row["median_after_replan_s"] = statistics.median(steps[plans[0]:]) if plans and plans[0] < len(steps) else None
+    print(f"{spec:>28}: median step before {row['median_before_s']:.3f} s, after {row['median_after_s']:.3f} s"
+          + (f", re-planned at step {row.get('replan_step')}" if "auto_plan_steps" in row else ""), flush=True)
+    return row
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--recheck-every", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--change-at", type=int, default=10)
+    ap.add_argument("--rate", type=float, default=100.0)
+    ap.add_argument("--schemes", default=None, help="default: Auto(recheck_every=R), TopK(0.01), none")
+    ap.add_argument("--out", default=str(REPO / "docs" / "results" / "auto_link_change.json"))
+    a = ap.parse_args(argv)
+    from hvd_compress.tools.testing.cluster import Cluster
+    auto = f"Auto(recheck_every={a.recheck_every})"
+    schemes = a.schemes.split(";") if a.schemes else [auto, "TopK(0.01)", "none"]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="hvdc_link_") as tmp, Cluster(2, prefix="hvdcl") as cluster:
+        for spec in schemes:
+            rows.append(run_one(cluster, spec, a, tmp))
+    by = {r["scheme"]: r for r in rows}
+    verdicts = {}
+    if auto in by and "TopK(0.01)" in by:
+        ar, tk = by[auto], by["TopK(0.01)"]
+        lag = None if ar.get("replan_step") is None else ar["replan_step"] - a.change_at
+        verdicts["replanned_within_recheck_period"] = {"lag_steps": lag, "recheck_every": a.recheck_every,
+                                                       "met": lag is not None and lag <= a.recheck_every}
+        ratio = (ar["median_after_replan_s"] / tk["median_after_s"]) if ar.get("median_after_replan_s") else None
+        verdicts["after_replan_within_1.2x_of_topk"] = {"ratio": ratio, "met": ratio is not None and ratio <= 1.2}
+    for k, v in verdicts.items():
+        print(f"{k}: {v}")
+    doc = {"command": " ".join(["scripts/auto_link_change.py"] + (argv if argv is not None else sys.argv[1:])),
+           "change_at": a.change_at, "rate_mbit": a.rate, "steps": a.steps, "rows": rows, "verdicts": verdicts}
+    with open(a.out, "w") as f:
+        json.dump(doc, f, indent=1)
+    print(f"wrote {a.out}")
+    return 0 if all(v["met"] for v in verdicts.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
