@@ -11,7 +11,12 @@ two passes, in place, into buffers kept per parameter
 * :mod:`.native` -- the C source ``hvdc_kernels.c``, compiled once per machine
   with the system C compiler into a cache directory and loaded with ctypes
   (no Python extension ABI: one shared object serves every framework);
-* :mod:`.torch_cpu` -- the fused codecs for PyTorch CPU tensors.
+* :mod:`.torch_cpu` -- the fused codecs for PyTorch CPU tensors;
+* :mod:`.tf_native` / :mod:`.tf_cpu` -- the same C kernels linked into a
+  TensorFlow op library (``hvdc_tf_ops.cc``, built once per machine with
+  TensorFlow's compile flags) and the fused codecs for TF CPU tensors, which
+  run inside Horovod's traced ``tf.function`` and update the residual
+  variable in place.
 
 ``HVDC_KERNELS=0`` turns them off (the eager reference runs instead); where no
 compiler is found, the eager path runs and a warning says so once.

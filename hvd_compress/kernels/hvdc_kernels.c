@@ -59,6 +59,20 @@ static double compensate_l1(const float *x, float *r, i64 n, int want_l1) {
     return l1;
 }
 
+/* ---- momentum-aware error feedback (hvd_compress.memory.MomentumMemory) ---- */
+
+/* u = m u + x (kept only where finite); d = u, or x + m u with nesterov,
+ * written into d (which may be x itself): the tensor whose acc = d + r every
+ * encode kernel then forms, exactly as MomentumMemory.compensate does. */
+void hvdc_momentum(const float *x, float *u, i64 n, float m, int nesterov, float *d) {
+    for (i64 i = 0; i < n; i++) {
+        float xi = x[i];
+        float v = u[i] * m + xi;
+        d[i] = nesterov ? xi + v * m : v;
+        u[i] = keep_finite(v);
+    }
+}
+
 /* ---- Int8: q = clip(rint(acc / scale), -127, 127), scale = max|acc| / 127 per block ---- */
 
 #if defined(__AVX512F__)
@@ -125,6 +139,22 @@ void hvdc_int8_encode(const float *x, float *r, i64 n, i64 block, int8_t *q, flo
         float amax = int8_block_amax(x, r, lo, hi);
         float scale = amax != amax ? NAN : (amax == 0.0f ? 1.0f : amax / 127.0f);
         scales[b] = scale;
+        int8_block_quantize(r ? r : x, r, lo, hi, scale, q);
+    }
+}
+
+/* The same encode with scale = amax * (1 / 127): inside a tf.function, TF's
+ * graph optimizer rewrites the eager scheme's amax / 127 (a division by a
+ * constant) into that multiplication by the reciprocal, so the TF ops call
+ * this one to give the bits the eager TF path gives under Horovod. */
+void hvdc_int8_encode_rcp(const float *x, float *r, i64 n, i64 block, int8_t *q, float *scales) {
+    const float rcp = 1.0f / 127.0f;
+    if (n == 0) { scales[0] = 1.0f; return; }
+    for (i64 lo = 0; lo < n; lo += block) {
+        i64 hi = lo + block < n ? lo + block : n;
+        float amax = int8_block_amax(x, r, lo, hi);
+        float scale = amax != amax ? NAN : (amax == 0.0f ? 1.0f : amax * rcp);
+        scales[lo / block] = scale;
         int8_block_quantize(r ? r : x, r, lo, hi, scale, q);
     }
 }

@@ -35,6 +35,7 @@ _failed = None
 i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 #: name -> (argument types, return type)
 SIGNATURES = {
+    "hvdc_momentum": ((ptr, ptr, i64, f32, ctypes.c_int, ptr), None),
     "hvdc_int8_encode": ((ptr, ptr, i64, i64, ptr, ptr), None),
     "hvdc_int8_decode_sum": ((ctypes.c_int, ptr, ptr, i64, i64, f32, ctypes.c_int, ptr), None),
     "hvdc_sign_encode": ((ptr, ptr, i64, ctypes.c_int, ptr, ptr), None),

@@ -19,7 +19,7 @@ import torch
 
 from ..backend import backend_for, ceil_div
 from ..coding import _ef_low_bits, index_code_nbytes
-from ..memory import ResidualMemory
+from ..memory import MomentumMemory, ResidualMemory
 from ..schemes.casts import BF16, FP16
 from ..schemes.quantization import EFSignSGD, Int8, SignSGD
 from ..schemes.sparsification import DGC, TopK, Threshold, _k_for
@@ -247,6 +247,17 @@ class SparseCodec(Codec):
         return idx, vals
 
 
+def apply_momentum(x, u, memory, ws, out):
+    """Momentum-aware error feedback's first half, in one pass: ``u = m u + x``
+    in place and the direction ``d`` (``u``, or ``x + m u`` with Nesterov)
+    written into ``out`` (the gradient Horovod replaces anyway) or a workspace
+    buffer; the codec then compresses ``d + residual``."""
+    n = x.numel()
+    d = out if out is not None else buffer(ws, "momentum_d", n, torch.float32)
+    load().hvdc_momentum(_p(x), _p(u), n, ctypes.c_float(memory.momentum), int(memory.nesterov), _p(d))
+    return d
+
+
 def ctx_float(v):
     return ctypes.c_float(float(v))
 
@@ -324,13 +335,12 @@ FUSED = {Int8: Int8Codec, TopK: TopKCodec, Threshold: ThresholdCodec, DGC: DGCCo
 def codec_for(scheme, memory, x):
     """The fused codec of ``scheme`` for the flat float32 tensor ``x``, or None
     where the eager path runs: kernels off or unbuilt, not a CPU float32
-    tensor, a memory other than plain error feedback (momentum memories keep
-    the eager path), or more elements than int32 offsets cover."""
+    tensor, DGC's memory, or more elements than int32 offsets cover."""
     if not (isinstance(x, torch.Tensor) and x.dtype == torch.float32 and x.is_contiguous() and x.numel() < 2**31
             and backend_for(x).host_reads_are_free(x)):  # CPU memory (and not the CUDA stand-in of the sync test)
         return None
-    if memory is not None and type(memory) is not ResidualMemory:
-        return None
+    if memory is not None and type(memory) not in (ResidualMemory, MomentumMemory):
+        return None  # DGC's memory masks its momentum by what was sent: the eager path
     lib = load()
     if lib is None:
         return None

@@ -35,7 +35,7 @@ class AllgatherTransport(Transport):
         adapter, B = call.adapter, call.backend
         codec = fused_codec(call)
         payload, deps = encode_with_feedback(adapter, call.scheme, call.x, encode_context(call), call.memory,
-                                             call.key, call.numel, codec)
+                                             call.key, call.numel, codec, call.out)
         local, wire = local_and_wire(payload)
         pending = AllgatherPending(transport=self, local_parts=local, codec=codec, **pending_fields(call))
         nbytes = PLACEHOLDER_NBYTES

@@ -23,7 +23,7 @@ class AllreduceTransport(Transport):
         adapter = call.adapter
         codec = fused_codec(call)
         payload, deps = encode_with_feedback(adapter, call.scheme, call.x, encode_context(call), call.memory,
-                                             call.key, call.numel, codec)
+                                             call.key, call.numel, codec, call.out)
         local, wire = local_and_wire(payload)
         out = adapter.B.identity_with_deps(wire["reduce"], deps)
         adapter.record_bytes(call.comp, call.key, call.scheme, call.numel, adapter.nbytes(out))

@@ -142,20 +142,33 @@ def fused_codec(call: Call):
     return call.adapter.fused_codec(call.scheme, call.memory, call.x)
 
 
-def encode_with_feedback(adapter, scheme, x, context: EncodeContext, memory, key: str, numel: int, codec=None):
+def encode_with_feedback(adapter, scheme, x, context: EncodeContext, memory, key: str, numel: int, codec=None,
+                         out=None):
     """get memory -> compensate -> encode -> update -> set memory; returns
     (payload, dependencies).  Without a memory the scheme is told that
     nobody reads its dense ``sent`` (``need_sent=False``).  A fused ``codec``
-    does all of it in its kernels, updating the stored residual in place."""
+    does all of it in its kernels, updating the stored state in place (``out``:
+    the gradient buffer it may use as scratch, see :attr:`Call.out`)."""
     if codec is not None:
-        residual = adapter.get_memory("residual", key, numel, x) if memory is not None else None
-        return codec.encode(x, residual, adapter.workspace(key), context), []
+        return fused_encode(adapter, codec, x, context, memory, key, numel, out), []
     if memory is None:
         payload, _ = scheme.encode(adapter.B, x, replace(context, need_sent=False))
         return payload, []
     acc, state = compensate(adapter, memory, key, numel, x)
     payload, sent = scheme.encode(adapter.B, acc, context)
     return payload, update(adapter, memory, key, acc, sent, state)
+
+
+def fused_encode(adapter, codec, x, context, memory, key, numel, out):
+    """:func:`encode_with_feedback` by a fused codec: the momentum pass first
+    where the memory keeps a velocity, then the codec on ``d + residual``."""
+    ws = adapter.workspace(key)
+    if memory is not None and "momentum" in memory.names:
+        from ..kernels.torch_cpu import apply_momentum
+        x = apply_momentum(x, adapter.get_memory("momentum", key, numel, x), memory, ws, out)
+    keeps_residual = memory is not None and "residual" in memory.names
+    residual = adapter.get_memory("residual", key, numel, x) if keeps_residual else None
+    return codec.encode(x, residual, ws, context)
 
 
 def local_and_wire(payload: dict):

@@ -209,8 +209,9 @@ def test_which_calls_are_fused(monkeypatch):
     x = torch.randn(1000)
     assert codec_for(hc.schemes.Int8(), None, x) is not None
     assert codec_for(hc.schemes.Int8(), ResidualMemory(), x) is not None
-    # momentum memories, other dtypes, non-contiguous or CUDA-like (host reads not free) tensors: eager
-    assert codec_for(hc.schemes.Int8(), hc.MomentumMemory(0.9), x) is None
+    assert codec_for(hc.schemes.Int8(), hc.MomentumMemory(0.9), x) is not None
+    # DGC's memory, other dtypes, non-contiguous or CUDA-like (host reads not free) tensors: eager
+    assert codec_for(hc.schemes.Int8(), hc.DGCMemory(0.9), x) is None
     assert codec_for(hc.schemes.Int8(), None, x.double()) is None
     assert codec_for(hc.schemes.Int8(), None, torch.randn(10, 10).t()) is None
     assert codec_for(hc.schemes.QSGD(), None, x) is None  # not fused: the eager scheme runs
@@ -272,3 +273,52 @@ def test_hot_path_allocates_no_large_buffer_after_warmup(spec):
     assert _large_allocations(lambda: box.update(r=comp.compress(grad))) == [], "encode"
     assert _large_allocations(lambda: comp.decompress(*box["r"])) == [], "decode"
     assert os.environ.get("HVDC_KERNELS", "1") != "0"
+
+
+# --- the whole adapter flow, fused against eager ------------------------------------------------------
+def _flow(spec, monkeypatch, fused, steps=3, n=20_000, owned=True):
+    """Outputs and kept state of ``steps`` compress/decompress calls through the
+    real torch adapter with one-rank collectives, fused or eager."""
+    from hvd_compress.tools.bench.local import local_compressor
+    monkeypatch.setenv("HVDC_KERNELS", "1" if fused else "0")
+    comp = local_compressor(eval("hc." + spec, {"hc": hc, "Int8": hc.schemes.Int8}), "torch")
+    adapter = comp._adapters["torch"]
+    if not owned:  # a direct hvd.allreduce(t, compression=...): the caller keeps t
+        info = adapter.caller_info
+
+        def not_owned(tensor):
+            from dataclasses import replace
+            return replace(info(tensor), owns_input=False)
+        adapter.caller_info = not_owned
+    gen = torch.Generator().manual_seed(9)
+    outs, inputs = [], []
+    for _ in range(steps):
+        g = torch.randn(n, generator=gen)
+        inputs.append((g, g.clone()))
+        out, ctx = comp.compress(g)
+        outs.append(comp.decompress(out, ctx).clone())
+    states = {name: view for name, view in adapter.memories.items()}
+    states["residual"] = adapter.residuals
+    kept = {name: {k: v.clone() for k, v in view.items()} for name, view in states.items()}
+    return outs, kept, inputs
+
+
+@pytest.mark.parametrize("spec", ["TopK(0.01)", "Int8()", "SignSGD()", "FP16()", "BF16(error_feedback=True)",
+                                  "DGC(0.01)", "TopK(0.01, momentum=0.9)", "Int8(momentum=0.9, nesterov=True)",
+                                  "SignSGD(momentum=0.9)", "TopK(0.05, values=Int8(), momentum=0.5)"])
+@pytest.mark.parametrize("owned", [True, False])
+def test_adapter_flow_fused_equals_eager(spec, owned, monkeypatch):
+    """Momentum in the compressor included: one pass makes u = m u + g and the
+    direction, then the codec compresses direction + residual, as
+    MomentumMemory does; the velocity and residual kept are the eager ones."""
+    fo, fk, fin = _flow(spec, monkeypatch, fused=True, owned=owned)
+    eo, ek, _ = _flow(spec, monkeypatch, fused=False, owned=owned)
+    for a, b in zip(fo, eo):
+        assert _same(a, b)
+    assert fk.keys() == ek.keys()
+    for name in ek:
+        assert fk[name].keys() == ek[name].keys()
+        for key in ek[name]:
+            assert _same(fk[name][key], ek[name][key]), (name, key)
+    if not owned:  # the caller's tensor is left as it was
+        assert all(torch.equal(g, copy) for g, copy in fin)

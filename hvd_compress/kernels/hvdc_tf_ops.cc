@@ -1,0 +1,364 @@
+// TensorFlow custom ops over hvdc_kernels.c (the same C kernels the torch
+// codecs call through ctypes), for hvd_compress.kernels.tf_cpu.
+//
+// The encode ops take the error-feedback residual as a resource (the
+// tf.Variable the TF adapter keeps) and update it in place under the
+// variable's lock: acc = x + r is formed in r and r ends as acc - sent, so
+// there is no fresh residual tensor per step.  Copy-on-write is respected:
+// where another tensor still aliases the variable's buffer (a read not yet
+// released, copy-on-read mode), the buffer is copied first, as TF's own
+// update ops do.  Without error feedback the resource list is empty.
+//
+// The ops are stateful (they must not be pruned, folded or deduplicated);
+// inside a tf.function, automatic control dependencies order them with the
+// other accesses of the same variable.  Built by hvd_compress/kernels/tf_native.py.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_var.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+typedef int64_t i64;
+
+extern "C" {
+void hvdc_int8_encode_rcp(const float *x, float *r, i64 n, i64 block, int8_t *q, float *scales);
+void hvdc_int8_decode_sum(int nr, const int8_t *const *qs, const float *const *scales, i64 n, i64 block,
+                          float s, int scaled, float *out);
+i64 hvdc_compensate_select(const float *x, float *r, i64 n, float thr, int strict, int nan_large,
+                           i64 *cand, float *cand_val, i64 cap);
+void hvdc_sample_magnitudes(const float *x, const float *r, i64 n, i64 stride, int nan_large, float *out);
+float hvdc_kth_largest(float *v, i64 m, i64 k);
+void hvdc_topk_fixup(const i64 *cand, const float *cand_val, i64 c, i64 k, int nan_large, i64 *out,
+                     float *out_val, float *tmp);
+void hvdc_clear_sent(float *acc, const i64 *idx, i64 k, const i64 *cand, const float *cand_val, i64 c);
+void hvdc_index_encode(const i64 *idx, i64 k, i64 n, int code, int low, uint8_t *out, i64 nbytes);
+void hvdc_index_decode(const uint8_t *in, i64 k, i64 n, int code, int low, i64 *out);
+int hvdc_is_ascending(const i64 *idx, i64 k);
+void hvdc_sparse_sum(int nr, const i64 *const *idx, const float *const *vals, const i64 *ks, i64 n,
+                     float s, int scaled, float *out);
+}
+
+namespace {
+
+using namespace tensorflow;
+using shape_inference::InferenceContext;
+
+// ---- shapes: every output length follows from the attributes ----------------------------
+absl::Status VectorFromAttr(InferenceContext *c, int output, const char *attr) {
+  int64_t len;
+  TF_RETURN_IF_ERROR(c->GetAttr(attr, &len));
+  c->set_output(output, c->Vector(len));
+  return absl::OkStatus();
+}
+
+REGISTER_OP("HvdcInt8Encode")
+    .Input("x: float")
+    .Input("r: M * resource")
+    .Output("q: int8")
+    .Output("scale: float")
+    .Attr("M: int >= 0")
+    .Attr("n: int >= 0")
+    .Attr("block: int >= 1")
+    .Attr("nb: int >= 1")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext *c) {
+      TF_RETURN_IF_ERROR(VectorFromAttr(c, 0, "n"));
+      return VectorFromAttr(c, 1, "nb");
+    });
+
+REGISTER_OP("HvdcInt8DecodeSum")
+    .Input("qs: N * int8")
+    .Input("scales: N * float")
+    .Input("s: float")
+    .Output("out: float")
+    .Attr("N: int >= 1")
+    .Attr("n: int >= 0")
+    .Attr("block: int >= 1")
+    .Attr("scaled: bool")
+    .SetShapeFn([](InferenceContext *c) { return VectorFromAttr(c, 0, "n"); });
+
+REGISTER_OP("HvdcTopKEncode")
+    .Input("x: float")
+    .Input("r: M * resource")
+    .Output("idx: T")
+    .Output("val: float")
+    .Attr("T: {int32, uint8}")
+    .Attr("M: int >= 0")
+    .Attr("n: int >= 1")
+    .Attr("k: int >= 1")
+    .Attr("stride: int >= 1")
+    .Attr("want: int >= 1")
+    .Attr("code: int")
+    .Attr("low: int")
+    .Attr("nbytes: int")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext *c) {
+      int code;
+      TF_RETURN_IF_ERROR(c->GetAttr("code", &code));
+      TF_RETURN_IF_ERROR(VectorFromAttr(c, 0, code == 0 ? "k" : "nbytes"));  // raw: k int32
+      return VectorFromAttr(c, 1, "k");
+    });
+
+REGISTER_OP("HvdcSparseSum")
+    .Input("idxs: N * T")
+    .Input("vals: N * float")
+    .Input("s: float")
+    .Output("out: float")
+    .Attr("T: {int32, uint8}")
+    .Attr("N: int >= 1")
+    .Attr("n: int >= 0")
+    .Attr("k: int >= 1")
+    .Attr("code: int")
+    .Attr("low: int")
+    .Attr("nbytes: int")
+    .Attr("scaled: bool")
+    .SetShapeFn([](InferenceContext *c) { return VectorFromAttr(c, 0, "n"); });
+
+// ---- shared pieces ---------------------------------------------------------------------------
+absl::Status CheckVector(const Tensor &t, i64 n, const char *what) {
+  if (t.dims() != 1 || t.dim_size(0) != n)
+    return errors::InvalidArgument(what, " must be a vector of ", n, " elements; got shape ",
+                                   t.shape().DebugString());
+  return absl::OkStatus();
+}
+
+// The residual variable of input `index`, locked by the caller, its buffer
+// owned by the variable alone (copied first where something else aliases it).
+absl::Status ResidualForUpdate(OpKernelContext *ctx, Var *var, i64 n, float **out) {
+  Tensor *t = var->tensor();
+  if (!t->IsInitialized() || t->dtype() != DT_FLOAT || t->NumElements() != n)
+    return errors::InvalidArgument("the residual variable must be float32 of ", n, " elements");
+  if (var->copy_on_read_mode.load() || !t->RefCountIsOne()) {
+    Tensor copy;
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(DT_FLOAT, t->shape(), &copy));
+    std::memcpy(copy.flat<float>().data(), t->flat<float>().data(), n * sizeof(float));
+    *t = copy;
+  }
+  *out = t->flat<float>().data();
+  return absl::OkStatus();
+}
+
+// Runs fn(r) with r the in-place residual (nullptr without error feedback),
+// holding the variable's lock for the whole update.
+template <typename Fn>
+void WithResidual(OpKernelContext *ctx, int m, i64 n, Fn fn) {
+  if (m == 0) {
+    fn(static_cast<float *>(nullptr));
+    return;
+  }
+  core::RefCountPtr<Var> var;
+  OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 1), &var));
+  mutex_lock ml(*var->mu());
+  float *r = nullptr;
+  OP_REQUIRES_OK(ctx, ResidualForUpdate(ctx, var.get(), n, &r));
+  fn(r);
+}
+
+template <typename T>
+T *Alloc(OpKernelContext *ctx, Tensor *holder, DataType dt, i64 len) {
+  auto st = ctx->allocate_temp(dt, TensorShape({std::max<i64>(len, 1)}), holder);
+  if (!st.ok()) {
+    ctx->CtxFailure(st);
+    return nullptr;
+  }
+  return reinterpret_cast<T *>(const_cast<char *>(holder->tensor_data().data()));
+}
+
+float ScaleInput(OpKernelContext *ctx, int index) { return ctx->input(index).scalar<float>()(); }
+
+// ---- Int8 ------------------------------------------------------------------------------------
+class Int8EncodeOp : public OpKernel {
+ public:
+  explicit Int8EncodeOp(OpKernelConstruction *c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("M", &m_));
+    OP_REQUIRES_OK(c, c->GetAttr("n", &n_));
+    OP_REQUIRES_OK(c, c->GetAttr("block", &block_));
+    OP_REQUIRES_OK(c, c->GetAttr("nb", &nb_));
+  }
+  void Compute(OpKernelContext *ctx) override {
+    const Tensor &x = ctx->input(0);
+    OP_REQUIRES_OK(ctx, CheckVector(x, n_, "x"));
+    Tensor *q = nullptr, *scale = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n_}), &q));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({nb_}), &scale));
+    const float *xp = x.flat<float>().data();
+    WithResidual(ctx, m_, n_, [&](float *r) {
+      hvdc_int8_encode_rcp(xp, r, n_, block_, q->flat<int8_t>().data(), scale->flat<float>().data());
+    });
+  }
+
+ private:
+  int m_;
+  int64_t n_, block_, nb_;
+};
+
+class Int8DecodeSumOp : public OpKernel {
+ public:
+  explicit Int8DecodeSumOp(OpKernelConstruction *c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("n", &n_));
+    OP_REQUIRES_OK(c, c->GetAttr("block", &block_));
+    OP_REQUIRES_OK(c, c->GetAttr("scaled", &scaled_));
+  }
+  void Compute(OpKernelContext *ctx) override {
+    OpInputList qs, scales;
+    OP_REQUIRES_OK(ctx, ctx->input_list("qs", &qs));
+    OP_REQUIRES_OK(ctx, ctx->input_list("scales", &scales));
+    const i64 nb = n_ ? (n_ + block_ - 1) / block_ : 1;
+    std::vector<const int8_t *> qp;
+    std::vector<const float *> sp;
+    for (int j = 0; j < qs.size(); j++) {
+      OP_REQUIRES_OK(ctx, CheckVector(qs[j], n_, "q"));
+      OP_REQUIRES_OK(ctx, CheckVector(scales[j], nb, "scale"));
+      qp.push_back(qs[j].flat<int8_t>().data());
+      sp.push_back(scales[j].flat<float>().data());
+    }
+    Tensor *out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n_}), &out));
+    hvdc_int8_decode_sum(qs.size(), qp.data(), sp.data(), n_, block_, ScaleInput(ctx, 2 * qs.size()), scaled_,
+                         out->flat<float>().data());
+  }
+
+ private:
+  int64_t n_, block_;
+  bool scaled_;
+};
+
+// ---- Top-K -----------------------------------------------------------------------------------
+class TopKEncodeOp : public OpKernel {
+ public:
+  explicit TopKEncodeOp(OpKernelConstruction *c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("n", &n_));
+    OP_REQUIRES_OK(c, c->GetAttr("k", &k_));
+    OP_REQUIRES_OK(c, c->GetAttr("stride", &stride_));
+    OP_REQUIRES_OK(c, c->GetAttr("want", &want_));
+    OP_REQUIRES_OK(c, c->GetAttr("nbytes", &nbytes_));
+    OP_REQUIRES_OK(c, c->GetAttr("M", &m_));
+    OP_REQUIRES_OK(c, c->GetAttr("code", &code_));
+    OP_REQUIRES_OK(c, c->GetAttr("low", &low_));
+  }
+  void Compute(OpKernelContext *ctx) override {
+    const Tensor &x = ctx->input(0);
+    OP_REQUIRES_OK(ctx, CheckVector(x, n_, "x"));
+    WithResidual(ctx, m_, n_, [&](float *r) { Encode(ctx, x.flat<float>().data(), r); });
+  }
+
+ private:
+  // sampled threshold, one pass forming acc = x + r and collecting the
+  // candidates, the exact k among them, the residual cleared where sent
+  void Encode(OpKernelContext *ctx, const float *x, float *r) {
+    Tensor sample_t, cand_t, cval_t, kept_t, tmp_t;
+    const i64 m = (n_ + stride_ - 1) / stride_;
+    float *sample = Alloc<float>(ctx, &sample_t, DT_FLOAT, m);
+    if (!sample) return;
+    hvdc_sample_magnitudes(x, r, n_, stride_, 1, sample);
+    float thr = hvdc_kth_largest(sample, m, std::min(want_, m));
+    i64 cap = 3 * k_ + 1024;
+    i64 *cand = Alloc<i64>(ctx, &cand_t, DT_INT64, cap);
+    float *cval = Alloc<float>(ctx, &cval_t, DT_FLOAT, cap);
+    if (!cand || !cval) return;
+    i64 c = hvdc_compensate_select(x, r, n_, thr, 0, 1, cand, cval, cap);
+    const float *acc = r ? r : x;
+    for (int lowered = 0;; lowered++) {
+      if (c > cap) {  // more candidates than room: collect again from acc, with room
+        cap = c;
+        cand = Alloc<i64>(ctx, &cand_t, DT_INT64, cap);
+        cval = Alloc<float>(ctx, &cval_t, DT_FLOAT, cap);
+        if (!cand || !cval) return;
+        c = hvdc_compensate_select(acc, nullptr, n_, thr, 0, 1, cand, cval, cap);
+      }
+      if (c >= k_) break;
+      // the sample overshot (fewer than k candidates): a lower threshold, one more
+      // read of acc (as the torch codec); after 3 tries every element is a candidate
+      thr = lowered < 3 ? thr / 4.0f : -INFINITY;
+      c = hvdc_compensate_select(acc, nullptr, n_, thr, 0, 1, cand, cval, cap);
+    }
+    Tensor *idx_out = nullptr, *val_out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({code_ == 0 ? k_ : nbytes_}), &idx_out));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({k_}), &val_out));
+    i64 *kept = Alloc<i64>(ctx, &kept_t, DT_INT64, k_);
+    float *tmp = Alloc<float>(ctx, &tmp_t, DT_FLOAT, c);
+    if (!kept || !tmp) return;
+    hvdc_topk_fixup(cand, cval, c, k_, 1, kept, val_out->flat<float>().data(), tmp);
+    if (r) hvdc_clear_sent(r, kept, k_, cand, cval, c);
+    auto *coded = reinterpret_cast<uint8_t *>(const_cast<char *>(idx_out->tensor_data().data()));
+    hvdc_index_encode(kept, k_, n_, code_, low_, coded, nbytes_);
+  }
+
+  int m_, code_, low_;
+  int64_t n_, k_, stride_, want_, nbytes_;
+};
+
+class SparseSumOp : public OpKernel {
+ public:
+  explicit SparseSumOp(OpKernelConstruction *c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("n", &n_));
+    OP_REQUIRES_OK(c, c->GetAttr("k", &k_));
+    OP_REQUIRES_OK(c, c->GetAttr("code", &code_));
+    OP_REQUIRES_OK(c, c->GetAttr("low", &low_));
+    OP_REQUIRES_OK(c, c->GetAttr("nbytes", &nbytes_));
+    OP_REQUIRES_OK(c, c->GetAttr("scaled", &scaled_));
+  }
+  void Compute(OpKernelContext *ctx) override {
+    OpInputList idxs, vals;
+    OP_REQUIRES_OK(ctx, ctx->input_list("idxs", &idxs));
+    OP_REQUIRES_OK(ctx, ctx->input_list("vals", &vals));
+    const int nr = idxs.size();
+    Tensor idx_t, val_t;
+    i64 *idx = Alloc<i64>(ctx, &idx_t, DT_INT64, nr * k_);
+    float *val = Alloc<float>(ctx, &val_t, DT_FLOAT, nr * k_);
+    if (!idx || !val) return;
+    std::vector<const i64 *> ip;
+    std::vector<const float *> vp;
+    for (int j = 0; j < nr; j++) {
+      OP_REQUIRES_OK(ctx, CheckVector(vals[j], k_, "val"));
+      const uint8_t *coded = reinterpret_cast<const uint8_t *>(idxs[j].tensor_data().data());
+      OP_REQUIRES(ctx, (i64)idxs[j].tensor_data().size() == nbytes_,
+                  errors::InvalidArgument("idx of rank ", j, " must hold ", nbytes_, " bytes; got ",
+                                          idxs[j].tensor_data().size()));
+      i64 *ij = idx + j * k_;
+      float *vj = val + j * k_;
+      hvdc_index_decode(coded, k_, n_, code_, low_, ij);
+      std::memcpy(vj, vals[j].flat<float>().data(), k_ * sizeof(float));
+      if (!hvdc_is_ascending(ij, k_)) SortPairs(ij, vj);  // raw indices from an eager (top_k order) encoder
+      for (i64 t = 0; t < k_; t++)
+        OP_REQUIRES(ctx, ij[t] >= 0 && ij[t] < n_, errors::InvalidArgument("index ", ij[t], " out of [0, ", n_, ")"));
+      ip.push_back(ij);
+      vp.push_back(vj);
+    }
+    std::vector<i64> ks(nr, k_);
+    Tensor *out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n_}), &out));
+    hvdc_sparse_sum(nr, ip.data(), vp.data(), ks.data(), n_, ScaleInput(ctx, 2 * nr), scaled_,
+                    out->flat<float>().data());
+  }
+
+ private:
+  void SortPairs(i64 *idx, float *val) {
+    std::vector<i64> order(k_);
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](i64 a, i64 b) { return idx[a] < idx[b]; });
+    std::vector<i64> i2(k_);
+    std::vector<float> v2(k_);
+    for (i64 t = 0; t < k_; t++) i2[t] = idx[order[t]], v2[t] = val[order[t]];
+    std::copy(i2.begin(), i2.end(), idx);
+    std::copy(v2.begin(), v2.end(), val);
+  }
+
+  int code_, low_;
+  int64_t n_, k_, nbytes_;
+  bool scaled_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("HvdcInt8Encode").Device(DEVICE_CPU), Int8EncodeOp);
+REGISTER_KERNEL_BUILDER(Name("HvdcInt8DecodeSum").Device(DEVICE_CPU), Int8DecodeSumOp);
+REGISTER_KERNEL_BUILDER(Name("HvdcTopKEncode").Device(DEVICE_CPU), TopKEncodeOp);
+REGISTER_KERNEL_BUILDER(Name("HvdcSparseSum").Device(DEVICE_CPU), SparseSumOp);
+
+}  // namespace

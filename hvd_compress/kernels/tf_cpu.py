@@ -1,0 +1,137 @@
+"""Fused codecs for TensorFlow CPU tensors: the ops of ``hvdc_tf_ops.cc``
+(:mod:`.tf_native`), which run the C kernels of ``hvdc_kernels.c`` -- the
+same code as the torch codecs -- inside Horovod's traced ``tf.function``.
+
+An encode op takes the gradient and the residual ``tf.Variable``'s handle,
+and updates the residual in place under the variable's lock (copying it
+first only where another tensor still aliases it), so the payload it returns
+is produced by the very op that updated the residual: whatever waits on the
+payload waits on the update, and no ``assign`` of a fresh 64 MB residual
+follows.  Inside a ``tf.function``, automatic control dependencies order the
+op with every other access of that variable.  Payload parts have the eager
+scheme's names, dtypes and bytes; tests/unit/test_kernels_tf.py holds the two
+paths to the same results.
+
+Fused here: Int8 (any block size) and Top-K (``values=None``), with or without
+plain error feedback.  Every other scheme, memory or device runs the eager
+code.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from ..backend import ceil_div
+from ..coding import _ef_low_bits, index_code_nbytes
+from ..memory import ResidualMemory
+from ..schemes.quantization import Int8
+from ..schemes.sparsification import TopK
+from .tf_native import load
+
+CODES = {"raw": 0, "bitmap": 1, "elias_fano": 2}
+
+
+def _scale_args(scale):
+    """(``s`` input, ``scaled`` attribute) of a decode op."""
+    if scale is None:
+        return tf.zeros([], tf.float32), False
+    return tf.reshape(tf.cast(scale, tf.float32), []), True
+
+
+class TFCodec:
+    """Encode (with error feedback) and decode of one scheme, fused."""
+
+    def __init__(self, ops, adapter, scheme):
+        self.ops, self.adapter, self.scheme = ops, adapter, scheme
+
+    def residual_handles(self, r, ctx):
+        """The resource list an encode op updates in place: the residual
+        variable of this key (``r``, its value, is not used), or none."""
+        if r is None:
+            return []
+        return [self.adapter.residual_variable(ctx.key).handle]
+
+    def decode_reduced(self, reduced, numel, out, ws):
+        raise NotImplementedError
+
+
+class Int8Codec(TFCodec):
+    def encode(self, x, r, ws, ctx):
+        n = int(x.shape[0])
+        block = self.scheme._block(n)
+        q, scale = self.ops.hvdc_int8_encode(x=x, r=self.residual_handles(r, ctx), n=n, block=block,
+                                             nb=max(1, ceil_div(n, block)))
+        return {"q": q, "scale": scale}
+
+    def aggregate(self, payloads, numel, local, scale, out, ws):
+        s, scaled = _scale_args(scale)
+        return self.ops.hvdc_int8_decode_sum(qs=[p["q"] for p in payloads], scales=[p["scale"] for p in payloads],
+                                             s=s, n=numel, block=self.scheme._block(numel), scaled=scaled)
+
+
+class TopKCodec(TFCodec):
+    """Sampled threshold, one pass forming ``acc = x + r`` in place and
+    collecting the candidates, the exact k among them (ties in index order),
+    the residual cleared where sent, and the index code -- all in one op."""
+
+    def _code(self, n):
+        k = self.scheme.fixed_k(n)
+        code = self.scheme.index_code(n)
+        return k, code, index_code_nbytes(code, n, k), _ef_low_bits(n, k)
+
+    def encode(self, x, r, ws, ctx):
+        n = int(x.shape[0])
+        k, code, nbytes, low = self._code(n)
+        stride, want = fused_topk_plan(n, k)
+        idx, val = self.ops.hvdc_top_k_encode(x=x, r=self.residual_handles(r, ctx), T=_idx_dtype(code), n=n, k=k,
+                                              stride=stride, want=want, code=CODES[code], low=low, nbytes=nbytes)
+        return {"idx": idx, "val": val}
+
+    def aggregate(self, payloads, numel, local, scale, out, ws):
+        k, code, nbytes, low = self._code(numel)
+        s, scaled = _scale_args(scale)
+        idxs = [tf.cast(p["idx"], _idx_dtype(code)) for p in payloads]
+        return self.ops.hvdc_sparse_sum(idxs=idxs, vals=[p["val"] for p in payloads], s=s, n=numel, k=k,
+                                        code=CODES[code], low=low, nbytes=nbytes, scaled=scaled)
+
+
+def _idx_dtype(code):
+    return tf.int32 if code == "raw" else tf.uint8
+
+
+def fused_topk_plan(n, k):
+    """``(stride, want)``: the sample and its rank that the threshold comes
+    from, as :func:`hvd_compress.kernels.torch_cpu.fused_topk_plan` (which
+    this module cannot import: it needs torch)."""
+    stride = max(1, n // 65536) | 1  # odd: not every sample in the same columns of a power-of-two row
+    m = ceil_div(n, stride)
+    return stride, min(m, max(1, int(2.0 * k * m / n) + 8))
+
+
+def _on_cpu(x):
+    """Placed on the CPU, or unplaced where TF has no GPU (the ops are CPU kernels)."""
+    device = (x.device or "").upper()
+    return "CPU" in device or (not device and not tf.config.list_logical_devices("GPU"))
+
+
+def codec_for(scheme, memory, x, adapter):
+    """The fused TF codec of ``scheme`` for the flat float32 tensor ``x``, or
+    None where the eager path runs: kernels off or unbuilt, not a CPU float32
+    tensor of a static size below 2**31, a memory other than plain error
+    feedback, a Top-K with a ``values=`` quantizer or keeping more than an
+    eighth of the elements."""
+    n = x.shape[0] if x.shape.rank == 1 else None
+    if n is None or x.dtype != tf.float32 or n >= 2**31 or not _on_cpu(x):
+        return None
+    if memory is not None and type(memory) is not ResidualMemory:
+        return None
+    cls = type(scheme)
+    if cls is TopK:
+        k = scheme.fixed_k(n)
+        if scheme.values is not None or not (0 < k and 8 * k <= n):
+            return None
+    elif cls is not Int8:
+        return None
+    ops = load()
+    if ops is None:
+        return None
+    return (Int8Codec if cls is Int8 else TopKCodec)(ops, adapter, scheme)
