@@ -63,13 +63,14 @@ def compiler():
 
 
 def _cpu_model():
+    """The CPU's model name and feature flags (-march=native builds for them:
+    a machine that differs in either, e.g. a VM without AVX-512, builds its own)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("model name", "flags")):
-                return line
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        pass
-    return platform.processor()
+        return platform.processor()
+    wanted = ("model name", "flags")
+    return "\n".join(next((l for l in lines if l.startswith(w)), "") for w in wanted)
 
 
 def cache_dir():
