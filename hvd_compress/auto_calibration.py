@@ -132,3 +132,9 @@ def check_same_plan(labels, version, process_set):
         raise PlanMismatchError(f"hvd_compress.Auto: ranks would apply different plans at plan version {version} "
                                 f"(ranks {differ} differ from rank 0; plan hashes {hashes}); every rank must "
                                 f"build the same Auto and see the same tensors")
+
+
+def world():
+    """(process set, size, rank) of Auto's collectives: the global set."""
+    import horovod.torch as hvd
+    return hvd.global_process_set, hvd.size(), hvd.rank()

@@ -1,5 +1,5 @@
 """``hvd_compress.Auto()``: each tensor's scheme chosen online from the
-measured link and encode cost (PyTorch).
+measured link and encode cost (PyTorch and TensorFlow).
 
 Life of an ``Auto``:
 
@@ -26,14 +26,30 @@ So ``sum(sent) + residual == sum(gradients)`` holds across re-plans.
 A plan version is a phase, as in :class:`~hvd_compress.Schedule`: its side
 collectives are named ``<key>@<version>``.
 
-Only the global process set is supported; tensors first seen after
-calibration and TensorFlow are not (TensorFlow raises NotImplementedError:
-use :class:`~hvd_compress.Policy`).
+**TensorFlow** (:mod:`hvd_compress.auto_tf`): Horovod traces ``compress``
+once, so the same life runs differently.  Each candidate's codec cost is
+timed at the first trace, eagerly, on random tensors of the real shapes
+(compiled, call overhead subtracted).  The traced graph holds every mode of
+every tensor (none, the one-step flush, each lossy candidate) in a
+``tf.switch_case`` on a per-tensor mode variable; at check steps a host
+callback (``tf.py_function``) probes the link, agrees with the other ranks
+and returns the new modes, so a re-plan needs no retrace.  The step time
+comes from ``tf.timestamp()``.  The plan is also kept as JSON in a
+variable of :meth:`~hvd_compress.Compressor.tf_checkpointable`, so
+``tf.train.Checkpoint`` resumes it.  Limits: the codec costs are timed once,
+before the dense calibration steps, on this machine's load at that moment;
+the graph holds every candidate's branch (longer traces, and a residual
+variable per tensor from the start); the host callback needs a graph that
+runs Python (not XLA, not a SavedModel served without Python).
+
+Only the global process set is supported, one framework per ``Auto``
+object, and tensors first seen after calibration are not planned.
 """
 from __future__ import annotations
 
 import json
 import statistics
+import threading
 import time
 from dataclasses import astuple
 
@@ -59,7 +75,8 @@ def require_global_process_set():
 
 
 class Auto(Compressor):
-    """Per-tensor compression chosen from measurements; see the module docstring.
+    """Per-tensor compression chosen from measurements; see the module
+    docstring, which also says how TensorFlow differs and its limits there.
 
     Args:
         rules: :class:`~hvd_compress.Rule` s that pin tensors (they win over the planner).
@@ -105,6 +122,9 @@ class Auto(Compressor):
         super().__init__(NoCompression(), error_feedback=True, seed=seed, memory=ResidualMemory())
         self._feedback = self.memory
         self._process_set_checked = False
+        self._framework = None
+        self._tf_lock = threading.Lock()  # the TF host callbacks of one step
+        self._tf_codec_local = {}  # TF: shape -> this rank's codec seconds per candidate, timed at the trace
         self._reset_plan()
 
     def _reset_plan(self):
@@ -118,16 +138,24 @@ class Auto(Compressor):
         #: [(start, {key: Choice}, version)]: the plans adopted so far, in order
         self.history = []
         self._phases = {}
+        self._tf_decided = self._tf_error = None  # TF: the check step decided last, and its error
+        self._tf_plan_json = ""  # TF: the plan as last written to or read from its variable
 
     # --- Horovod's interface ----------------------------------------------------------
     def compress(self, tensor):
         from .backend import backend_for
-        if backend_for(tensor).name != "torch":
-            raise NotImplementedError("hvd_compress.Auto supports PyTorch only for now; in TensorFlow choose per "
-                                      "tensor with hvd_compress.Policy([...]) (hvd-compress advise suggests one)")
+        name = backend_for(tensor).name
+        if self._framework not in (None, name):
+            raise ValueError(f"hvd_compress.Auto: one Auto serves one framework; this one runs in "
+                             f"{self._framework} and was handed a {name} tensor: build one Auto per framework")
+        self._framework = name
         if not self._process_set_checked:
             self._process_set_checked = True
-            require_global_process_set()
+            if name == "tensorflow":
+                from .auto_tf import require_global_process_set as require_global_tf
+                require_global_tf(tensor)
+            else:
+                require_global_process_set()
         return super().compress(tensor)
 
     def plan_for(self, key, numel, shape):
@@ -136,6 +164,9 @@ class Auto(Compressor):
             return rule.compression.plan_for(key, numel, shape)
         shape = tuple(int(d) for d in shape)
         self.tensors.setdefault(key, (int(numel), shape))
+        if self._framework == "tensorflow":  # traced: the mode is chosen when the step runs
+            from .auto_tf import modes
+            return modes(self)
         calls = self._calls[key] = self._calls.get(key, 0) + 1
         if key == next(iter(self.tensors)) and calls <= self.calibration_steps + 1:
             self._step_times.append(time.perf_counter())
@@ -168,16 +199,20 @@ class Auto(Compressor):
         return phases
 
     # --- deciding ---------------------------------------------------------------------
-    def _decide(self, start):
-        """Measure, agree and (maybe) adopt a plan; the same steps on every rank."""
-        import horovod.torch as hvd
-        from . import auto_calibration as cal
-        ps, size, version = hvd.global_process_set, hvd.size(), len(self.history)
+    def _decide(self, start, cal=None, step_times=None):
+        """Measure, agree and (maybe) adopt a plan; the same steps on every rank.
+        ``cal``: the framework's measurements (default ``auto_calibration``,
+        PyTorch); ``step_times``: clock readings of the calibration steps."""
+        if cal is None:
+            from . import auto_calibration as cal
+        ps, size, rank = cal.world()
+        version = len(self.history)
         keys = sorted(k for k in self.tensors if self._pinned(k) is None)
         first = self.link is None
         probes = cal.probe_link(self.probe_numels, f"{version}.{start}", ps)
         codecs = cal.measure_codecs(self.tensors, keys, self.candidates, size, applies) if first else []
-        gaps = [b - a for a, b in zip(self._step_times, self._step_times[1:])]
+        stamps = self._step_times if step_times is None else step_times
+        gaps = [b - a for a, b in zip(stamps, stamps[1:])]
         step_s = statistics.median(gaps) if gaps else 0.0
         flat = probes + [step_s] + [v for row in codecs for v in row]
         avg = cal.average_over_ranks(flat, f"{version}.{start}", ps)
@@ -188,7 +223,7 @@ class Auto(Compressor):
             rest = avg[len(probes) + 1:]
             self.codec_s = {k: {c.label: rest[i * width + j] for j, c in enumerate(self.candidates)
                                 if rest[i * width + j] >= 0} for i, k in enumerate(keys)}
-        proposal = self._propose(keys, size) if hvd.rank() == 0 else [0] * len(keys)
+        proposal = self._propose(keys, size) if rank == 0 else [0] * len(keys)
         indices = cal.broadcast_indices(proposal, f"{version}.{start}", ps)
         labels = self.labels_from_indices(keys, indices)
         cal.check_same_plan(labels, f"{version}.{start}", ps)
@@ -240,10 +275,12 @@ class Auto(Compressor):
     # --- showing, saving --------------------------------------------------------------
     def current_plan(self):
         """``{key: candidate label}`` in force ({} during calibration)."""
+        self._sync_tf()
         return {k: c.label for k, c in self.history[-1][1].items()} if self.history else {}
 
     def describe(self):
         """A table per tensor: chosen scheme, predicted ms (and none's), bytes per step."""
+        self._sync_tf()
         if not self.history:
             return f"Auto: calibrating ({self.calibration_steps} dense steps before the first plan)"
         start, choices, version = self.history[-1]
@@ -256,7 +293,14 @@ class Auto(Compressor):
                 "min_gain": self.min_gain, "replan_threshold": self.replan_threshold,
                 "probe_numels": list(self.probe_numels), "seed": self.seed}
 
+    def _sync_tf(self):
+        """TF: take up a plan restored into the checkpointed variable."""
+        if "tensorflow" in self._adapters:
+            from .auto_tf import sync_plan
+            sync_plan(self)
+
     def state_dict(self):
+        self._sync_tf()
         out = super().state_dict()
         out["auto_plan"] = json.dumps(self._plan_state())
         return out
@@ -268,13 +312,19 @@ class Auto(Compressor):
                 "history": [[start, {k: list(astuple(c)) for k, c in ch.items()}, v] for start, ch, v in self.history]}
 
     def load_state_dict(self, state, allow_other_rank=False):
-        from .auto import Link
         state = dict(state)
         saved = json.loads(state.pop("auto_plan", "null"))
         super().load_state_dict(state, allow_other_rank)
         self._reset_plan()
-        if saved is None:
-            return
+        if saved is not None:
+            self._load_plan(saved)
+        if "tensorflow" in self._adapters:
+            from .auto_tf import publish_plan
+            publish_plan(self)
+
+    def _load_plan(self, saved):
+        """The Python side of the plan from :meth:`_plan_state`'s output."""
+        from .auto import Link
         self.tensors = {k: (n, tuple(s)) for k, (n, s) in saved["tensors"].items()}
         self._calls, self._next_check = dict(saved["calls"]), saved["next_check"]
         self.step_s, self.codec_s = saved["step_s"], saved["codec_s"]
@@ -284,6 +334,12 @@ class Auto(Compressor):
     def reset_state(self):
         super().reset_state()
         self._reset_plan()
+
+    def _adapter_by_name(self, name):
+        if name == "tensorflow" and name not in self._adapters:
+            from .auto_tf import AutoTFAdapter
+            self._adapters[name] = AutoTFAdapter()
+        return super()._adapter_by_name(name)
 
     def __repr__(self):
         return f"Auto(candidates={[c.label for c in self.candidates]}, rules={self.rules!r})"

@@ -158,10 +158,49 @@ def test_bad_planner_arguments_name_the_parameter():
         fit_link([4, 4], [1e-4, 1e-4], 2)
 
 
-def test_auto_refuses_tensorflow():
+def test_tensorflow_plan_is_a_run_time_mode_switch():
+    """In TF the traced graph holds every mode; the mode variable picks one
+    per step: none, the one-step flush, each lossy candidate with feedback."""
+    pytest.importorskip("tensorflow")
+    from hvd_compress import auto_tf
+    auto = hvd_compress.Auto(exclude=("FP16",))
+    auto._framework = "tensorflow"
+    phases = auto.plan_for("w", 4096, (64, 64))
+    assert isinstance(phases, auto_tf.AutoModes) and auto.tensors == {"w": (4096, (64, 64))}
+    assert [(p.scheme.name, p.memory is not None) for p in phases] == \
+        [("NoCompression", False), ("NoCompression", True)] + [(c.scheme.name, True) for c in auto.candidates[1:]]
+    int8 = [c.label for c in auto.candidates].index("Int8")
+    assert auto_tf.mode_for(auto, "Int8", auto_tf.PLAIN) == int8 + 1
+    assert phases[int8 + 1].scheme.name == "Int8"
+    assert auto_tf.mode_for(auto, "none", int8 + 1) == auto_tf.FLUSH  # after a lossy mode: flush once
+    assert auto_tf.mode_for(auto, "none", auto_tf.FLUSH) == auto_tf.PLAIN
+    assert auto_tf.mode_for(auto, "none", auto_tf.PLAIN) == auto_tf.PLAIN
+
+
+def test_tensorflow_check_steps():
     tf = pytest.importorskip("tensorflow")
-    with pytest.raises(NotImplementedError, match="Policy"):
-        hvd_compress.Auto().compress(tf.ones([4]))
+    from hvd_compress.auto_tf import is_check_step
+
+    def checks(cal, every):
+        return [s for s in range(1, 15) if bool(is_check_step(tf.constant(s, tf.int64), cal, every))]
+    assert checks(2, 4) == [3, 7, 11] and checks(2, 0) == [3] and checks(1, 1) == list(range(2, 15))
+
+
+def test_tensorflow_codec_timing():
+    """In-graph cost per tensor, call overhead subtracted: finite, non-negative, None where not timed."""
+    pytest.importorskip("tensorflow")
+    from hvd_compress import auto_tf
+    from hvd_compress.schemes import NoCompression, PowerSGD, TopK
+    got = auto_tf.codec_seconds([NoCompression(), None, TopK(0.1), PowerSGD(2)], 4096, (64, 64), 2)
+    assert got[1] is None and all(0.0 <= t < 1.0 for t in got[:1] + got[2:]), got
+
+
+def test_one_auto_serves_one_framework():
+    tf = pytest.importorskip("tensorflow")
+    auto = hvd_compress.Auto()
+    auto._framework = "torch"
+    with pytest.raises(ValueError, match="one framework"):
+        auto.compress(tf.ones([4]))
 
 
 def test_calibration_is_dense_without_error_feedback():

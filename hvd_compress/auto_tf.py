@@ -1,0 +1,355 @@
+"""TensorFlow side of :class:`hvd_compress.Auto`: measurements, agreement
+and a plan that changes without a retrace.
+
+Horovod traces ``compress`` once per trace of the step function, so Python
+there cannot see the steps.  Instead, per tensor, the graph holds:
+
+* a **mode** variable (checkpointed with the other state) and a
+  ``tf.switch_case`` over every mode: ``none`` without error feedback, the
+  one-step ``none`` flush of a residual, then each lossy candidate with error
+  feedback (one residual per tensor, shared by all lossy modes, so it carries
+  across plan changes);
+* a **host callback** (``tf.py_function``) that runs only at check steps
+  (the tensor's communication ``calibration_steps + 1``, then every
+  ``recheck_every``).  The first callback of the step on each rank measures
+  and agrees eagerly, between the step's earlier ops and its gradient
+  collectives: blocking Horovod allreduces of the probe sizes, each candidate
+  timed as a compiled ``tf.function`` on random tensors of the real shapes,
+  one allreduce of the measurements, rank 0's plan broadcast, an allgathered
+  hash of the plan (:class:`~hvd_compress.auto.PlanMismatchError` on every
+  rank where any differs).  Every callback returns its tensor's new mode;
+  the others read the mode variable.
+* for the first tensor, ``tf.timestamp()`` at each calibration step (the
+  measured step time).
+
+The plan itself (history, link, codec costs) is kept as JSON in a string
+variable of :meth:`~hvd_compress.Compressor.tf_checkpointable`, so a
+``tf.train.Checkpoint`` carries it and a resumed job keeps it.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+
+import tensorflow as tf
+
+from .auto import NONE_LABEL, PlanMismatchError
+from .compressor import Phase, stable_hash
+from .schemes.base import EncodeContext
+from .tf_adapter import TFAdapter, tf_checkpoint_slot
+from .transports import RESOLVED, ResolvedPending
+from .transports.base import pending_fields
+
+#: repetitions of each probe and codec timing; the minimum is kept
+REPEATS = 3
+#: codec repetitions chained in one compiled call
+INNER = 5
+#: modes 0 and 1; candidate ``j >= 1`` of ``Auto.candidates`` is mode ``j + 1``
+PLAIN, FLUSH = 0, 1
+
+
+class AutoModes(list):
+    """The phases ``Auto.plan_for`` returns in TF: one per mode, chosen at run
+    time by the mode variable (their ``start`` is unused)."""
+
+
+def modes(auto):
+    """``[none, none + flush, candidate 1 + feedback, ...]`` as Phases."""
+    none = auto.candidates[0].scheme
+    out = AutoModes([Phase(0, none, None, "allgather"), Phase(0, none, auto._feedback, "allgather")])
+    out += [Phase(0, c.scheme, auto._feedback, "allgather") for c in auto.candidates[1:]]
+    return out
+
+
+def mode_for(auto, label, previous):
+    """A tensor's mode under ``label``, given its mode before: ``none`` after
+    a lossy mode flushes the residual for one step."""
+    index = [c.label for c in auto.candidates].index(label)
+    if index:
+        return index + 1
+    return FLUSH if previous > FLUSH else PLAIN
+
+
+def is_check_step(step, calibration_steps, recheck_every):
+    """Whether communication ``step`` (1-based, a tensor) decides: the first
+    after calibration, then every ``recheck_every`` (0: never again)."""
+    first = tf.constant(calibration_steps + 1, tf.int64)
+    if not recheck_every:
+        return tf.equal(step, first)
+    return tf.logical_and(step >= first, tf.equal(tf.math.floormod(step - first, recheck_every), 0))
+
+
+def require_global_process_set(tensor):
+    """As in PyTorch: Auto's collectives run on the global process set."""
+    from . import horovod_compat
+    ps = horovod_compat.find_tf_caller(tensor).process_set
+    if ps is not None and getattr(ps, "process_set_id", 0) != 0:
+        raise NotImplementedError(f"hvd_compress.Auto supports the global process set only; this optimizer "
+                                  f"reduces over process set {getattr(ps, 'process_set_id', ps)}: use a fixed "
+                                  f"compressor or hvd_compress.Policy there")
+
+
+# --- measurements and agreement (eager; called from the host callback) ---------------
+def world():
+    import horovod.tensorflow as hvd
+    return hvd.global_process_set, hvd.size(), hvd.rank()
+
+
+def probe_link(numels, version, process_set):
+    """Seconds of a blocking fp32 allreduce of each size (minimum of :data:`REPEATS`)."""
+    import horovod.tensorflow as hvd
+    out = []
+    for numel in numels:
+        x = tf.ones([int(numel)], tf.float32)
+        best = float("inf")
+        for i in range(REPEATS):
+            t0 = time.perf_counter()
+            hvd.allreduce(x, name=f"hvdc.auto.probe.{version}.{numel}.{i}", op=hvd.Sum, process_set=process_set,
+                          ignore_name_scope=True).numpy()
+            best = min(best, time.perf_counter() - t0)
+        out.append(best)
+    return out
+
+
+def _codec_fn(B, scheme, shape, size, feedback):
+    """A compiled function that runs :data:`INNER` chained error feedbacks
+    (if ``feedback``) + encodes + decodes of one tensor of ``shape``, as the
+    transport would run them in the step (``scheme`` None: nothing, the
+    baseline of a call)."""
+    ctx = EncodeContext(key="hvdc.auto.codec", step=1, rank=0, size=size, uniform=lambda n: tf.random.uniform([n]),
+                        shared_seed=tf.constant(1, tf.int64), shape=tuple(shape), state={})
+
+    @tf.function(autograph=False)
+    def run(x, residual):
+        for _ in range(INNER if scheme is not None else 0):
+            residual = _codec_once(B, scheme, x, residual, shape, size, ctx, feedback)
+        return residual
+    return run
+
+
+def _codec_once(B, scheme, x, residual, shape, size, ctx, feedback):
+    """One error feedback + encode + decode; the new residual (without
+    feedback, the decoded tensor: it chains the repetitions all the same)."""
+    acc = x + residual if feedback else residual
+    if scheme.transport_for(shape) == "powersgd":
+        n, m = scheme.matrix_shape(shape)
+        p_local, matrix = scheme.first_round(B, acc, tf.random.normal([m, scheme.rank]), shape)
+        p, q_local = scheme.second_round(B, p_local * size, matrix)
+        sent = scheme.finish(B, p, q_local, q_local * size)[1]
+    else:
+        payload, sent = scheme.encode(B, acc, replace(ctx, need_sent=feedback))
+        local = {k: v for k, v in payload.items() if k.startswith("_")}
+        wire = {k: v for k, v in payload.items() if not k.startswith("_")}
+        if scheme.transport_for(shape) == "allgather":
+            out = scheme.aggregate(B, [wire] * size, B.numel(acc), local)
+        else:
+            out = scheme.decode_reduced(B, wire["reduce"], B.numel(acc), local)
+        sent = out if sent is None else sent
+    return acc - sent if feedback else sent
+
+
+def codec_seconds(schemes, numel, shape, size, seed=0):
+    """Seconds per tensor of each scheme's work (None: not timed), as
+    ``auto_calibration.codec_seconds`` in PyTorch: the schemes take turns, one
+    warm-up round (which also compiles) then :data:`REPEATS` timed rounds,
+    each keeping its minimum.  A call runs :data:`INNER` repetitions in one
+    graph and the cost of an empty call is subtracted, so what is left is the
+    in-graph cost that a step pays, not the call overhead of a function.
+    ``none`` without feedback does no work beyond what every mode does (the
+    gradient passes through): 0.0, not timed, where timing it would only
+    add noise that can exceed the whole cost of a cast on a small tensor."""
+    from .backend import backend_for
+    B = backend_for(tf.zeros([0]))
+    x = tf.random.stateless_normal([int(numel)], seed=[seed, 1])
+    feedback = [s is not None and s.name != "NoCompression" for s in schemes]
+    free = [s is not None and not f for s, f in zip(schemes, feedback)]  # none: nothing to time
+    fns = [_codec_fn(B, None, (), size, False)]  # the baseline: an empty call
+    fns += [None if s is None or z else _codec_fn(B, s, tuple(shape), size, f)
+            for s, f, z in zip(schemes, feedback, free)]
+    starts = [x] + [tf.zeros_like(x) if f else x for f in feedback]  # chained: a residual, or the tensor
+    best = [float("inf")] * len(fns)
+    for i in range(REPEATS + 1):
+        for j, fn in enumerate(fns):
+            if fn is None:
+                continue
+            t0 = time.perf_counter()
+            fn(x, starts[j]).numpy()
+            if i:
+                best[j] = min(best[j], time.perf_counter() - t0)
+    return [0.0 if z else None if fn is None else max(0.0, b - best[0]) / INNER
+            for fn, b, z in zip(fns[1:], best[1:], free)]
+
+
+def time_codecs(auto, key, size):
+    """At the trace (eagerly, while no step runs): each applicable candidate's
+    cost on this tensor's shape, once per shape, kept for the first decision.
+    Timing them later, inside the host callback of a running step, would
+    need the step's own executor threads and can deadlock."""
+    from .auto import applies
+    numel, shape = auto.tensors[key]
+    if shape not in auto._tf_codec_local:
+        with tf.init_scope():
+            timed = codec_seconds([c.scheme if applies(c, shape) else None for c in auto.candidates], numel, shape,
+                                  size)
+        auto._tf_codec_local[shape] = [-1.0 if t is None else t for t in timed]
+
+
+def average_over_ranks(values, version, process_set):
+    import horovod.tensorflow as hvd
+    x = tf.constant(values, tf.float64)
+    return hvd.allreduce(x, name=f"hvdc.auto.measure.{version}", op=hvd.Average, process_set=process_set,
+                         ignore_name_scope=True).numpy().tolist()
+
+
+def broadcast_indices(indices, version, process_set):
+    import horovod.tensorflow as hvd
+    x = tf.constant(indices, tf.int64)
+    return hvd.broadcast(x, root_rank=0, name=f"hvdc.auto.plan.{version}", process_set=process_set,
+                         ignore_name_scope=True).numpy().tolist()
+
+
+def check_same_plan(labels, version, process_set):
+    """Allgather a hash of each rank's plan; PlanMismatchError on every rank if any differs."""
+    import horovod.tensorflow as hvd
+    mine = stable_hash(json.dumps(labels, sort_keys=True))
+    hashes = hvd.allgather(tf.constant([mine], tf.int64), name=f"hvdc.auto.plan_hash.{version}",
+                           process_set=process_set, ignore_name_scope=True).numpy().tolist()
+    if any(h != hashes[0] for h in hashes):
+        differ = [r for r, h in enumerate(hashes) if h != hashes[0]]
+        raise PlanMismatchError(f"hvd_compress.Auto: ranks would apply different plans at plan version {version} "
+                                f"(ranks {differ} differ from rank 0; plan hashes {hashes}); every rank must "
+                                f"build the same Auto and see the same tensors")
+
+
+class Calibration:
+    """What ``Auto._decide`` calls, in TensorFlow (``auto_calibration`` in PyTorch)."""
+
+    def __init__(self, auto):
+        self.auto = auto
+
+    world = staticmethod(world)
+    probe_link = staticmethod(lambda *a: probe_link(*a))  # looked up at call time: tests replace it
+    average_over_ranks = staticmethod(average_over_ranks)
+
+    def measure_codecs(self, tensors, keys, candidates, size, applies):
+        """The rows :func:`time_codecs` measured at the trace, in ``keys`` order."""
+        return [self.auto._tf_codec_local[tensors[k][1]] for k in keys]
+
+    broadcast_indices = staticmethod(broadcast_indices)
+    check_same_plan = staticmethod(check_same_plan)
+
+
+# --- the host callback ------------------------------------------------------------------
+def sync_plan(auto):
+    """Load the plan from the TF variable where it differs from the one this
+    object last wrote or read (a restored ``tf.train.Checkpoint``)."""
+    adapter = auto._adapters.get("tensorflow")
+    if adapter is None:
+        return
+    saved = adapter.plan_var.numpy().decode()
+    if saved and saved != auto._tf_plan_json:
+        auto._load_plan(json.loads(saved))
+        auto._tf_plan_json = saved
+
+
+def publish_plan(auto):
+    """Write the plan to the TF variable (checkpointed with the residuals)."""
+    adapter = auto._adapters.get("tensorflow")
+    if adapter is not None:
+        auto._tf_plan_json = json.dumps(auto._plan_state())
+        adapter.plan_var.assign(auto._tf_plan_json)
+
+
+def decide_for(auto, key, step, previous):
+    """The host callback of ``key`` at check step ``step``: the first call of
+    the step decides (collectives, the same on every rank), every call
+    returns its tensor's new mode.  An error is raised again, without
+    collectives, by the other tensors' calls of that step."""
+    step, previous = int(step.numpy()), int(previous.numpy())
+    with auto._tf_lock:
+        if auto._tf_decided != step:
+            auto._tf_decided, auto._tf_error = step, None
+            try:
+                sync_plan(auto)
+                adapter = auto._adapters["tensorflow"]
+                auto._decide(step - 1, Calibration(auto), adapter.step_times())
+                publish_plan(auto)
+            except Exception as err:  # noqa: BLE001 - kept, raised again below
+                auto._tf_error = err
+                raise
+        if auto._tf_error is not None:
+            raise RuntimeError(f"hvd_compress.Auto: this step's plan failed: {auto._tf_error!r}")
+        label = auto.history[-1][1][key].label if auto.history and key in auto.history[-1][1] else NONE_LABEL
+    return tf.constant(mode_for(auto, label, previous), tf.int32)
+
+
+class AutoTFAdapter(TFAdapter):
+    """The TF adapter with Auto's run-time mode switch (see the module docstring)."""
+
+    def reset(self):
+        super().reset()
+        if getattr(self, "plan_var", None) is None:
+            with tf.init_scope():
+                self.plan_var = tf.Variable("", dtype=tf.string, trainable=False, name="hvdc_auto_plan")
+            self.state_module.auto_plan = self.plan_var
+            self.mode_vars, self.timestamps = {}, None
+            return
+        self.plan_var.assign("")
+        for v in list(self.mode_vars.values()) + ([self.timestamps] if self.timestamps is not None else []):
+            v.assign(tf.zeros_like(v))
+
+    def step_times(self):
+        """perf-counter-like stamps of the calibration steps recorded so far."""
+        if self.timestamps is None:
+            return []
+        stamps = self.timestamps.numpy().tolist()
+        end = next((i for i, t in enumerate(stamps) if t <= 0), len(stamps))
+        return stamps[:end]  # up to the first step not stamped yet
+
+    def _stamp(self, auto, key, step):
+        """``tf.timestamp()`` of the first tensor's calibration steps."""
+        if key != next(iter(auto.tensors)):
+            return None
+        n = auto.calibration_steps + 1
+        if self.timestamps is None:
+            with tf.init_scope():
+                self.timestamps = tf.Variable(tf.zeros([n], tf.float64), trainable=False, name="hvdc_auto_stamps")
+        index = tf.minimum(step - 1, n - 1)
+        value = tf.where(step <= n, tf.timestamp(), tf.gather(self.timestamps, index))
+        return self.timestamps.scatter_nd_update(tf.reshape(index, [1, 1]), tf.reshape(value, [1]))
+
+    def _mode(self, auto, key, step, stamp):
+        """This step's mode of ``key``: the host callback's at check steps, else the variable's."""
+        store, slot = tf_checkpoint_slot(self.state_module, "scheme", key, "auto_mode")
+        self.mode_vars[key] = variable = self._var(store, slot, 0.0, tf.float32)
+        current = tf.cast(variable.read_value(), tf.int32)
+        with tf.control_dependencies([stamp] if stamp is not None else []):
+            step_in = tf.identity(step)
+
+        def ask():
+            mode = tf.py_function(lambda s, m: decide_for(auto, key, s, m), [step_in, current], tf.int32)
+            return tf.reshape(mode, [])
+        mode = tf.cond(is_check_step(step, auto.calibration_steps, auto.recheck_every), ask, lambda: current)
+        return mode, variable
+
+    def _compress_scheduled(self, phases, call):
+        if not isinstance(phases, AutoModes):
+            return super()._compress_scheduled(phases, call)
+        time_codecs(call.comp, call.key, call.size)
+        step = tf.cast(call.step, tf.int64)
+        stamp = self._stamp(call.comp, call.key, step)
+        mode, variable = self._mode(call.comp, call.key, step, stamp)
+
+        def branch(i, phase):
+            def run():
+                out, pending = self._compress_with(phase, replace(call, coll_key=f"{call.key}@m{i}"))
+                dense = self.resolve_now(call.comp, out, pending)
+                return dense, tf.constant(1.0 if phase.scheme.apply_op_scale else 0.0)
+            return run
+
+        dense, apply_scale = tf.switch_case(mode, [branch(i, phase) for i, phase in enumerate(phases)])
+        with tf.control_dependencies([dense]):  # a flush lasts one step
+            kept = variable.assign(tf.cast(tf.where(tf.equal(mode, FLUSH), PLAIN, mode), tf.float32))
+        pending = ResolvedPending(transport=RESOLVED, dense=dense, apply_scale=apply_scale, **pending_fields(call))
+        return self.B.identity_with_deps(tf.ones([1], tf.float32), [dense, kept]), pending
