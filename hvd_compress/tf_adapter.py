@@ -193,6 +193,17 @@ class TFAdapter(AdapterBase):
     def set_memory(self, name, key, value):
         return self.params.of(key).get_memory(name).assign(value)
 
+    def residual_variable(self, key):
+        """The residual ``tf.Variable`` of ``key`` (a fused encode updates it in place)."""
+        return self.params.of(key).get_memory(RESIDUAL)
+
+    def fused_codec(self, scheme, memory, x):
+        from .kernels import native
+        if not native.enabled():  # HVDC_KERNELS=0: no import of the op library at all
+            return None
+        from .kernels.tf_cpu import codec_for
+        return codec_for(scheme, memory, x, self)
+
     def seed_for(self, base, step):
         return tf.constant(base % 1_000_000_007, tf.int64) * 1_000_003 + tf.cast(step, tf.int64)
 

@@ -1,0 +1,217 @@
+"""The fused TensorFlow ops (hvd_compress.kernels.tf_cpu) against the eager TF
+schemes, which are the reference: the same payload bytes, the same residual
+and the same decoded sum, bit for bit, over hypothesis-drawn sizes (0, 1,
+odd, large) and several steps of error feedback, with the encode inside a
+``tf.function`` as Horovod runs it; and the adapter's whole flow (compress,
+decompress, the residual variable) with the kernels on and off."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+tf = pytest.importorskip("tensorflow")
+
+import hvd_compress as hc  # noqa: E402
+from hvd_compress.backend import backend_for  # noqa: E402
+from hvd_compress.kernels import tf_native  # noqa: E402
+from hvd_compress.kernels.tf_cpu import codec_for, fused_topk_plan  # noqa: E402
+from hvd_compress.memory import ResidualMemory, finite_or_zero  # noqa: E402
+from hvd_compress.schemes.base import EncodeContext  # noqa: E402
+
+pytestmark = pytest.mark.skipif(tf_native.load() is None, reason="the TF op library did not build")
+
+B = backend_for(tf.zeros([1]))
+
+SCHEMES = {
+    "int8": lambda: hc.schemes.Int8(),
+    "int8-b100": lambda: hc.schemes.Int8(block_size=100),
+    "int8-b1": lambda: hc.schemes.Int8(block_size=1),
+    "topk1%": lambda: hc.schemes.TopK(0.01),
+    "topk-raw": lambda: hc.schemes.TopK(0.02, index_coding="raw"),
+    "topk-bitmap": lambda: hc.schemes.TopK(0.1, index_coding="bitmap"),
+    "topk-ef": lambda: hc.schemes.TopK(0.05, index_coding="elias_fano"),
+}
+SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True, max_examples=8)
+
+
+class _Residuals:
+    """What the codecs ask of the TF adapter: the residual variable of a key."""
+
+    def __init__(self):
+        self.vars = {}
+
+    def residual_variable(self, key):
+        return self.vars[key]
+
+
+def _ctx(n, step, rank, size):
+    return EncodeContext(key=f"w{rank}", step=step, rank=rank, size=size, uniform=lambda m: tf.zeros([m]),
+                         shared_seed=step, shape=(n,))
+
+
+def _bytes(t):
+    return tf.io.serialize_tensor(t).numpy()
+
+
+def _sorted_pairs(p):
+    order = np.argsort(p["idx"].numpy(), kind="stable")
+    return p["idx"].numpy()[order], p["val"].numpy()[order]
+
+
+def _assert_payloads_equal(pe, pf, raw_topk):
+    assert sorted(pe) == sorted(pf)
+    if raw_topk:  # tf.math.top_k leaves the raw indices unsorted: compared as (index, value) pairs
+        (ie, ve), (i_f, vf) = _sorted_pairs(pe), _sorted_pairs(pf)
+        assert pe["idx"].dtype == pf["idx"].dtype and np.array_equal(ie, i_f)
+        assert ve.tobytes() == vf.tobytes()
+        return
+    for part in pe:
+        assert _bytes(pe[part]) == _bytes(pf[part]), part
+
+
+def _encoder(codec, residual, n, ctx):
+    """The codec's encode in a tf.function, reading the residual first as the adapter does."""
+    @tf.function(input_signature=[tf.TensorSpec([n], tf.float32)])
+    def encode(x):
+        r = residual.read_value() if residual is not None else None
+        return codec.encode(x, r, {}, ctx)
+    return encode
+
+
+def _reference(scheme, n, ctx):
+    """The eager scheme's error feedback, traced as Horovod traces it: TF's graph
+    optimizer then turns Int8's amax / 127 into amax * (1 / 127), which the
+    fused op reproduces (op by op, outside a tf.function, the division stays)."""
+    @tf.function(input_signature=[tf.TensorSpec([n], tf.float32)])
+    def encode(acc):
+        payload, sent = scheme.encode(B, acc, ctx)
+        return payload, finite_or_zero(B, acc - sent)
+    return encode
+
+
+def _run_steps(name, n, ranks, steps, seed, ef, scale):
+    scheme = SCHEMES[name]()
+    rng = np.random.default_rng(seed)
+    store = _Residuals()
+    res_e = [tf.constant(rng.standard_normal(n, dtype=np.float32) * 0.1) if ef else None for _ in range(ranks)]
+    for rank, r in enumerate(res_e):
+        if r is not None:
+            store.vars[f"w{rank}"] = tf.Variable(r)
+    codec = codec_for(scheme, ResidualMemory() if ef else None, tf.zeros([n]), store)
+    if codec is None:  # only Top-K keeping over an eighth of the elements runs eager
+        assert isinstance(scheme, hc.schemes.TopK) and 8 * scheme.fixed_k(n) > n, (name, n)
+        return
+    raw_topk = isinstance(scheme, hc.schemes.TopK) and scheme.index_code(n) == "raw"
+    encoders = [_encoder(codec, store.vars.get(f"w{rank}"), n, _ctx(n, 1, rank, ranks)) for rank in range(ranks)]
+    references = [_reference(scheme, n, _ctx(n, 1, rank, ranks)) for rank in range(ranks)]
+    for step in range(1, steps + 1):
+        pes, pfs = [], []
+        for rank in range(ranks):
+            x = tf.constant(rng.standard_normal(n, dtype=np.float32))
+            acc = x if res_e[rank] is None else x + res_e[rank]
+            pe, new_residual = references[rank](acc)
+            pf = encoders[rank](x)
+            _assert_payloads_equal(pe, pf, raw_topk)
+            if ef:
+                res_e[rank] = new_residual
+                got = store.vars[f"w{rank}"]
+                assert _bytes(res_e[rank]) == _bytes(got.read_value()), f"residual of rank {rank} at step {step}"
+            pes.append(pe)
+            pfs.append(pf)
+        _assert_decodes_equal(scheme, codec, pes, pfs, n, scale)
+
+
+def _assert_decodes_equal(scheme, codec, pes, pfs, n, scale):
+    s = tf.constant(scale, tf.float32)
+    want = scheme.aggregate(B, pes, n) * s
+    assert _bytes(codec.aggregate(pfs, n, {}, s, None, {})) == _bytes(want)
+    # eager payloads decoded by the fused op (receivers cannot tell), and the other way round
+    assert _bytes(codec.aggregate(pes, n, {}, s, None, {})) == _bytes(want)
+    assert _bytes(scheme.aggregate(B, pfs, n) * s) == _bytes(want)
+    assert _bytes(codec.aggregate(pfs, n, {}, None, None, {})) == _bytes(scheme.aggregate(B, pes, n))
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMES))
+@settings(**SETTINGS)
+@given(n=st.one_of(st.sampled_from([0, 1, 2, 7, 9, 16, 17, 33, 1000, 4097]), st.integers(0, 6000)),
+       ranks=st.integers(1, 3), seed=st.integers(0, 2**16), ef=st.booleans(),
+       scale=st.sampled_from([1.0, 0.5, 1 / 3]))
+def test_fused_equals_eager(name, n, ranks, seed, ef, scale):
+    if n == 0 and name.startswith("topk"):
+        n = 1  # the eager reference has no meaning for an empty top-k
+    _run_steps(name, n, ranks, steps=3, seed=seed, ef=ef, scale=scale)
+
+
+@pytest.mark.parametrize("name", ["int8", "int8-b100", "topk1%", "topk-ef"])
+def test_fused_equals_eager_large(name):
+    """Sizes where the Top-K sample is strided and the vector loops dominate."""
+    _run_steps(name, (1 << 18) + 77, ranks=2, steps=3, seed=5, ef=True, scale=0.5)
+
+
+@pytest.mark.parametrize("case", ["ties", "sample_overshoots", "sample_far_above", "all_zero"])
+def test_topk_exact_up_to_ties(case):
+    """Exactly k kept, the largest magnitudes, even where the sample misses;
+    what was sent plus the residual is the compensated gradient."""
+    n = (1 << 18) + 3
+    x = np.random.default_rng(3).standard_normal(n, dtype=np.float32)
+    scheme = hc.schemes.TopK(0.01, index_coding="raw")
+    k = scheme.fixed_k(n)
+    if case == "ties":
+        x = np.round(x * 3)
+    elif case == "sample_overshoots":  # the threshold is lowered once
+        x[::fused_topk_plan(n, k)[0]] *= 3
+    elif case == "sample_far_above":  # lowered three times, then every element is a candidate
+        x[::fused_topk_plan(n, k)[0]][:1000] = 1e30  # the threshold, and fewer than k above thr / 64
+    else:
+        x[:] = 0
+    store = _Residuals()
+    store.vars["w0"] = tf.Variable(tf.zeros([n]))
+    p = codec_for(scheme, ResidualMemory(), tf.zeros([n]), store).encode(tf.constant(x), tf.zeros([n]), {},
+                                                                        _ctx(n, 1, 0, 1))
+    idx = p["idx"].numpy()
+    assert len(np.unique(idx)) == k
+    a, kept = np.abs(x), np.zeros(n, bool)
+    kept[idx] = True
+    assert a[kept].min() >= a[~kept].max()
+    sent = np.zeros(n, np.float32)
+    sent[idx] = p["val"].numpy()
+    assert np.array_equal(sent + store.vars["w0"].numpy(), x)
+
+
+@pytest.mark.parametrize("spec", ["Int8()", "TopK(0.01)", "Int8(block_size=4096)", "TopK(0.01, index_coding='raw')"])
+def test_adapter_flow_fused_equals_eager(spec, monkeypatch):
+    """compress + decompress through the TF adapter in a tf.function (one-rank
+    collectives), kernels on and off (HVDC_KERNELS=0): the same gradients and
+    the same residual variable after every step."""
+    from hvd_compress.tools.bench.local import BENCH_KEY, local_compressor
+    n = 100_003
+    grads = [tf.constant(np.random.default_rng(i).standard_normal(n, dtype=np.float32)) for i in range(4)]
+    results = {}
+    for kernels in ("1", "0"):
+        monkeypatch.setenv("HVDC_KERNELS", kernels)
+        comp = local_compressor(eval("hc." + spec, {"hc": hc}), "tensorflow")
+
+        @tf.function
+        def step(g):
+            out, ctx = comp.compress(g)
+            return comp.decompress(out, ctx)
+        outs = [step(g).numpy() for g in grads]
+        adapter = comp._adapters["tensorflow"]
+        results[kernels] = outs, adapter.residual_variable(BENCH_KEY).numpy()
+        graph_ops = {op.type for op in step.get_concrete_function(grads[0]).graph.get_operations()}
+        assert any(t.startswith("Hvdc") for t in graph_ops) == (kernels == "1"), graph_ops
+    (fo, fr), (eo, er) = results["1"], results["0"]
+    for a, b in zip(fo, eo):
+        assert a.tobytes() == b.tobytes()
+    assert fr.tobytes() == er.tobytes()
+
+
+def test_codec_is_off_where_it_does_not_apply(monkeypatch):
+    x = tf.zeros([1000])
+    assert codec_for(hc.schemes.TopK(0.5), ResidualMemory(), x, _Residuals()) is None  # k > n / 8
+    assert codec_for(hc.schemes.TopK(0.01, values=hc.schemes.Int8()), None, x, _Residuals()) is None
+    assert codec_for(hc.schemes.SignSGD(), None, x, _Residuals()) is None
+    assert codec_for(hc.schemes.Int8(), None, tf.zeros([10], tf.float16), _Residuals()) is None
+    assert codec_for(hc.schemes.Int8(), None, x, _Residuals()) is not None
+    monkeypatch.setenv("HVDC_KERNELS", "0")
+    assert codec_for(hc.schemes.Int8(), None, x, _Residuals()) is None
