@@ -58,6 +58,45 @@ class TimedLibrary:
         return timed
 
 
+#: the passes over memory of each fused scheme, by design (encode + decode, one rank)
+SCHEME_PASSES = {
+    "TopK(0.01)": "encode 1 (acc into r, candidates), decode 1 (zero the output); the rest touches ~2k elements",
+    "Int8()": "encode 2 (acc and max; quantize and residual), decode 1",
+    "EFSignSGD()": "encode 2 (acc and sum; bits and residual), decode 1",
+    "FP16()": "encode 1 (cast), decode 1 (cast back)",
+    "DGC(0.01)": "encode 1 (+ a 1% sample), decode 1",
+    "TopK(0.01, values=Int8())": "as Top-K, plus Int8 of the k kept values (eager ops)",
+}
+#: kernel -> the phase it belongs to
+PHASES = {"hvdc_compensate_select": "selection", "hvdc_sample_magnitudes": "selection",
+          "hvdc_kth_largest": "selection", "hvdc_topk_fixup": "selection", "hvdc_clear_sent": "selection",
+          "hvdc_int8_encode": "quantize", "hvdc_sign_encode": "quantize", "hvdc_half_encode": "quantize",
+          "hvdc_momentum": "quantize", "hvdc_index_encode": "packing", "hvdc_int8_decode_sum": "decode",
+          "hvdc_sign_decode_sum": "decode", "hvdc_bf16_decode_sum": "decode", "hvdc_sparse_sum": "decode",
+          "hvdc_index_decode": "decode", "hvdc_is_ascending": "decode"}
+
+
+def markdown(rows, build_s=None):
+    """The table docs/benchmarks.md shows."""
+    head = ("| scheme | x copy | passes over memory | selection | quantize / cast | packing | decode | "
+            "Python and torch ops | collectives, share of an unshaped step |")
+    out = [head, "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        share = collections.Counter()
+        for k, v in r["kernels"].items():
+            share[PHASES.get(k, "other")] += v["share"]
+        cells = [f"{share[p]:.0%}" if share[p] else "-" for p in ("selection", "quantize", "packing", "decode")]
+        if r["scheme"] == "FP16()":  # torch's own casts, not a C kernel
+            cells[1] = "(in the next column)"
+        coll = r.get("unshaped_collective_share")
+        out.append(f"| {r['scheme']} | {r['ratio_to_copy']:.2f}x | {SCHEME_PASSES.get(r['scheme'], '-')} | "
+                   + " | ".join(cells) + f" | {r['rest_share']:.0%} | {'-' if coll is None else f'{coll:.0%}'} |")
+    if build_s is not None:
+        out += ["", f"Compile cost: the C kernels build once per machine in {build_s:.1f} s (cached); "
+                    "no per-shape or per-run compilation."]
+    return "\n".join(out)
+
+
 def breakdown(spec, n, reps):
     import hvd_compress as hc
     from hvd_compress.kernels import native
@@ -95,7 +134,8 @@ def breakdown(spec, n, reps):
     return {"scheme": spec, "numel": n, "total_s": total, "copy_s": copy, "ratio_to_copy": total / copy,
             "kernels": {k: {"seconds": s, "share": s / total, "in_copies": s / copy, "passes": PASSES.get(k, "-")}
                         for k, s in kernels.items()},
-            "rest_share": 1.0 - sum(kernels.values()) / total}
+            # per call, what is left besides the kernels, as a share of that call
+            "rest_share": statistics.median([1.0 - sum(d.values()) / t for d, t in zip(per_call, totals)])}
 
 
 def main(argv=None):
@@ -118,10 +158,15 @@ def main(argv=None):
         parts = ", ".join(f"{k.replace('hvdc_', '')} {v['share']:.0%}" for k, v in
                           sorted(r["kernels"].items(), key=lambda kv: -kv[1]["share"]))
         print(f"{r['scheme']:>26}: {r['ratio_to_copy']:.2f}x copy = {parts}, rest {r['rest_share']:.0%}")
+    from hvd_compress.kernels import native
+    t0 = time.perf_counter()
+    from kernel_mechanisms import _build_seconds  # scripts/kernel_mechanisms.py, next to this one
+    build_s = _build_seconds(native)
+    print(markdown(rows, build_s))
     with open(args.out, "w") as f:
         json.dump({"command": " ".join(["scripts/kernel_breakdown.py"] + (argv if argv is not None else sys.argv[1:])),
-                   "rows": rows}, f, indent=1)
-    print(f"wrote {args.out}")
+                   "build_s": build_s, "rows": rows}, f, indent=1)
+    print(f"wrote {args.out} ({time.perf_counter() - t0:.0f} s)")
 
 
 if __name__ == "__main__":
