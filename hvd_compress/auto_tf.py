@@ -12,15 +12,20 @@ there cannot see the steps.  Instead, per tensor, the graph holds:
 * a **host callback** (``tf.py_function``) that runs only at check steps
   (the tensor's communication ``calibration_steps + 1``, then every
   ``recheck_every``).  The first callback of the step on each rank measures
-  and agrees eagerly, between the step's earlier ops and its gradient
-  collectives: blocking Horovod allreduces of the probe sizes, each candidate
-  timed as a compiled ``tf.function`` on random tensors of the real shapes,
-  one allreduce of the measurements, rank 0's plan broadcast, an allgathered
-  hash of the plan (:class:`~hvd_compress.auto.PlanMismatchError` on every
-  rank where any differs).  Every callback returns its tensor's new mode;
-  the others read the mode variable.
+  and agrees eagerly, before any of the step's gradient collectives of Auto's
+  tensors (they wait for their callback): blocking Horovod allreduces of the
+  probe sizes, one allreduce of the measurements, rank 0's plan broadcast,
+  an allgathered hash of the plan
+  (:class:`~hvd_compress.auto.PlanMismatchError` on every rank where any
+  differs).  Every callback returns its tensor's new mode; other steps read
+  the mode variable.
 * for the first tensor, ``tf.timestamp()`` at each calibration step (the
   measured step time).
+
+The codecs are timed earlier, at the first trace (:func:`time_codecs`),
+eagerly while no step runs: each candidate as a compiled ``tf.function`` on
+random tensors of the real shapes.  Running a function from the callback,
+inside a running step, can wait forever for the step's own executor threads.
 
 The plan itself (history, link, codec costs) is kept as JSON in a string
 variable of :meth:`~hvd_compress.Compressor.tf_checkpointable`, so a
@@ -225,19 +230,18 @@ def check_same_plan(labels, version, process_set):
 class Calibration:
     """What ``Auto._decide`` calls, in TensorFlow (``auto_calibration`` in PyTorch)."""
 
-    def __init__(self, auto):
-        self.auto = auto
-
     world = staticmethod(world)
     probe_link = staticmethod(lambda *a: probe_link(*a))  # looked up at call time: tests replace it
     average_over_ranks = staticmethod(average_over_ranks)
+    broadcast_indices = staticmethod(broadcast_indices)
+    check_same_plan = staticmethod(check_same_plan)
+
+    def __init__(self, auto):
+        self.auto = auto
 
     def measure_codecs(self, tensors, keys, candidates, size, applies):
         """The rows :func:`time_codecs` measured at the trace, in ``keys`` order."""
         return [self.auto._tf_codec_local[tensors[k][1]] for k in keys]
-
-    broadcast_indices = staticmethod(broadcast_indices)
-    check_same_plan = staticmethod(check_same_plan)
 
 
 # --- the host callback ------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """hvd_compress.Auto under real horovodrun in TensorFlow 2 (scripts/run_tests.sh
 runs it with Gloo and MPI): the stock ``hvd.DistributedGradientTape`` in a
-``tf.function`` and ``horovod.tensorflow.keras.DistributedOptimizer`` under
-``model.fit`` (tf_keras).
+``tf.function``, the legacy ``hvd.DistributedOptimizer`` around
+``tf.compat.v1.train.GradientDescentOptimizer``, and
+``horovod.tensorflow.keras.DistributedOptimizer`` under ``model.fit`` (tf_keras).
 
 Every rank runs every test in the same order and issues the same
 collectives before it asserts anything.  Where a test needs a given link, the
@@ -48,16 +49,26 @@ def grads_at(step):
 class Injected:
     """Variables starting at 0 and one traced step whose gradient is exactly
     grads_at(step) (loss sum(v * G)); Horovod sums (op=Sum), SGD with lr 1
-    applies it, so each variable is minus the sum of what was applied."""
+    applies it, so each variable is minus the sum of what was applied.
+    ``legacy``: Horovod's legacy DistributedOptimizer around the TF1 SGD
+    instead of DistributedGradientTape."""
 
-    def __init__(self, auto, specs=SPECS):
+    def __init__(self, auto, specs=SPECS, legacy=False):
         self.names = list(specs)
         self.vars = [tf.Variable(tf.zeros(specs[n]), name=n) for n in self.names]
+        opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(1.0), compression=auto,
+                                       op=hvd.Sum) if legacy else None
+
+        def loss_of(grads):
+            return tf.add_n([tf.reduce_sum(v * g) for v, g in zip(self.vars, grads)])
 
         @tf.function
         def step_fn(grads):
+            if legacy:
+                opt.apply_gradients(opt.compute_gradients(lambda: loss_of(grads), var_list=self.vars))
+                return
             with tf.GradientTape() as tape:
-                loss = tf.add_n([tf.reduce_sum(v * g) for v, g in zip(self.vars, grads)])
+                loss = loss_of(grads)
             tape = hvd.DistributedGradientTape(tape, compression=auto, op=hvd.Sum)
             for v, g in zip(self.vars, tape.gradient(loss, self.vars)):
                 v.assign_sub(g)
@@ -174,6 +185,26 @@ def test_error_feedback_survives_replans(monkeypatch):
     assert float(tf.reduce_max(tf.abs(auto._adapter_by_name("tensorflow").residuals["w:0"]))) == 0.0
     assert worst < 1e-3, f"conservation broken by {worst} under {labels}"
     assert same_on_all_ranks(auto.current_plan(), "test.autotf.replan_same")
+
+
+def test_legacy_optimizer(monkeypatch):
+    """hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer): slow
+    link then fast, the weight goes lossy and back, nothing is lost."""
+    links([SLOW, FAST], monkeypatch)
+    auto = hvd_compress.Auto(calibration_steps=1, recheck_every=2, exclude=("FP16",))
+    run = Injected(auto, legacy=True)
+    total = {n: np.zeros(s, np.float32) for n, s in SPECS.items()}
+    for step in range(1, 6):
+        run.step(step)
+        for name, g in grads_at(step).items():
+            total[name] += g
+    labels = [choices["w:0"].label for _, choices, _ in auto.history]
+    residual = auto._adapter_by_name("tensorflow").residuals["w:0"].numpy().reshape(SPECS["w"])
+    want = hvd.allreduce(tf.constant(total["w"]), op=hvd.Sum, name="test.autotf.legacy_grad").numpy()
+    held = hvd.allreduce(tf.constant(residual), op=hvd.Sum, name="test.autotf.legacy_res").numpy()
+    assert labels[0] != "none" and labels[-1] == "none", labels
+    assert np.abs(-run.vars[0].numpy() + held - want).max() < 1e-3
+    assert same_on_all_ranks(auto.current_plan(), "test.autotf.legacy_plan")
 
 
 def test_resume_from_a_tf_checkpoint_keeps_the_plan(monkeypatch):
