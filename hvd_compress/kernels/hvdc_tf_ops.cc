@@ -31,6 +31,11 @@ extern "C" {
 void hvdc_int8_encode_rcp(const float *x, float *r, i64 n, i64 block, int8_t *q, float *scales);
 void hvdc_int8_decode_sum(int nr, const int8_t *const *qs, const float *const *scales, i64 n, i64 block,
                           float s, int scaled, float *out);
+void hvdc_sign_encode(const float *x, float *r, i64 n, int mode, uint8_t *bits, float *scale_out);
+void hvdc_sign_decode_sum(int nr, const uint8_t *const *bits, const float *scales, i64 n, int mode, float s,
+                          int scaled, float *out);
+void hvdc_half_encode(const float *x, float *r, i64 n, int dtype, uint16_t *out);
+void hvdc_bf16_decode_sum(int nr, const uint16_t *const *hs, i64 n, float s, int scaled, float *out);
 i64 hvdc_compensate_select(const float *x, float *r, i64 n, float thr, int strict, int nan_large,
                            i64 *cand, float *cand_val, i64 cap);
 void hvdc_sample_magnitudes(const float *x, const float *r, i64 n, i64 stride, int nan_large, float *out);
@@ -118,6 +123,53 @@ REGISTER_OP("HvdcSparseSum")
     .Attr("code: int")
     .Attr("low: int")
     .Attr("nbytes: int")
+    .Attr("scaled: bool")
+    .SetShapeFn([](InferenceContext *c) { return VectorFromAttr(c, 0, "n"); });
+
+REGISTER_OP("HvdcSignEncode")
+    .Input("x: float")
+    .Input("r: M * resource")
+    .Output("bits: uint8")
+    .Output("scale: float")
+    .Attr("M: int >= 0")
+    .Attr("n: int >= 0")
+    .Attr("mode: int")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext *c) {
+      int64_t n;
+      TF_RETURN_IF_ERROR(c->GetAttr("n", &n));
+      c->set_output(0, c->Vector((n + 7) / 8));
+      c->set_output(1, c->Vector(1));
+      return absl::OkStatus();
+    });
+
+REGISTER_OP("HvdcSignDecodeSum")
+    .Input("bits: N * uint8")
+    .Input("scales: N * float")
+    .Input("s: float")
+    .Output("out: float")
+    .Attr("N: int >= 1")
+    .Attr("n: int >= 0")
+    .Attr("mode: int")
+    .Attr("scaled: bool")
+    .SetShapeFn([](InferenceContext *c) { return VectorFromAttr(c, 0, "n"); });
+
+REGISTER_OP("HvdcHalfEncode")
+    .Input("x: float")
+    .Input("r: M * resource")
+    .Output("h: T")
+    .Attr("T: {half, int16}")  // half: IEEE float16; int16: the bits of a bfloat16
+    .Attr("M: int >= 0")
+    .Attr("n: int >= 0")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext *c) { return VectorFromAttr(c, 0, "n"); });
+
+REGISTER_OP("HvdcBf16DecodeSum")
+    .Input("hs: N * int16")
+    .Input("s: float")
+    .Output("out: float")
+    .Attr("N: int >= 1")
+    .Attr("n: int >= 0")
     .Attr("scaled: bool")
     .SetShapeFn([](InferenceContext *c) { return VectorFromAttr(c, 0, "n"); });
 
@@ -356,6 +408,115 @@ class SparseSumOp : public OpKernel {
   bool scaled_;
 };
 
+// ---- the sign family and 16-bit floats -------------------------------------------------------
+class SignEncodeOp : public OpKernel {
+ public:
+  explicit SignEncodeOp(OpKernelConstruction *c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("M", &m_));
+    OP_REQUIRES_OK(c, c->GetAttr("n", &n_));
+    OP_REQUIRES_OK(c, c->GetAttr("mode", &mode_));
+  }
+  void Compute(OpKernelContext *ctx) override {
+    const Tensor &x = ctx->input(0);
+    OP_REQUIRES_OK(ctx, CheckVector(x, n_, "x"));
+    Tensor *bits = nullptr, *scale = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({(n_ + 7) / 8}), &bits));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({1}), &scale));
+    const float *xp = x.flat<float>().data();
+    WithResidual(ctx, m_, n_, [&](float *r) {
+      hvdc_sign_encode(xp, r, n_, mode_, bits->flat<uint8_t>().data(), scale->flat<float>().data());
+    });
+  }
+
+ private:
+  int m_, mode_;
+  int64_t n_;
+};
+
+class SignDecodeSumOp : public OpKernel {
+ public:
+  explicit SignDecodeSumOp(OpKernelConstruction *c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("n", &n_));
+    OP_REQUIRES_OK(c, c->GetAttr("mode", &mode_));
+    OP_REQUIRES_OK(c, c->GetAttr("scaled", &scaled_));
+  }
+  void Compute(OpKernelContext *ctx) override {
+    OpInputList bits, scales;
+    OP_REQUIRES_OK(ctx, ctx->input_list("bits", &bits));
+    OP_REQUIRES_OK(ctx, ctx->input_list("scales", &scales));
+    std::vector<const uint8_t *> bp;
+    std::vector<float> sv;
+    for (int j = 0; j < bits.size(); j++) {
+      OP_REQUIRES_OK(ctx, CheckVector(bits[j], (n_ + 7) / 8, "bits"));
+      OP_REQUIRES(ctx, scales[j].NumElements() >= 1, errors::InvalidArgument("scale of rank ", j, " is empty"));
+      bp.push_back(bits[j].flat<uint8_t>().data());
+      sv.push_back(scales[j].flat<float>()(0));
+    }
+    Tensor *out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n_}), &out));
+    hvdc_sign_decode_sum(bits.size(), bp.data(), sv.data(), n_, mode_, ScaleInput(ctx, 2 * bits.size()), scaled_,
+                         out->flat<float>().data());
+  }
+
+ private:
+  int mode_;
+  int64_t n_;
+  bool scaled_;
+};
+
+class HalfEncodeOp : public OpKernel {
+ public:
+  explicit HalfEncodeOp(OpKernelConstruction *c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("M", &m_));
+    OP_REQUIRES_OK(c, c->GetAttr("n", &n_));
+    DataType t;
+    OP_REQUIRES_OK(c, c->GetAttr("T", &t));
+    bf16_ = t == DT_INT16;
+  }
+  void Compute(OpKernelContext *ctx) override {
+    const Tensor &x = ctx->input(0);
+    OP_REQUIRES_OK(ctx, CheckVector(x, n_, "x"));
+    Tensor *h = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n_}), &h));
+    const float *xp = x.flat<float>().data();
+    auto *hp = reinterpret_cast<uint16_t *>(const_cast<char *>(h->tensor_data().data()));
+    WithResidual(ctx, m_, n_, [&](float *r) { hvdc_half_encode(xp, r, n_, bf16_ ? 1 : 0, hp); });
+  }
+
+ private:
+  int m_;
+  int64_t n_;
+  bool bf16_;
+};
+
+class Bf16DecodeSumOp : public OpKernel {
+ public:
+  explicit Bf16DecodeSumOp(OpKernelConstruction *c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("n", &n_));
+    OP_REQUIRES_OK(c, c->GetAttr("scaled", &scaled_));
+  }
+  void Compute(OpKernelContext *ctx) override {
+    OpInputList hs;
+    OP_REQUIRES_OK(ctx, ctx->input_list("hs", &hs));
+    std::vector<const uint16_t *> hp;
+    for (int j = 0; j < hs.size(); j++) {
+      OP_REQUIRES_OK(ctx, CheckVector(hs[j], n_, "bits"));
+      hp.push_back(reinterpret_cast<const uint16_t *>(hs[j].tensor_data().data()));
+    }
+    Tensor *out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n_}), &out));
+    hvdc_bf16_decode_sum(hs.size(), hp.data(), n_, ScaleInput(ctx, hs.size()), scaled_, out->flat<float>().data());
+  }
+
+ private:
+  int64_t n_;
+  bool scaled_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("HvdcSignEncode").Device(DEVICE_CPU), SignEncodeOp);
+REGISTER_KERNEL_BUILDER(Name("HvdcSignDecodeSum").Device(DEVICE_CPU), SignDecodeSumOp);
+REGISTER_KERNEL_BUILDER(Name("HvdcHalfEncode").Device(DEVICE_CPU), HalfEncodeOp);
+REGISTER_KERNEL_BUILDER(Name("HvdcBf16DecodeSum").Device(DEVICE_CPU), Bf16DecodeSumOp);
 REGISTER_KERNEL_BUILDER(Name("HvdcInt8Encode").Device(DEVICE_CPU), Int8EncodeOp);
 REGISTER_KERNEL_BUILDER(Name("HvdcInt8DecodeSum").Device(DEVICE_CPU), Int8DecodeSumOp);
 REGISTER_KERNEL_BUILDER(Name("HvdcTopKEncode").Device(DEVICE_CPU), TopKEncodeOp);

@@ -12,9 +12,10 @@ op with every other access of that variable.  Payload parts have the eager
 scheme's names, dtypes and bytes; tests/unit/test_kernels_tf.py holds the two
 paths to the same results.
 
-Fused here: Int8 (any block size) and Top-K (``values=None``), with or without
-plain error feedback.  Every other scheme, memory or device runs the eager
-code.
+Fused here: Int8 (any block size), Top-K (``values=None``), SignSGD,
+EFSignSGD, BF16, and FP16 with error feedback (without, TF's cast is one pass
+already), with or without plain error feedback.  Every other scheme, memory
+or device runs the eager code.
 """
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ import tensorflow as tf
 from ..backend import ceil_div
 from ..coding import _ef_low_bits, index_code_nbytes
 from ..memory import ResidualMemory
-from ..schemes.quantization import Int8
+from ..schemes.casts import BF16, FP16
+from ..schemes.quantization import EFSignSGD, Int8, SignSGD
 from ..schemes.sparsification import TopK
 from .tf_native import load
 
@@ -94,6 +96,45 @@ class TopKCodec(TFCodec):
                                         code=CODES[code], low=low, nbytes=nbytes, scaled=scaled)
 
 
+class SignCodec(TFCodec):
+    """SignSGD (mode 0: a majority vote) and EFSignSGD (mode 1: scaled signs)."""
+
+    def __init__(self, ops, adapter, scheme, mode):
+        super().__init__(ops, adapter, scheme)
+        self.mode = mode
+
+    def encode(self, x, r, ws, ctx):
+        bits, scale = self.ops.hvdc_sign_encode(x=x, r=self.residual_handles(r, ctx), n=int(x.shape[0]),
+                                                mode=self.mode)
+        return {"bits": bits, "scale": scale} if self.mode else {"bits": bits}
+
+    def aggregate(self, payloads, numel, local, scale, out, ws):
+        s, scaled = _scale_args(scale)
+        scales = [p["scale"] if self.mode else tf.ones([1]) for p in payloads]
+        return self.ops.hvdc_sign_decode_sum(bits=[p["bits"] for p in payloads], scales=scales, s=s, n=numel,
+                                             mode=self.mode, scaled=scaled)
+
+
+class HalfCodec(TFCodec):
+    """FP16 (by Horovod's allreduce) and BF16 (its bits by allgather)."""
+
+    def __init__(self, ops, adapter, scheme, bf16):
+        super().__init__(ops, adapter, scheme)
+        self.bf16 = bf16
+
+    def encode(self, x, r, ws, ctx):
+        h = self.ops.hvdc_half_encode(x=x, r=self.residual_handles(r, ctx), n=int(x.shape[0]),
+                                      T=tf.int16 if self.bf16 else tf.float16)
+        return {"bits": h} if self.bf16 else {"reduce": h}
+
+    def decode_reduced(self, reduced, numel, out, ws):
+        return tf.cast(tf.reshape(reduced, [-1]), tf.float32)
+
+    def aggregate(self, payloads, numel, local, scale, out, ws):
+        s, scaled = _scale_args(scale)
+        return self.ops.hvdc_bf16_decode_sum(hs=[p["bits"] for p in payloads], s=s, n=numel, scaled=scaled)
+
+
 def _idx_dtype(code):
     return tf.int32 if code == "raw" else tf.uint8
 
@@ -117,21 +158,30 @@ def codec_for(scheme, memory, x, adapter):
     """The fused TF codec of ``scheme`` for the flat float32 tensor ``x``, or
     None where the eager path runs: kernels off or unbuilt, not a CPU float32
     tensor of a static size below 2**31, a memory other than plain error
-    feedback, a Top-K with a ``values=`` quantizer or keeping more than an
-    eighth of the elements."""
+    feedback, a scheme not fused here (see the module's docstring), a Top-K
+    with a ``values=`` quantizer or keeping more than an eighth of the elements."""
     n = x.shape[0] if x.shape.rank == 1 else None
     if n is None or x.dtype != tf.float32 or n >= 2**31 or not _on_cpu(x):
         return None
     if memory is not None and type(memory) is not ResidualMemory:
         return None
+    make = _maker(scheme, memory, n)
+    ops = load() if make is not None else None
+    return make(ops, adapter) if ops is not None else None
+
+
+def _maker(scheme, memory, n):
+    """(ops, adapter) -> the codec of this scheme, or None where none is fused."""
     cls = type(scheme)
     if cls is TopK:
         k = scheme.fixed_k(n)
         if scheme.values is not None or not (0 < k and 8 * k <= n):
             return None
-    elif cls is not Int8:
-        return None
-    ops = load()
-    if ops is None:
-        return None
-    return (Int8Codec if cls is Int8 else TopKCodec)(ops, adapter, scheme)
+        return lambda ops, adapter: TopKCodec(ops, adapter, scheme)
+    if cls is FP16 and memory is None:
+        return None  # TF's own cast is one pass already
+    if cls in (SignSGD, EFSignSGD):
+        return lambda ops, adapter: SignCodec(ops, adapter, scheme, int(cls is EFSignSGD))
+    if cls in (FP16, BF16):
+        return lambda ops, adapter: HalfCodec(ops, adapter, scheme, cls is BF16)
+    return (lambda ops, adapter: Int8Codec(ops, adapter, scheme)) if cls is Int8 else None

@@ -30,7 +30,15 @@ SCHEMES = {
     "topk-raw": lambda: hc.schemes.TopK(0.02, index_coding="raw"),
     "topk-bitmap": lambda: hc.schemes.TopK(0.1, index_coding="bitmap"),
     "topk-ef": lambda: hc.schemes.TopK(0.05, index_coding="elias_fano"),
+    "signsgd": lambda: hc.schemes.SignSGD(),
+    "efsignsgd": lambda: hc.schemes.EFSignSGD(),
+    "fp16": lambda: hc.schemes.FP16(),
+    "bf16": lambda: hc.schemes.BF16(),
 }
+#: payload parts that are reductions over the tensor (EFSignSGD's l1 scale): the
+#: kernel sums in double, TF in float32 in its own order, so they agree to
+#: rounding, not bit for bit; the element-wise rest is checked given the fused value
+REDUCTIONS = {"efsignsgd": "scale"}
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True, max_examples=8)
 
 
@@ -58,8 +66,11 @@ def _sorted_pairs(p):
     return p["idx"].numpy()[order], p["val"].numpy()[order]
 
 
-def _assert_payloads_equal(pe, pf, raw_topk):
+def _assert_payloads_equal(pe, pf, raw_topk, reduction=None):
     assert sorted(pe) == sorted(pf)
+    if reduction is not None:
+        np.testing.assert_allclose(pf[reduction].numpy(), pe[reduction].numpy(), rtol=1e-5, atol=0)
+        pe = {k: v for k, v in pe.items() if k != reduction}
     if raw_topk:  # tf.math.top_k leaves the raw indices unsorted: compared as (index, value) pairs
         (ie, ve), (i_f, vf) = _sorted_pairs(pe), _sorted_pairs(pf)
         assert pe["idx"].dtype == pf["idx"].dtype and np.array_equal(ie, i_f)
@@ -67,6 +78,13 @@ def _assert_payloads_equal(pe, pf, raw_topk):
         return
     for part in pe:
         assert _bytes(pe[part]) == _bytes(pf[part]), part
+
+
+def _given_fused_scale(pe, pf, acc, ef):
+    """EFSignSGD's eager payload and residual, with the fused scale."""
+    pe = {**pe, "scale": pf["scale"]}
+    signs = tf.where(acc >= 0, 1.0, -1.0)
+    return pe, (finite_or_zero(B, acc - signs * pf["scale"][0]) if ef else None)
 
 
 def _encoder(codec, residual, n, ctx):
@@ -98,8 +116,8 @@ def _run_steps(name, n, ranks, steps, seed, ef, scale):
         if r is not None:
             store.vars[f"w{rank}"] = tf.Variable(r)
     codec = codec_for(scheme, ResidualMemory() if ef else None, tf.zeros([n]), store)
-    if codec is None:  # only Top-K keeping over an eighth of the elements runs eager
-        assert isinstance(scheme, hc.schemes.TopK) and 8 * scheme.fixed_k(n) > n, (name, n)
+    if codec is None:  # only Top-K keeping over an eighth of the elements, and FP16 without EF, run eager
+        assert (isinstance(scheme, hc.schemes.TopK) and 8 * scheme.fixed_k(n) > n) or (name == "fp16" and not ef)
         return
     raw_topk = isinstance(scheme, hc.schemes.TopK) and scheme.index_code(n) == "raw"
     encoders = [_encoder(codec, store.vars.get(f"w{rank}"), n, _ctx(n, 1, rank, ranks)) for rank in range(ranks)]
@@ -111,7 +129,9 @@ def _run_steps(name, n, ranks, steps, seed, ef, scale):
             acc = x if res_e[rank] is None else x + res_e[rank]
             pe, new_residual = references[rank](acc)
             pf = encoders[rank](x)
-            _assert_payloads_equal(pe, pf, raw_topk)
+            _assert_payloads_equal(pe, pf, raw_topk, REDUCTIONS.get(name))
+            if name in REDUCTIONS:
+                pe, new_residual = _given_fused_scale(pe, pf, acc, ef)
             if ef:
                 res_e[rank] = new_residual
                 got = store.vars[f"w{rank}"]
@@ -122,6 +142,14 @@ def _run_steps(name, n, ranks, steps, seed, ef, scale):
 
 
 def _assert_decodes_equal(scheme, codec, pes, pfs, n, scale):
+    if scheme.transport == "allreduce":  # FP16: Horovod sums the halves; the decode casts back
+        reduced = tf.reduce_sum(tf.stack([p["reduce"] for p in pfs]), axis=0)
+        assert _bytes(codec.decode_reduced(reduced, n, None, {})) == _bytes(scheme.decode_reduced(B, reduced, n))
+        return
+    if not scheme.apply_op_scale:  # SignSGD: a vote, never scaled
+        assert _bytes(codec.aggregate(pfs, n, {}, None, None, {})) == _bytes(scheme.aggregate(B, pes, n))
+        assert _bytes(codec.aggregate(pes, n, {}, None, None, {})) == _bytes(scheme.aggregate(B, pfs, n))
+        return
     s = tf.constant(scale, tf.float32)
     want = scheme.aggregate(B, pes, n) * s
     assert _bytes(codec.aggregate(pfs, n, {}, s, None, {})) == _bytes(want)
@@ -137,12 +165,12 @@ def _assert_decodes_equal(scheme, codec, pes, pfs, n, scale):
        ranks=st.integers(1, 3), seed=st.integers(0, 2**16), ef=st.booleans(),
        scale=st.sampled_from([1.0, 0.5, 1 / 3]))
 def test_fused_equals_eager(name, n, ranks, seed, ef, scale):
-    if n == 0 and name.startswith("topk"):
-        n = 1  # the eager reference has no meaning for an empty top-k
+    if n == 0 and name.startswith(("topk", "efsignsgd")):
+        n = 1  # the eager reference has no meaning for an empty top-k or l1 scale
     _run_steps(name, n, ranks, steps=3, seed=seed, ef=ef, scale=scale)
 
 
-@pytest.mark.parametrize("name", ["int8", "int8-b100", "topk1%", "topk-ef"])
+@pytest.mark.parametrize("name", ["int8", "int8-b100", "topk1%", "topk-ef", "signsgd", "efsignsgd", "bf16", "fp16"])
 def test_fused_equals_eager_large(name):
     """Sizes where the Top-K sample is strided and the vector loops dominate."""
     _run_steps(name, (1 << 18) + 77, ranks=2, steps=3, seed=5, ef=True, scale=0.5)
@@ -178,7 +206,8 @@ def test_topk_exact_up_to_ties(case):
     assert np.array_equal(sent + store.vars["w0"].numpy(), x)
 
 
-@pytest.mark.parametrize("spec", ["Int8()", "TopK(0.01)", "Int8(block_size=4096)", "TopK(0.01, index_coding='raw')"])
+@pytest.mark.parametrize("spec", ["Int8()", "TopK(0.01)", "Int8(block_size=4096)", "TopK(0.01, index_coding='raw')",
+                                  "SignSGD()", "BF16()", "FP16(error_feedback=True)"])
 def test_adapter_flow_fused_equals_eager(spec, monkeypatch):
     """compress + decompress through the TF adapter in a tf.function (one-rank
     collectives), kernels on and off (HVDC_KERNELS=0): the same gradients and
@@ -196,21 +225,23 @@ def test_adapter_flow_fused_equals_eager(spec, monkeypatch):
             out, ctx = comp.compress(g)
             return comp.decompress(out, ctx)
         outs = [step(g).numpy() for g in grads]
-        adapter = comp._adapters["tensorflow"]
-        results[kernels] = outs, adapter.residual_variable(BENCH_KEY).numpy()
+        residual = comp._adapters["tensorflow"].residual_variable(BENCH_KEY)  # None without error feedback
+        results[kernels] = outs, None if residual is None else residual.numpy()
         graph_ops = {op.type for op in step.get_concrete_function(grads[0]).graph.get_operations()}
         assert any(t.startswith("Hvdc") for t in graph_ops) == (kernels == "1"), graph_ops
     (fo, fr), (eo, er) = results["1"], results["0"]
     for a, b in zip(fo, eo):
         assert a.tobytes() == b.tobytes()
-    assert fr.tobytes() == er.tobytes()
+    assert (fr is None) == (er is None) and (fr is None or fr.tobytes() == er.tobytes())
 
 
 def test_codec_is_off_where_it_does_not_apply(monkeypatch):
     x = tf.zeros([1000])
     assert codec_for(hc.schemes.TopK(0.5), ResidualMemory(), x, _Residuals()) is None  # k > n / 8
     assert codec_for(hc.schemes.TopK(0.01, values=hc.schemes.Int8()), None, x, _Residuals()) is None
-    assert codec_for(hc.schemes.SignSGD(), None, x, _Residuals()) is None
+    assert codec_for(hc.schemes.QSGD(), None, x, _Residuals()) is None
+    assert codec_for(hc.schemes.FP16(), None, x, _Residuals()) is None  # TF's cast is one pass already
+    assert codec_for(hc.schemes.FP16(), ResidualMemory(), x, _Residuals()) is not None
     assert codec_for(hc.schemes.Int8(), None, tf.zeros([10], tf.float16), _Residuals()) is None
     assert codec_for(hc.schemes.Int8(), None, x, _Residuals()) is not None
     monkeypatch.setenv("HVDC_KERNELS", "0")
