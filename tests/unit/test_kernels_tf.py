@@ -246,3 +246,20 @@ def test_codec_is_off_where_it_does_not_apply(monkeypatch):
     assert codec_for(hc.schemes.Int8(), None, x, _Residuals()) is not None
     monkeypatch.setenv("HVDC_KERNELS", "0")
     assert codec_for(hc.schemes.Int8(), None, x, _Residuals()) is None
+
+
+@pytest.mark.parametrize("name", ["int8", "topk1%", "efsignsgd", "bf16"])
+def test_non_finite_values_never_reach_the_residual(name):
+    """NaN and +-Inf in the gradient: sent (as an uncompressed gradient would
+    be), never kept in the residual, which stays finite."""
+    n = 4096
+    x = np.random.default_rng(1).standard_normal(n, dtype=np.float32)
+    x[[3, 100, 2000]] = [np.nan, np.inf, -np.inf]
+    scheme = SCHEMES[name]()
+    store = _Residuals()
+    store.vars["w0"] = tf.Variable(tf.zeros([n]))
+    codec = codec_for(scheme, ResidualMemory(), tf.zeros([n]), store)
+    _encoder(codec, store.vars["w0"], n, _ctx(n, 1, 0, 1))(tf.constant(x))
+    r = store.vars["w0"].numpy()
+    assert np.isfinite(r).all()
+    assert (r[[3, 100, 2000]] == 0).all()
