@@ -301,10 +301,12 @@ def _timed_loop(a, hvd, barrier, dist_step, comp, compute, layer_numels, bcast, 
     }
     if _is_auto(comp):
         result["auto_plan"] = comp.describe()  # the table of what Auto chose per tensor
-        # the timed step at which each plan took effect (Auto counts communications, warm-up included)
-        result["auto_plan_steps"] = [start - result["warmup"] - 1 for start, *_ in comp.history]
+        # the timed step at which each plan took effect: a plan's start counts the communications
+        # before it (warm-up included), so start s is the (s + 1)-th call, timed step s - warmup
+        result["auto_plan_steps"] = [start - result["warmup"] for start, *_ in comp.history]
         # the timed steps at which Auto re-checked the link (its schedule: after the calibration, then
-        # every recheck_every communications), whether or not the check adopted a new plan
+        # every recheck_every communications; the c-th call is timed step c - warmup - 1), whether
+        # or not the check adopted a new plan
         first = comp.calibration_steps + 1
         every = comp.recheck_every or (steps + result["warmup"] + 1)
         result["auto_check_steps"] = [c - result["warmup"] - 1 for c in range(first, result["warmup"] + steps + 1, every)
