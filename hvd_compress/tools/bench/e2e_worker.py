@@ -290,6 +290,8 @@ def _timed_loop(a, hvd, barrier, dist_step, comp, compute, layer_numels, bcast, 
         "steps": steps, "warmup": _warmup_steps(a, comp), "transport": _transport(comp),
         "median_step_s": statistics.median(per_step), "mean_step_s": wall / steps,
         "step_s_all": per_step, "compute_s": compute_s,
+        # the slowest rank's warm-up steps (Auto: its calibration and first decision are among them)
+        "warmup_step_s_all": [max(r["warmup_times"][i] for r in everyone) for i in range(len(me["warmup_times"]))],
         "payload_bytes_per_step": statistics.mean(r["payload_bytes_per_step"] for r in everyone),
         "wire_bytes_per_step": (statistics.mean(tx) / steps) if tx else None,
         "wire_rx_bytes_per_step": (statistics.mean(rx) / steps) if rx else None,

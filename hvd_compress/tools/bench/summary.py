@@ -95,7 +95,7 @@ def _load(r):
 
 
 def verdicts(micro_rows, e2e_rows):
-    """[(target, measured, met)] for issue #12's targets."""
+    """[(target, measured, met)] for issue #12's targets and #13's Auto rows."""
     out = []
 
     def row(scheme, rate):
@@ -111,11 +111,7 @@ def verdicts(micro_rows, e2e_rows):
     if r and r.get("speedup_vs_hvd_fp16") is not None:
         v = r["speedup_vs_hvd_fp16"]
         out.append((f"e2e {TARGET_SCHEME} vs Horovod fp16 >= 11x at 100 Mbit/s", f"{v:.2f}x", v >= 11))
-    for r in e2e_rows:
-        w = r.get("wire_to_payload")
-        if w is not None and r["workers"] == 2:
-            out.append((f"wire within 10% of payload: {r['scheme']} @ {_rate(r['link_mbit'])}", f"{w:.2f}",
-                        0.9 <= w <= 1.1))
+    out += auto_verdicts(e2e_rows)
     from .micro import target_of
     for r in micro_rows or []:
         t = target_of(r)
@@ -132,8 +128,29 @@ def verdicts(micro_rows, e2e_rows):
     return out
 
 
+def auto_verdicts(e2e_rows, auto="Auto()"):
+    """Issue #13's targets for the ``Auto()`` rows: against ``none`` and the
+    best fixed scheme measured at the same link in the same run."""
+    out = []
+    wants = {None: 0.95, 1000.0: 0.9, 100.0: 0.9}
+    for rate, want in wants.items():
+        same = [r for r in e2e_rows if r["link_mbit"] == rate]
+        a = next((r for r in same if r["scheme"] == auto), None)
+        fixed = [r for r in same if r["scheme"] not in (auto, "none", "hvd_fp16")]
+        if a is None or not fixed:
+            continue
+        best = min(fixed, key=lambda r: r["median_step_s"])
+        v = best["median_step_s"] / a["median_step_s"]
+        out.append((f"e2e {auto} >= {want:g}x the best fixed scheme ({best['scheme']}) at {_rate(rate)}",
+                    f"{v:.2f}x", v >= want))
+        if rate is None and a.get("speedup_vs_none") is not None:
+            out.append((f"e2e {auto} >= 0.97x none at {_rate(rate)}", f"{a['speedup_vs_none']:.2f}x",
+                        a["speedup_vs_none"] >= 0.97))
+    return out
+
+
 def verdict_markdown(v):
-    lines = ["| target (issue #12) | measured | |", "|---|---:|---|"]
+    lines = ["| target (issues #12 and #13) | measured | |", "|---|---:|---|"]
     for what, meas, ok in v:
         lines.append(f"| {what} | {meas} | {'met' if ok else '**NOT met**'} |")
     met = sum(1 for _, _, ok in v if ok)
