@@ -10,7 +10,7 @@ gradient through the real adapter flow with one-rank collectives (as
 (a timing proxy around the loaded library).  Per scheme: the total as a
 multiple of ``dst.copy_(src)`` (same loop), each kernel's share of the total,
 and the rest (Python, workspace lookups, the adapter).  With ``--e2e``, the
-share of a training step that the collectives take (``comm_s_measured /
+share of a training step spent outside the model's compute -- the codec and the collectives (``comm_s_measured /
 median_step_s`` of that scheme's unshaped row).
 """
 from __future__ import annotations
@@ -79,7 +79,7 @@ PHASES = {"hvdc_compensate_select": "selection", "hvdc_sample_magnitudes": "sele
 def markdown(rows, build_s=None):
     """The table docs/benchmarks.md shows."""
     head = ("| scheme | x copy | passes over memory | selection | quantize / cast | packing | decode | "
-            "Python and torch ops | collectives, share of an unshaped step |")
+            "Python and torch ops | an unshaped e2e step outside compute (codec + collectives) |")
     out = [head, "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         share = collections.Counter()
@@ -88,7 +88,7 @@ def markdown(rows, build_s=None):
         cells = [f"{share[p]:.0%}" if share[p] else "-" for p in ("selection", "quantize", "packing", "decode")]
         if r["scheme"] == "FP16()":  # torch's own casts, not a C kernel
             cells[1] = "(in the next column)"
-        coll = r.get("unshaped_collective_share")
+        coll = r.get("unshaped_outside_compute_share")
         out.append(f"| {r['scheme']} | {r['ratio_to_copy']:.2f}x | {SCHEME_PASSES.get(r['scheme'], '-')} | "
                    + " | ".join(cells) + f" | {r['rest_share']:.0%} | {'-' if coll is None else f'{coll:.0%}'} |")
     if build_s is not None:
@@ -153,7 +153,7 @@ def main(argv=None):
         for r in rows:
             m = [x for x in e2e if x["link_mbit"] is None and x["scheme"] in (r["scheme"], r["scheme"].replace("()", ""))]
             if m and m[0].get("comm_s_measured") is not None:
-                r["unshaped_collective_share"] = m[0]["comm_s_measured"] / m[0]["median_step_s"]
+                r["unshaped_outside_compute_share"] = m[0]["comm_s_measured"] / m[0]["median_step_s"]
     for r in rows:
         parts = ", ".join(f"{k.replace('hvdc_', '')} {v['share']:.0%}" for k, v in
                           sorted(r["kernels"].items(), key=lambda kv: -kv[1]["share"]))
