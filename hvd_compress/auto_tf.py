@@ -345,14 +345,8 @@ class AutoTFAdapter(TFAdapter):
         stamp = self._stamp(call.comp, call.key, step)
         mode, variable = self._mode(call.comp, call.key, step, stamp)
 
-        def branch(i, phase):
-            def run():
-                out, pending = self._compress_with(phase, replace(call, coll_key=f"{call.key}@m{i}"))
-                dense = self.resolve_now(call.comp, out, pending)
-                return dense, tf.constant(1.0 if phase.scheme.apply_op_scale else 0.0)
-            return run
-
-        dense, apply_scale = tf.switch_case(mode, [branch(i, phase) for i, phase in enumerate(phases)])
+        dense, apply_scale = tf.switch_case(mode, [self.resolved_branch(call, f"@m{i}", phase)
+                                                   for i, phase in enumerate(phases)])
         with tf.control_dependencies([dense]):  # a flush lasts one step
             kept = variable.assign(tf.cast(tf.where(tf.equal(mode, FLUSH), PLAIN, mode), tf.float32))
         pending = ResolvedPending(transport=RESOLVED, dense=dense, apply_scale=apply_scale, **pending_fields(call))

@@ -150,6 +150,16 @@ class TFAdapter(AdapterBase):
             store[key] = v
         return v
 
+    def resolved_branch(self, call, tag, phase):
+        """A ``tf.switch_case`` branch that runs ``phase`` for this call, its
+        collectives named with ``tag``, and returns (the aggregated dense sum,
+        whether the op's scaling applies to it)."""
+        def run():
+            out, pending = self._compress_with(phase, replace(call, coll_key=f"{call.key}{tag}"))
+            dense = self.resolve_now(call.comp, out, pending)
+            return dense, tf.constant(1.0 if phase.scheme.apply_op_scale else 0.0)
+        return run
+
     def _compress_scheduled(self, phases, call):
         """Graph mode: the phase is chosen at run time by ``tf.switch_case`` on
         the step variable.  Each branch runs its own collectives (all ranks
@@ -159,14 +169,8 @@ class TFAdapter(AdapterBase):
         starts = tf.constant([phase.start for phase in phases[1:]], tf.int64)
         index = tf.reduce_sum(tf.cast(tf.cast(call.step, tf.int64) - 1 >= starts, tf.int32))
 
-        def branch(i, phase):
-            def run():
-                out, pending = self._compress_with(phase, replace(call, coll_key=f"{call.key}@{i}"))
-                dense = self.resolve_now(call.comp, out, pending)
-                return dense, tf.constant(1.0 if phase.scheme.apply_op_scale else 0.0)
-            return run
-
-        dense, apply_scale = tf.switch_case(index, [branch(i, phase) for i, phase in enumerate(phases)])
+        dense, apply_scale = tf.switch_case(index, [self.resolved_branch(call, f"@{i}", phase)
+                                                    for i, phase in enumerate(phases)])
         pending = ResolvedPending(transport=RESOLVED, dense=dense, apply_scale=apply_scale, **pending_fields(call))
         return self.B.identity_with_deps(tf.ones([1], tf.float32), [dense]), pending
 

@@ -27,9 +27,10 @@ import horovod.tensorflow.keras as hvdk  # noqa: E402
 
 import hvd_compress  # noqa: E402
 from hvd_compress import auto_tf  # noqa: E402
-from hvd_compress.auto import Link, comm_time  # noqa: E402
+from hvd_compress.auto import Link  # noqa: E402
 from hvd_compress.compressor import stable_hash  # noqa: E402
 
+import auto_links  # noqa: E402
 from tf_linear_training import dataset, flat_weights, mlp, mse_tape_step  # noqa: E402
 
 hvd.init()
@@ -81,14 +82,7 @@ class Injected:
 
 def links(sequence, monkeypatch):
     """Make the i-th link probe report the i-th link of ``sequence`` (the last one after)."""
-    calls = []
-
-    def probe(numels, version, process_set):
-        link = sequence[min(len(calls), len(sequence) - 1)]
-        calls.append(version)
-        return [comm_time("allreduce", 4 * n, SIZE, link.bytes_per_s, link.latency_s)[1] for n in numels]
-    monkeypatch.setattr(auto_tf, "probe_link", probe)
-    return calls
+    return auto_links.links(sequence, monkeypatch, auto_tf, SIZE)
 
 
 def same_on_all_ranks(obj, name):

@@ -16,9 +16,10 @@ import torch
 import horovod.torch as hvd
 import hvd_compress
 from hvd_compress import auto_calibration
-from hvd_compress.auto import Link, PlanMismatchError, comm_time
+from hvd_compress.auto import Link, PlanMismatchError
 from hvd_compress.compressor import stable_hash
 
+import auto_links
 from torch_params import Params
 
 hvd.init()
@@ -52,14 +53,7 @@ def train_step(model, opt, step):
 
 def links(sequence, monkeypatch):
     """Make the i-th link probe report the i-th link of ``sequence`` (the last one after)."""
-    calls = []
-
-    def probe(numels, version, process_set):
-        link = sequence[min(len(calls), len(sequence) - 1)]
-        calls.append(version)
-        return [comm_time("allreduce", 4 * n, SIZE, link.bytes_per_s, link.latency_s)[1] for n in numels]
-    monkeypatch.setattr(auto_calibration, "probe_link", probe)
-    return calls
+    return auto_links.links(sequence, monkeypatch, auto_calibration, SIZE)
 
 
 def same_on_all_ranks(obj, name):
