@@ -215,21 +215,27 @@ def predicted_total(choices: Dict[str, Choice], tensors, workers, link, candidat
     return total
 
 
-def format_plan(choices: Dict[str, Choice], tensors, link: Optional[Link] = None, step_s=None) -> str:
+def format_plan(choices: Dict[str, Choice], tensors, link: Optional[Link] = None, step_s=None, codec_s=None) -> str:
     """The table ``Auto.describe()`` prints: each tensor, its choice, the
-    predicted ms of the choice and of ``none``, and the bytes per step."""
+    predicted ms of the choice and of ``none``, the measured encode + decode
+    ms of the choice (``codec_s``: key -> label -> seconds, averaged over
+    ranks, as calibration measured it), and the bytes per step."""
     w = max([len(k) for k in choices] + [6])
-    lines = [f"{'tensor':<{w}}  {'shape':>14}  {'choice':>12}  {'pred. ms':>9}  {'none ms':>9}  {'bytes/step':>11}"]
+    lines = [f"{'tensor':<{w}}  {'shape':>14}  {'choice':>12}  {'pred. ms':>9}  {'none ms':>9}  "
+             f"{'codec ms':>9}  {'bytes/step':>11}"]
     tot = tot_none = 0.0
     for key in sorted(choices):
         c = choices[key]
         shape = "x".join(map(str, tensors.get(key, (0, ()))[1])) or "scalar"
         pb = "-" if c.payload_bytes is None else str(int(c.payload_bytes))
+        measured = (codec_s or {}).get(key, {}).get(c.label)
+        codec = "-" if measured is None or measured < 0 else f"{1e3 * measured:.3f}"
         lines.append(f"{key:<{w}}  {shape:>14}  {c.label:>12}  {1e3 * c.predicted_s:>9.3f}  "
-                     f"{1e3 * c.none_s:>9.3f}  {pb:>11}")
+                     f"{1e3 * c.none_s:>9.3f}  {codec:>9}  {pb:>11}")
         if math.isfinite(c.predicted_s):
             tot, tot_none = tot + c.predicted_s, tot_none + c.none_s
-    lines.append(f"predicted communication {1e3 * tot:.3f} ms per step (none: {1e3 * tot_none:.3f} ms)")
+    lines.append(f"predicted communication {1e3 * tot:.3f} ms per step (none: {1e3 * tot_none:.3f} ms); "
+                 f"codec ms: measured at calibration")
     if link is not None:
         lines.append(f"link: latency {1e6 * link.latency_s:.1f} us, {link.bytes_per_s / 1e6:.1f} MB/s"
                      + (f"; measured step {1e3 * step_s:.2f} ms" if step_s else ""))

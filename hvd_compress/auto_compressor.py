@@ -279,13 +279,14 @@ class Auto(Compressor):
         return {k: c.label for k, c in self.history[-1][1].items()} if self.history else {}
 
     def describe(self):
-        """A table per tensor: chosen scheme, predicted ms (and none's), bytes per step."""
+        """A table per tensor: chosen scheme, predicted ms (and none's), the
+        choice's measured encode + decode ms, bytes per step."""
         self._sync_tf()
         if not self.history:
             return f"Auto: calibrating ({self.calibration_steps} dense steps before the first plan)"
         start, choices, version = self.history[-1]
         head = f"Auto plan version {version}, in force from communication {start}\n"
-        return head + format_plan(choices, self.tensors, self.link, self.step_s)
+        return head + format_plan(choices, self.tensors, self.link, self.step_s, self.codec_s)
 
     def config(self):
         return {"auto": [c.label for c in self.candidates], "rules": [r.config() for r in self.rules],

@@ -122,6 +122,12 @@ def test_predicted_total_and_table():
     assert math.isclose(total, sum(c.predicted_s for c in choices.values()), rel_tol=1e-9)
     table = format_plan(choices, TENSORS, SLOW)
     assert "layer.weight" in table and "2048x2048" in table and choices["layer.weight"].label in table
+    # the measured codec cost of each tensor's choice, where calibration measured one
+    key = "layer.weight"
+    measured = {key: {choices[key].label: 0.0123}}
+    row = next(line for line in format_plan(choices, TENSORS, SLOW, codec_s=measured).splitlines()
+               if line.startswith(key))
+    assert "12.300" in row
 
 
 @pytest.mark.parametrize("kwargs, name", [
