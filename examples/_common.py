@@ -28,6 +28,8 @@ import time
 import hvd_compress
 
 HOROVOD_BUILTINS = ("none", "hvd-fp16")
+#: hvd_compress.Auto(): the scheme chosen per tensor online from the measured link and codec costs
+AUTO = "auto"
 _NOT_SCHEMES = {"Compressor", "none"}
 
 
@@ -76,10 +78,11 @@ def _number(text):
 
 
 def add_compression_args(parser):
-    names = list(HOROVOD_BUILTINS) + sorted(scheme_factories())
+    names = list(HOROVOD_BUILTINS) + [AUTO] + sorted(scheme_factories())
     g = parser.add_argument_group("gradient compression")
     g.add_argument("--compression", default="none", choices=names, metavar="SCHEME",
-                   help="none | hvd-fp16 (Horovod's own) | an hvd_compress scheme: " + ", ".join(names[2:]))
+                   help="none | hvd-fp16 (Horovod's own) | auto (hvd_compress.Auto(): chosen per tensor "
+                        "online) | an hvd_compress scheme: " + ", ".join(names[3:]))
     g.add_argument("--fp16-allreduce", action="store_true",
                    help="Horovod's flag, kept for compatibility: same as --compression hvd-fp16")
     opts, extra = _scheme_options()
@@ -124,6 +127,12 @@ def make_compression(args, hvd):
             raise SystemExit(f"--compression {name} is Horovod's own and takes no --compression-momentum")
         comp = hvd.Compression.fp16 if name == "hvd-fp16" else hvd.Compression.none
         return comp, f"Horovod {'hvd.Compression.fp16' if name == 'hvd-fp16' else 'hvd.Compression.none'}"
+    if name == AUTO:
+        if chosen or values or args.error_feedback is not None or getattr(args, "compression_momentum", None):
+            raise SystemExit("--compression auto takes no scheme options: it chooses them")
+        import hvd_compress
+        comp = hvd_compress.Auto(seed=args.compression_seed)
+        return comp, "hvd_compress Auto()"
     factories = scheme_factories()
     factory, cls = factories[name]
     accepted = {p.name for p in _params(cls.__init__)}

@@ -73,6 +73,8 @@ QUICK_SEEDS = [1]
 # Baselines (Horovod's own) and the hvd_compress schemes, each with and without
 # error feedback.  Scheme options are the factories' defaults except where given.
 BASELINES = [("none", []), ("hvd-fp16", [])]
+#: chosen online per tensor; no error-feedback variants (Auto keeps its own)
+AUTO = "auto"
 SCHEME_OPTIONS = {"topk": ["--ratio", "0.01"], "randomk": ["--ratio", "0.01"]}
 TF_SCHEMES = ["fp16", "topk", "int8"]
 # --quick: dense and TopK(0.01) with and without error feedback
@@ -89,6 +91,8 @@ def _config(scheme, ef, placement="optimizer"):
     """(label, scheme, error_feedback, momentum placement, example flags)."""
     if scheme in dict(BASELINES):
         return (scheme, scheme, False, "optimizer", ["--compression", scheme] + dict(BASELINES)[scheme])
+    if scheme == AUTO:
+        return (scheme, scheme, True, "optimizer", ["--compression", scheme])
     opts = ["--compression", scheme] + SCHEME_OPTIONS.get(scheme, [])
     opts += ["--error-feedback"] if ef else ["--no-error-feedback"]
     if placement == "compressor":  # SGD(momentum=0) and Scheme(..., momentum=0.9)
@@ -109,6 +113,9 @@ def configs_for(framework, quick, schemes=None, placements=("optimizer",), feedb
     out = [_config(name, False) for name in (named or ([] if lr else dict(BASELINES)))]
     for s in schemes:
         if s in dict(BASELINES):
+            continue
+        if s == AUTO:
+            out.append(_config(s, True))
             continue
         out += [_config(s, ef, pl) for ef in feedback for pl in placements]
     return out
