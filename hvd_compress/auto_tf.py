@@ -154,6 +154,18 @@ def _codec_once(B, scheme, x, residual, shape, size, ctx, feedback):
     return acc - sent if feedback else sent
 
 
+def _fused_or_eager_fn(B, scheme, numel, shape, size, feedback):
+    """The timing function of what a step runs: the fused TF ops where the
+    transports would use them (hvd_compress.kernels.tf_cpu), else the eager code."""
+    from .kernels import native
+    if native.enabled():
+        from .kernels.tf_cpu import timing_fn
+        fn = timing_fn(scheme, feedback, numel, shape, size, INNER)
+        if fn is not None:
+            return fn
+    return _codec_fn(B, scheme, shape, size, feedback)
+
+
 def codec_seconds(schemes, numel, shape, size, seed=0):
     """Seconds per tensor of each scheme's work (None: not timed), as
     ``auto_calibration.codec_seconds`` in PyTorch: the schemes take turns, one
@@ -170,7 +182,7 @@ def codec_seconds(schemes, numel, shape, size, seed=0):
     feedback = [s is not None and s.name != "NoCompression" for s in schemes]
     free = [s is not None and not f for s, f in zip(schemes, feedback)]  # none: nothing to time
     fns = [_codec_fn(B, None, (), size, False)]  # the baseline: an empty call
-    fns += [None if s is None or z else _codec_fn(B, s, tuple(shape), size, f)
+    fns += [None if s is None or z else _fused_or_eager_fn(B, s, numel, tuple(shape), size, f)
             for s, f, z in zip(schemes, feedback, free)]
     starts = [x] + [tf.zeros_like(x) if f else x for f in feedback]  # chained: a residual, or the tensor
     best = [float("inf")] * len(fns)

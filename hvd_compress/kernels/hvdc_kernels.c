@@ -252,17 +252,44 @@ static inline uint16_t to_bf16(float f) {  /* round half to even; every NaN beco
 static inline float from_bf16(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
 
 /* dtype 0: IEEE half; 1: bfloat16.  sent = the value cast back to float. */
-void hvdc_half_encode(const float *x, float *r, i64 n, int dtype, uint16_t *out) {
-    for (i64 i = 0; i < n; i++) {
-        float a = r ? x[i] + r[i] : x[i];
-        float sent;
-        if (dtype == 0) {
-            _Float16 h = (_Float16)a; memcpy(&out[i], &h, 2); sent = (float)h;
-        } else {
-            out[i] = to_bf16(a); sent = from_bf16(out[i]);
-        }
-        if (r) r[i] = keep_finite(a - sent);
+/* one loop per case, without branches or memcpy inside, so each vectorises */
+static void fp16_encode(const float *x, float *r, i64 n, _Float16 *out) {
+    i64 i = 0;
+#if defined(__AVX512F__)
+    /* F16C conversions, 16 at a time, rounding to nearest even as the scalar cast does */
+    for (; i + 16 <= n; i += 16) {
+        __m512 a = _mm512_loadu_ps(x + i);
+        if (r) a = _mm512_add_ps(a, _mm512_loadu_ps(r + i));
+        __m256i h = _mm512_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm256_storeu_si256((__m256i *)(out + i), h);
+        if (r) _mm512_storeu_ps(r + i, keep_finite16(_mm512_sub_ps(a, _mm512_cvtph_ps(h))));
     }
+#endif
+    if (!r) { for (; i < n; i++) out[i] = (_Float16)x[i]; return; }
+    for (; i < n; i++) {
+        float a = x[i] + r[i];
+        _Float16 h = (_Float16)a;
+        out[i] = h;
+        r[i] = keep_finite(a - (float)h);
+    }
+}
+
+static void bf16_encode(const float *x, float *r, i64 n, uint16_t *out) {
+    if (!r) { for (i64 i = 0; i < n; i++) out[i] = to_bf16(x[i]); return; }
+    for (i64 i = 0; i < n; i++) {
+        float a = x[i] + r[i];
+        uint16_t h = to_bf16(a);
+        out[i] = h;
+        r[i] = keep_finite(a - from_bf16(h));
+    }
+}
+
+/* dtype 0: IEEE half; 1: bfloat16.  sent = the value cast back to float. */
+void hvdc_half_encode(const float *x, float *r, i64 n, int dtype, uint16_t *out) {
+    if (dtype == 0)
+        fp16_encode(x, r, n, (_Float16 *)out);
+    else
+        bf16_encode(x, r, n, out);
 }
 
 /* bfloat16 payloads of nr ranks: out = (sum_j float(h_j)) [* s] */

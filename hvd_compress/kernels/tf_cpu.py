@@ -185,3 +185,43 @@ def _maker(scheme, memory, n):
     if cls in (FP16, BF16):
         return lambda ops, adapter: HalfCodec(ops, adapter, scheme, cls is BF16)
     return (lambda ops, adapter: Int8Codec(ops, adapter, scheme)) if cls is Int8 else None
+
+
+class _TimingResidual:
+    """Stands in for the adapter where a codec is timed outside a step (Auto's
+    calibration): every key's residual is one scratch variable."""
+
+    def __init__(self, numel):
+        self.variable = tf.Variable(tf.zeros([numel], tf.float32), trainable=False)
+
+    def residual_variable(self, key):
+        return self.variable
+
+
+def timing_fn(scheme, feedback, numel, shape, size, inner):
+    """A compiled function ``(x, start) -> tensor`` that runs ``inner`` fused
+    encodes (error feedback into a scratch residual where ``feedback``) and
+    decodes of ``size`` payloads of one tensor -- what a step pays where the
+    transports use the fused codec -- or None where ``scheme`` is not fused
+    for this size (Auto then times its eager code)."""
+    from ..schemes.base import EncodeContext
+    x0 = tf.zeros([int(numel)], tf.float32)
+    holder = _TimingResidual(int(numel)) if feedback else None
+    codec = codec_for(scheme, ResidualMemory() if feedback else None, x0, holder)
+    if codec is None:
+        return None
+    ctx = EncodeContext(key="hvdc.auto.codec", step=1, rank=0, size=size, uniform=None, shared_seed=None,
+                        shape=tuple(shape), state={})
+    allgather = scheme.transport_for(shape) == "allgather"
+
+    @tf.function(autograph=False)
+    def run(x, start):
+        total = tf.zeros([], tf.float32)
+        for _ in range(inner):
+            payload = codec.encode(x, start if feedback else None, {}, ctx)
+            wire = {k: v for k, v in payload.items() if not k.startswith("_")}
+            dense = (codec.aggregate([wire] * size, int(numel), {}, None, None, {}) if allgather
+                     else codec.decode_reduced(wire["reduce"], int(numel), None, {}))
+            total += dense[0]  # every repetition's result is used: nothing is pruned
+        return total
+    return run

@@ -263,3 +263,22 @@ def test_non_finite_values_never_reach_the_residual(name):
     r = store.vars["w0"].numpy()
     assert np.isfinite(r).all()
     assert (r[[3, 100, 2000]] == 0).all()
+
+
+@pytest.mark.parametrize("scheme, fused", [("Int8()", True), ("TopK(0.01)", True), ("EFSignSGD()", True),
+                                           ("FP16()", True), ("QSGD()", False), ("PowerSGD(2)", False)])
+@pytest.mark.parametrize("kernels", ["1", "0"])
+def test_auto_times_what_the_step_runs(scheme, fused, kernels, monkeypatch):
+    """Auto's TF codec timing (calibration) runs the fused ops where the
+    transports would use them, and the eager scheme code elsewhere."""
+    from hvd_compress import auto_tf
+    from hvd_compress.backend import backend_for
+    monkeypatch.setenv("HVDC_KERNELS", kernels)
+    n, shape = 64 * 64, (64, 64)
+    fn = auto_tf._fused_or_eager_fn(backend_for(tf.zeros([1])), eval("hc.schemes." + scheme, {"hc": hc}), n, shape,
+                                    2, True)
+    x = tf.constant(np.random.default_rng(0).standard_normal(n, dtype=np.float32))
+    result = fn(x, tf.zeros_like(x))
+    assert np.all(np.isfinite(result.numpy()))
+    graph_ops = {op.type for op in fn.get_concrete_function(x, tf.zeros_like(x)).graph.get_operations()}
+    assert any(t.startswith("Hvdc") for t in graph_ops) == (fused and kernels == "1"), graph_ops
