@@ -16,3 +16,14 @@ def links(sequence, monkeypatch, module, size):
         return [comm_time("allreduce", 4 * n, size, link.bytes_per_s, link.latency_s)[1] for n in numels]
     monkeypatch.setattr(module, "probe_link", probe)
     return calls
+
+
+def misread_plan_on(rank, this_rank, auto, monkeypatch):
+    """On ``rank`` only, make ``auto`` read the broadcast plan wrongly (every
+    ``none`` becomes Int8 and everything else ``none``): a forced disagreement."""
+    if this_rank != rank:
+        return
+    original = auto.labels_from_indices
+    monkeypatch.setattr(auto, "labels_from_indices",
+                        lambda keys, idx: {k: ("Int8" if v == "none" else "none")
+                                           for k, v in original(keys, idx).items()})

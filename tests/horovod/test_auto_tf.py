@@ -137,11 +137,7 @@ def test_a_forced_disagreement_raises_on_every_rank(monkeypatch):
     """Rank 1 reads the broadcast plan wrongly: every rank raises PlanMismatchError, none hangs."""
     links([FAST], monkeypatch)
     auto = hvd_compress.Auto(calibration_steps=1, recheck_every=0)
-    if RANK == 1:
-        original = auto.labels_from_indices
-        monkeypatch.setattr(auto, "labels_from_indices",
-                            lambda keys, idx: {k: ("Int8" if v == "none" else "none")
-                                               for k, v in original(keys, idx).items()})
+    auto_links.misread_plan_on(1, RANK, auto, monkeypatch)
     run = Injected(auto, {"only": (8, 4)})  # one tensor: nothing else in flight when the error comes
     run.step_fn([tf.ones([8, 4])])
     with pytest.raises(Exception, match="different plans") as err:
