@@ -54,12 +54,17 @@ SIGNATURES = {
 }
 
 
-def compiler():
-    """The C compiler: ``$CC``, else cc or gcc on the PATH (None if neither)."""
-    for cand in (os.environ.get("CC"), "cc", "gcc"):
+def find_tool(env, *names):
+    """The program named by ``$env``, else the first of ``names`` on the PATH (None if none)."""
+    for cand in (os.environ.get(env), *names):
         if cand and shutil.which(cand):
             return shutil.which(cand)
     return None
+
+
+def compiler():
+    """The C compiler: ``$CC``, else cc or gcc on the PATH (None if neither)."""
+    return find_tool("CC", "cc", "gcc")
 
 
 def _cpu_model():

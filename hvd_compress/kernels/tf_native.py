@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import tempfile
 import threading
@@ -36,10 +35,7 @@ _failed = None
 
 def cxx_compiler():
     """The C++ compiler: ``$CXX``, else c++ or g++ on the PATH (None if neither)."""
-    for cand in (os.environ.get("CXX"), "c++", "g++"):
-        if cand and shutil.which(cand):
-            return shutil.which(cand)
-    return None
+    return native.find_tool("CXX", "c++", "g++")
 
 
 def _tf_flags():
