@@ -107,7 +107,33 @@ def add_compression_args(parser):
     g.add_argument("--compression-momentum", type=float, default=None, metavar="M",
                    help="momentum-aware error feedback: the compressor applies momentum M before compressing "
                         "(hvd_compress.TopK(0.01, momentum=M)); then give the optimizer --momentum 0%(default).0s")
+    g.add_argument("--dense-below", type=int, default=0, metavar="N",
+                   help="per-layer policy: tensors of at most N elements (biases, norms) go dense, the rest use "
+                        "SCHEME (hvd_compress.Policy with a Rule(max_numel=N)); 0: every tensor uses SCHEME")
+    g.add_argument("--warmup-steps", type=int, default=0, metavar="N",
+                   help="dense for the first N communications of each tensor, then SCHEME "
+                        "(hvd_compress.Schedule); 0: no warmup")
     return parser
+
+
+def with_recipe(comp, args, momentum=None):
+    """``comp`` inside the per-layer policy and dense warmup that ``--dense-below`` and
+    ``--warmup-steps`` ask for.  Dense parts carry the compressor's momentum: with the
+    momentum in the compressor the optimizer has none, so they must apply it."""
+    dense_below, warmup = getattr(args, "dense_below", 0) or 0, getattr(args, "warmup_steps", 0) or 0
+    for flag, value in (("--dense-below", dense_below), ("--warmup-steps", warmup)):
+        if value < 0:
+            raise SystemExit(f"{flag} takes a non-negative number of elements/steps; got {value}")
+    if not (dense_below or warmup):
+        return comp
+
+    def dense():
+        return hvd_compress.NoCompression(momentum=momentum or 0.0)
+    if warmup:
+        comp = hvd_compress.Schedule([(0, dense()), (warmup, comp)])
+    if dense_below:
+        comp = hvd_compress.Policy([hvd_compress.Rule(dense(), max_numel=dense_below)], default=comp)
+    return comp
 
 
 def make_compression(args, hvd):
@@ -125,6 +151,9 @@ def make_compression(args, hvd):
             raise SystemExit(f"--compression {name} is Horovod's own and has no error feedback")
         if getattr(args, "compression_momentum", None) is not None:
             raise SystemExit(f"--compression {name} is Horovod's own and takes no --compression-momentum")
+        if getattr(args, "dense_below", 0) or getattr(args, "warmup_steps", 0):
+            raise SystemExit(f"--compression {name} is Horovod's own: --dense-below and --warmup-steps need an "
+                             "hvd_compress scheme")
         comp = hvd.Compression.fp16 if name == "hvd-fp16" else hvd.Compression.none
         return comp, f"Horovod {'hvd.Compression.fp16' if name == 'hvd-fp16' else 'hvd.Compression.none'}"
     if name == AUTO:
@@ -159,6 +188,7 @@ def make_compression(args, hvd):
             raise SystemExit(f"give the compressor's momentum once: --compression-momentum or --{name}-momentum")
         chosen["momentum"] = momentum
     comp = factory(error_feedback=args.error_feedback, seed=args.compression_seed, **chosen)
+    comp = with_recipe(comp, args, chosen.get("momentum"))
     return comp, f"hvd_compress {comp!r}"
 
 

@@ -75,7 +75,7 @@ QUICK_SEEDS = [1]
 BASELINES = [("none", []), ("hvd-fp16", [])]
 #: chosen online per tensor; no error-feedback variants (Auto keeps its own)
 AUTO = "auto"
-SCHEME_OPTIONS = {"topk": ["--ratio", "0.01"], "randomk": ["--ratio", "0.01"]}
+SCHEME_OPTIONS = {"topk": ["--ratio", "0.01"], "randomk": ["--ratio", "0.01"], "powersgd": ["--rank", "4"]}
 TF_SCHEMES = ["fp16", "topk", "int8"]
 # --quick: dense and TopK(0.01) with and without error feedback
 QUICK = [("none", None), ("topk", True), ("topk", False)]
@@ -100,25 +100,54 @@ def _config(scheme, ef, placement="optimizer"):
     return (scheme, scheme, ef, placement, opts)
 
 
-def configs_for(framework, quick, schemes=None, placements=("optimizer",), feedback=(True, False), lr=None):
+#: ``--error-feedback default``: each scheme's own default
+DEFAULT_FEEDBACK = "default"
+
+
+def _scheme_default_feedback(scheme):
+    sys.path.insert(0, EXAMPLES)
+    from _common import scheme_factories
+    return bool(scheme_factories()[scheme][1].error_feedback_default)
+
+
+#: the training split's size; one epoch is ceil(TRAIN_EXAMPLES / ranks / batch) steps
+TRAIN_EXAMPLES = 4000
+
+
+def recipe_flags(args, ranks):
+    """The examples' flags of a scheme's recipe: ``--ratio``, ``--dense-below`` and the dense
+    warmup, whose ``--warmup-epochs`` become steps at this many ranks."""
+    warmup = args.warmup_steps
+    if args.warmup_epochs:
+        batch = int(_flag(RECIPE["torch"], "--batch-size"))
+        warmup = args.warmup_epochs * math.ceil(TRAIN_EXAMPLES / ranks / batch)
+    return ((["--ratio", str(args.ratio)] if args.ratio else [])
+            + (["--dense-below", str(args.dense_below)] if args.dense_below else [])
+            + (["--warmup-steps", str(warmup)] if warmup else []))
+
+
+def configs_for(framework, quick, schemes=None, placements=("optimizer",), feedback=(True, False), lr=None,
+                recipe_flags=()):
     """[(label, scheme, error_feedback, placement, example flags)].  With a scheme's own
-    learning rate (``lr``) the baselines run only if named: they would replace the rows
-    measured at the model's learning rate."""
+    learning rate (``lr``) or recipe (``recipe_flags``: ``--dense-below``, ``--warmup-steps``)
+    the baselines run only if named: they would replace the rows measured at the model's
+    learning rate.  ``recipe_flags`` go to the hvd_compress schemes, never to the baselines."""
     if quick and schemes is None:
         return [_config(s, ef) for s, ef in QUICK]
     if schemes is None:
         schemes = all_schemes() if framework == "torch" else TF_SCHEMES
     # the Horovod baselines named in --schemes, or both when it names none of them
     named = [name for name, _ in BASELINES if name in schemes]
-    out = [_config(name, False) for name in (named or ([] if lr else dict(BASELINES)))]
+    out = [_config(name, False) for name in (named or ([] if lr or recipe_flags else dict(BASELINES)))]
     for s in schemes:
         if s in dict(BASELINES):
             continue
         if s == AUTO:
             out.append(_config(s, True))
             continue
-        out += [_config(s, ef, pl) for ef in feedback for pl in placements]
-    return out
+        out += [_config(s, _scheme_default_feedback(s) if ef is DEFAULT_FEEDBACK else ef, pl)
+                for ef in feedback for pl in placements]
+    return [c if c[1] in dict(BASELINES) or c[1] == AUTO else c[:4] + (c[4] + list(recipe_flags),) for c in out]
 
 
 # --------------------------------------------------------------------------- worker
@@ -207,12 +236,15 @@ def recipe_of(argv, ranks, placement):
     ratio = _flag(argv, "--ratio")
     return {"model": _flag(argv, "--model"), "ranks": ranks, "optimizer": "SGD",
             "lr_per_rank": lr, "lr": round(lr * ranks, 6), "schedule": _flag(argv, "--schedule"),
-            "warmup_steps": 0, "batch_size_per_rank": int(_flag(argv, "--batch-size")),
+            "warmup_steps": int(_flag(argv, "--warmup-steps", 0)),
+            "dense_below_numel": int(_flag(argv, "--dense-below", 0)),
+            "batch_size_per_rank": int(_flag(argv, "--batch-size")),
             "epochs": int(_flag(argv, "--epochs")),
             "momentum_placement": placement,
             "optimizer_momentum": float(_flag(argv, "--momentum")),
             "compressor_momentum": float(compressor_momentum) if compressor_momentum else 0.0,
-            "ratio": float(ratio) if ratio is not None else None}
+            "ratio": float(ratio) if ratio is not None else None,
+            "rank": int(_flag(argv, "--rank")) if _flag(argv, "--rank") else None}
 
 
 def row_key(row):
@@ -221,8 +253,10 @@ def row_key(row):
     lr = (row.get("recipe") or {}).get("lr_per_rank")
     if lr is None and row.get("example_flags"):
         lr = float(_flag(row["example_flags"], "--lr"))
+    recipe = row.get("recipe") or {}
     return (row["framework"], row.get("model", "cnn"), row.get("ranks", 2), row["scheme"], row["error_feedback"],
-            row.get("momentum_placement", "optimizer"), lr)
+            row.get("momentum_placement", "optimizer"), lr, recipe.get("dense_below_numel", 0),
+            recipe.get("warmup_steps", 0), recipe.get("ratio"), recipe.get("rank"))
 
 
 def with_recipe(row):
@@ -240,6 +274,11 @@ def merge_rows(old, new):
     """``old`` with every row that ``new`` measures again replaced; new rows appended."""
     fresh = {row_key(r) for r in new}
     return [with_recipe(r) for r in old if row_key(r) not in fresh] + new
+
+
+def _whole_run_ratio(history):
+    sent = sum(h["bytes_sent"] for h in history)
+    return sum(h["bytes_dense_fp32"] for h in history) / sent if sent else float("nan")
 
 
 def summarize(framework, raw, epochs, model="cnn", ranks=2):
@@ -274,6 +313,8 @@ def summarize(framework, raw, epochs, model="cnn", ranks=2):
                                                           ["train_loss"] for run in runs]), 5))
                                      for e in range(epochs)],
             "compression_ratio": _finite(last["compression_ratio"]), "bytes_sent_per_epoch": last["bytes_sent"],
+            # over the whole run, a dense warmup included (the ratio above is the last epoch's)
+            "compression_ratio_whole_run": _finite(_whole_run_ratio(runs[0]["history"])),
             "bytes_dense_fp32_per_epoch": last["bytes_dense_fp32"],
             "final_residual_norm": _finite(_mean([run["history"][-1]["residual_norm"] for run in runs])),
             "seconds_per_run": round(_mean([run["seconds"] for run in runs]), 1),
@@ -444,6 +485,29 @@ def check_expectations(rows):
     return out
 
 
+def _report_line(r, base):
+    rec = r.get("recipe") or {}
+    acc = r.get("final_test_accuracy")
+    n = len(r.get("seeds") or [])
+    if acc is None:
+        cell, diff = "failed", ""
+    else:
+        spread = f" ± {r.get('final_test_accuracy_std', 0):.2f}" if n > 1 else ""
+        cell = f"{acc:.2f}%{spread}" + (" (chance level)" if acc < 15 else "")
+        diff = f"{acc - base['final_test_accuracy']:+.2f}" if base and base.get("final_test_accuracy") else ""
+    ef = "-" if r["scheme"] in ("none", "hvd-fp16") else ("on" if r["error_feedback"] else "off")
+    param = f"{rec['ratio']:g}" if rec.get("ratio") else (f"rank {rec['rank']}" if rec.get("rank") else "-")
+    if r["scheme"] == "powersgd" and not rec.get("rank"):
+        param = "rank 2"  # rows from before the recipe named it: PowerSGD's default
+    # rows from before the whole-run ratio had no warmup: their last epoch's ratio is the run's
+    whole = r.get("compression_ratio_whole_run") or (r.get("compression_ratio") if not rec.get("warmup_steps")
+                                                      else None)
+    saved = f"{whole:.1f}x less" if whole and r["scheme"] not in ("none",) else "-"
+    return (f"| {r['scheme']} | {ef} | {r.get('momentum_placement', 'optimizer')} | {rec.get('lr_per_rank', ''):g} | "
+            f"{param} | {rec.get('dense_below_numel') or '-'} | {rec.get('warmup_steps') or '-'} | {n} | {cell} | "
+            f"{diff} | {saved} |")
+
+
 def report(rows):
     """Markdown: one table per (framework, model, ranks), every row with its recipe,
     the mean ± sample standard deviation over its seeds and the difference to ``none``."""
@@ -455,24 +519,14 @@ def report(rows):
         sel = [r for r in rows if (r["framework"], r.get("model", "cnn"), r.get("ranks", 2)) == (fw, model, ranks)]
         base = next((r for r in sel if r["scheme"] == "none"), None)
         out.append(f"\n**{'TF' if fw == 'tensorflow' else fw}, {model}, {ranks} ranks**\n")
-        out.append("| scheme | EF | momentum 0.9 in | lr (per rank) | ratio | seeds | final test accuracy | vs none |")
-        out.append("|---|---|---|---:|---:|---:|---:|---:|")
+        out.append("| scheme | EF | momentum 0.9 in | lr (per rank) | ratio | dense <= | dense warmup (steps) | seeds "
+                   "| final test accuracy | vs none | bytes vs fp32 |")
+        out.append("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         order = {"none": 0, "hvd-fp16": 1}
         for r in sorted(sel, key=lambda r: (order.get(r["scheme"], 2), r["scheme"], not r["error_feedback"],
-                                            r.get("momentum_placement", "optimizer"))):
-            rec = r.get("recipe") or {}
-            acc = r.get("final_test_accuracy")
-            n = len(r.get("seeds") or [])
-            if acc is None:
-                cell, diff = "failed", ""
-            else:
-                spread = f" ± {r.get('final_test_accuracy_std', 0):.2f}" if n > 1 else ""
-                cell = f"{acc:.2f}%{spread}" + (" (chance level)" if acc < 15 else "")
-                diff = f"{acc - base['final_test_accuracy']:+.2f}" if base and base.get("final_test_accuracy") else ""
-            ef = "-" if r["scheme"] in ("none", "hvd-fp16") else ("on" if r["error_feedback"] else "off")
-            ratio = f"{rec['ratio']:g}" if rec.get("ratio") else "-"
-            out.append(f"| {r['scheme']} | {ef} | {r.get('momentum_placement', 'optimizer')} | "
-                       f"{rec.get('lr_per_rank', ''):g} | {ratio} | {n} | {cell} | {diff} |")
+                                            r.get("momentum_placement", "optimizer"), row_key(r)[6:] != row_key(r)[6:],
+                                            str(row_key(r)[6:]))):
+            out.append(_report_line(r, base))
     return "\n".join(out)
 
 
@@ -490,12 +544,23 @@ def main():
     p.add_argument("--placement", default="optimizer",
                    help="comma list of where SGD's momentum 0.9 goes: optimizer (SGD(momentum=0.9)) and/or "
                         "compressor (SGD(momentum=0), Scheme(momentum=0.9))")
-    p.add_argument("--error-feedback", default="both", choices=["both", "on", "off"])
+    p.add_argument("--error-feedback", default="both", choices=["both", "on", "off", "default"],
+                   help="each scheme with and/or without error feedback, or as its default (on for the "
+                        "biased schemes, off for the casts)")
     p.add_argument("--seeds", default=None, help="comma list (default 1,2,3; --quick: 1)")
     p.add_argument("--epochs", type=int, default=None, help="override the recipe's epochs")
     p.add_argument("--lr", default=None,
                    help="override the model's per-rank learning rate (a scheme's own recipe, e.g. SignSGD's; the "
                         "row records it -- do not name the baselines in such a run)")
+    p.add_argument("--ratio", type=float, default=None,
+                   help="recipe: the ratio of the sparsifiers (TopK, RandomK, DGC; default 0.01, DGC's 0.001)")
+    p.add_argument("--dense-below", type=int, default=0, metavar="N",
+                   help="recipe: tensors of at most N elements (biases, norms) go dense (the examples' --dense-below)")
+    p.add_argument("--warmup-steps", type=int, default=0, metavar="N",
+                   help="recipe: dense for the first N communications, then the scheme (the examples' "
+                        "--warmup-steps)")
+    p.add_argument("--warmup-epochs", type=int, default=0, metavar="E",
+                   help="recipe: --warmup-steps of E epochs at each --ranks value")
     p.add_argument("--outdir", default=None, help="default docs/results (full) or out/convergence (--quick)")
     p.add_argument("--python", default=None, help="python of the venv (default .venv/bin/python)")
     p.add_argument("--no-plot", action="store_true")
@@ -525,7 +590,8 @@ def main():
         ranks_list = [0]
     if any(n < 1 for n in ranks_list):
         p.error(f"--ranks takes a comma list of positive integers; got {args.ranks!r}")
-    feedback = {"both": (True, False), "on": (True,), "off": (False,)}[args.error_feedback]
+    feedback = {"both": (True, False), "on": (True,), "off": (False,), "default": (DEFAULT_FEEDBACK,)}[
+        args.error_feedback]
     args.seed_list = [int(s) for s in args.seeds.split(",")] if args.seeds else (QUICK_SEEDS if args.quick else SEEDS)
     outdir = args.outdir or os.path.join(REPO, "out/convergence" if args.quick else "docs/results")
     os.makedirs(outdir, exist_ok=True)
@@ -536,10 +602,10 @@ def main():
     for fw in frameworks.split(","):
         if args.model not in MODELS[fw]:
             p.error(f"--model {args.model} is not built in the {fw} example (it has {', '.join(MODELS[fw])})")
-        cfgs = configs_for(fw, args.quick, schemes if fw == "torch" or schemes else None, placements, feedback,
-                           args.lr)
         epochs = args.epochs or (QUICK_EPOCHS[fw] if args.quick else int(RECIPE[fw][RECIPE[fw].index("--epochs") + 1]))
         for ranks in ranks_list:
+            cfgs = configs_for(fw, args.quick, schemes if fw == "torch" or schemes else None, placements, feedback,
+                               args.lr, recipe_flags(args, ranks))
             sub = argparse.Namespace(**vars(args))
             sub.epochs = epochs
             raw, secs = run_framework(fw, cfgs, sub, outdir, args.model, ranks)

@@ -159,3 +159,43 @@ def test_format_bytes():
     assert format_bytes(999) == "999 B"
     assert format_bytes(1500) == "1.50 KB"
     assert format_bytes(2.5e9) == "2.50 GB"
+
+
+def _phases(comp, name, numel):
+    return [(start, type(scheme).__name__, memory) for start, scheme, memory, _ in comp.plan_for(name, numel, (numel,))]
+
+
+def test_dense_below_and_warmup_wrap_the_scheme_in_a_policy_and_a_schedule():
+    comp, describe = _common.make_compression(
+        _parse("--compression", "topk", "--ratio", "0.05", "--dense-below", "1024", "--warmup-steps", "50"), _Hvd)
+    assert isinstance(comp, hvd_compress.Policy) and "Policy" in type(comp).__name__
+    small = _phases(comp, "fc.bias", 1024)
+    assert [(s, n) for s, n, _ in small] == [(0, "NoCompression")]
+    big = _phases(comp, "fc.weight", 1025)
+    assert [(s, n) for s, n, _ in big] == [(0, "NoCompression"), (50, "TopK")]
+    assert comp.plan_for("fc.weight", 1025, (1025,))[-1][1].ratio == 0.05
+    # only one of the two
+    comp, _ = _common.make_compression(_parse("--compression", "int8", "--warmup-steps", "3"), _Hvd)
+    assert isinstance(comp, hvd_compress.Schedule)
+    assert [(s, n) for s, n, _ in _phases(comp, "w", 10)] == [(0, "NoCompression"), (3, "Int8")]
+    comp, _ = _common.make_compression(_parse("--compression", "int8"), _Hvd)
+    assert not isinstance(comp, (hvd_compress.Policy, hvd_compress.Schedule))
+
+
+def test_dense_parts_of_a_recipe_carry_the_compressors_momentum():
+    # momentum in the compressor: the optimizer has none, so the dense tensors and the
+    # dense warmup must apply it themselves
+    comp, _ = _common.make_compression(_parse("--compression", "efsignsgd", "--compression-momentum", "0.9",
+                                              "--dense-below", "100", "--warmup-steps", "5"), _Hvd)
+    for name, numel in (("b", 100), ("w", 101)):
+        memories = [m for _, _, m in _phases(comp, name, numel)]
+        assert all(isinstance(m, hvd_compress.MomentumMemory) and m.momentum == 0.9 for m in memories), memories
+    comp, _ = _common.make_compression(_parse("--compression", "topk", "--dense-below", "100"), _Hvd)
+    assert not isinstance(_phases(comp, "b", 10)[0][2], hvd_compress.MomentumMemory)
+
+
+def test_recipe_flags_refuse_horovod_builtins_and_negative_values():
+    with pytest.raises(SystemExit, match="--dense-below and --warmup-steps need an hvd_compress scheme"):
+        _common.make_compression(_parse("--compression", "none", "--dense-below", "10"), _Hvd)
+    with pytest.raises(SystemExit, match="--warmup-steps takes a non-negative"):
+        _common.make_compression(_parse("--compression", "topk", "--warmup-steps", "-1"), _Hvd)
