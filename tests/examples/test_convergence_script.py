@@ -1,0 +1,69 @@
+"""scripts/convergence.py's bookkeeping, without training: a recipe's flags, the key that
+keeps recipes apart, and issue 16's target check on made-up rows."""
+import argparse
+import os
+import sys
+
+import pytest
+
+from hvdc_examples_util import REPO
+
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+
+import convergence  # noqa: E402
+
+
+def _args(**kw):
+    base = dict(ratio=None, dense_below=0, warmup_steps=0, warmup_epochs=0)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_warmup_epochs_become_steps_at_each_world_size():
+    # 4000 training digits, batch 32 per rank: ceil(2000/32) = 63 steps an epoch at 2 ranks, 32 at 4
+    assert convergence.recipe_flags(_args(warmup_epochs=1), 2) == ["--warmup-steps", "63"]
+    assert convergence.recipe_flags(_args(warmup_epochs=2), 4) == ["--warmup-steps", "64"]
+    assert convergence.recipe_flags(_args(ratio=0.1, dense_below=1024), 2) == ["--ratio", "0.1",
+                                                                               "--dense-below", "1024"]
+    assert convergence.recipe_flags(_args(), 2) == []
+
+
+def test_recipe_flags_reach_schemes_not_baselines_and_baselines_stay_unless_named():
+    cfgs = convergence.configs_for("torch", False, ["topk", "int8"], ("compressor",), (True,),
+                                   recipe_flags=["--dense-below", "1024"])
+    assert [c[1] for c in cfgs] == ["topk", "int8"]  # no baseline rows at a recipe of one scheme
+    assert all(c[4][-2:] == ["--dense-below", "1024"] for c in cfgs)
+    cfgs = convergence.configs_for("torch", False, ["none", "topk"], ("optimizer",), (True,),
+                                   recipe_flags=["--warmup-steps", "5"])
+    assert cfgs[0] == ("none", "none", False, "optimizer", ["--compression", "none"])
+    cfgs = convergence.configs_for("torch", False, ["fp16", "int8"], ("optimizer",),
+                                   (convergence.DEFAULT_FEEDBACK,))
+    assert [(c[1], c[2]) for c in cfgs if c[1] in ("fp16", "int8")] == [("fp16", False), ("int8", True)]
+
+
+def _row(scheme, acc, seeds=(1, 2, 3), ef=True, placement="compressor", **recipe):
+    argv = (convergence.recipe_for("torch", "cnn") + ["--compression", scheme]
+            + sum(([f"--{k.replace('_', '-')}", str(v)] for k, v in recipe.items()), []))
+    return {"framework": "torch", "model": "cnn", "ranks": 2, "scheme": scheme, "error_feedback": ef,
+            "momentum_placement": placement, "final_test_accuracy": acc, "final_test_accuracy_std": 0.1,
+            "seeds": list(seeds), "recipe": convergence.recipe_of(argv, 2, placement)}
+
+
+def test_a_recipe_is_a_row_of_its_own():
+    bare, tuned = _row("topk", 97.0, ratio=0.01), _row("topk", 97.6, ratio=0.01, dense_below=1024, warmup_steps=63)
+    assert convergence.row_key(bare) != convergence.row_key(tuned)
+    assert convergence.merge_rows([bare], [tuned]) == [bare, tuned]
+    assert convergence.merge_rows([bare, tuned], [dict(tuned, final_test_accuracy=90.0)])[-1][
+        "final_test_accuracy"] == 90.0
+
+
+@pytest.mark.parametrize("acc, met", [(97.55, True), (97.45, False)])
+def test_targets_take_the_best_recipe_over_three_seeds(acc, met):
+    rows = [_row("none", 98.0, ef=False, placement="optimizer"),
+            _row("topk", 96.0, ratio=0.01),                                       # the bare scheme: far off
+            _row("topk", 99.9, seeds=(1,), ratio=0.01, dense_below=1024),         # one seed never counts
+            _row("topk", 99.9, ratio=0.1),                                        # not the ratio the issue names
+            _row("topk", acc, ratio=0.01, dense_below=1024, warmup_steps=63)]
+    checks = {name.split(": ", 1)[1]: (ok, detail) for name, ok, detail in convergence.check_expectations(rows)}
+    ok, detail = checks["TopK(0.01)+EF within 0.5 point of none"]
+    assert ok is met and "dense <= 1024 elements" in detail and "63 dense warmup steps" in detail
+    assert checks["OneBit within 1.0 point of none"][0] is None  # not measured is neither met nor failed
