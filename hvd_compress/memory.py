@@ -100,7 +100,12 @@ class MomentumMemory:
         u = state["momentum"] * self.momentum + x
         state["_velocity"] = u
         d = x + u * self.momentum if self.nesterov else u
-        return state["residual"] + d if self.error_feedback else d
+        if self.error_feedback:
+            return state["residual"] + d
+        # Horovod's torch optimizer reduces what compress returns in place; where a
+        # scheme sends its input as is (NoCompression), the kept velocity must not be
+        # that buffer, or it would become the sum over ranks
+        return B.copy(d) if d is u else d
 
     def update(self, B, acc, sent, state):
         # A NaN/Inf gradient is sent like an uncompressed one would be, but kept

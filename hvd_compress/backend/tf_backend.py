@@ -110,6 +110,9 @@ class TensorFlowBackend:
     def isfinite(self, x):
         return self.tf.math.is_finite(x)
 
+    def copy(self, x):
+        return self.tf.identity(x)
+
     def finite_or_zero(self, x):
         # as in torch: one read-only sum decides, and only a tensor with a
         # NaN/Inf is rewritten (tf.cond runs the branch it takes)

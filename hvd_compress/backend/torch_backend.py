@@ -108,6 +108,9 @@ class TorchBackend:
         sync test turns it off to walk the CUDA path."""
         return x.device.type == "cpu" and not self.torch.compiler.is_compiling()
 
+    def copy(self, x):
+        return x.clone()
+
     def finite_or_zero(self, x):
         # Nearly always everything is finite: on the CPU one read-only sum
         # proves it (a NaN or Inf anywhere makes the sum non-finite; a sum that

@@ -83,6 +83,11 @@ def test_lossless_momentum_in_the_compressor_is_momentum_sgd():
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
     assert set(comp._adapters["torch"].memories) == {"momentum"}
     assert not comp._adapters["torch"].residuals  # no error feedback: no residual
+    # each rank keeps its own velocity (its gradients differ), not the buffer Horovod
+    # reduced in place (which would hold the same average on every rank)
+    for name, u in comp._adapters["torch"].memories["momentum"].items():
+        every = hvd.allgather(u.detach().reshape(1, -1), name=f"check.velocity.{name}")
+        assert not torch.equal(every[0], every[1]), f"{name}: the velocity is the reduced buffer"
 
 
 SCHEMES = {
