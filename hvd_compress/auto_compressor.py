@@ -94,11 +94,18 @@ class Auto(Compressor):
         probe_numels: fp32 allreduce sizes timed to fit the link.
         exclude: labels of candidates to leave out (``("FP16",)`` where a
             half-precision sum would overflow; ``"none"`` always stays).
+        momentum, nesterov: momentum-aware error feedback
+            (:class:`~hvd_compress.MomentumMemory`) in every phase, dense ones
+            included, with one velocity per tensor carried across plans; then
+            give the optimizer momentum 0 (docs/training.md section 3).  Why:
+            Auto may pick a sign scheme, whose residual the optimizer's
+            momentum would amplify.
     """
 
     def __init__(self, rules=(), calibration_steps=5, recheck_every=1000, topk_ratios=(0.1, 0.01),
                  min_topk_ratio=0.01, powersgd_rank=4, include_sign=False, min_gain=0.1, replan_threshold=0.1,
-                 probe_numels=DEFAULT_PROBE_NUMELS, exclude=(), seed=0):
+                 probe_numels=DEFAULT_PROBE_NUMELS, exclude=(), seed=0, momentum=0.0, nesterov=False):
+        from .memory import MomentumMemory, momentum_memory
         from .policy import Rule
         from .schemes import NoCompression
         self.rules = list(rules)
@@ -119,8 +126,10 @@ class Auto(Compressor):
         if isinstance(exclude, str) or any(e not in labels[1:] for e in exclude):
             raise ValueError(f"exclude must be a list of candidate labels among {labels[1:]}; got {exclude!r}")
         self.candidates = [c for c in candidates if c.label not in exclude]
-        super().__init__(NoCompression(), error_feedback=True, seed=seed, memory=ResidualMemory())
-        self._feedback = self.memory
+        # the lossy phases keep a residual; the dense ones keep only the velocity, if any
+        self._feedback = momentum_memory(NoCompression(), momentum, nesterov, error_feedback=True) or ResidualMemory()
+        self._dense_memory = MomentumMemory(momentum, nesterov, error_feedback=False) if momentum else None
+        super().__init__(NoCompression(), error_feedback=True, seed=seed, memory=self._feedback)
         self._process_set_checked = False
         self._framework = None
         self._tf_lock = threading.Lock()  # the TF host callbacks of one step
@@ -182,7 +191,7 @@ class Auto(Compressor):
         phases = self._phases.get(key)
         if phases is None:
             by_label = {c.label: c for c in self.candidates}
-            phases = [Phase(0, self.candidates[0].scheme, None, "allgather")]
+            phases = [Phase(0, self.candidates[0].scheme, self._dense_memory, "allgather")]
             lossy_before = False
             for start, choices, _ in self.history:
                 label = choices[key].label if key in choices else NONE_LABEL
@@ -190,10 +199,10 @@ class Auto(Compressor):
                 if label != NONE_LABEL:
                     phases.append(Phase(start, scheme, self._feedback, "allgather"))
                 elif lossy_before:  # flush the residual once, then plain
-                    phases += [Phase(start, scheme, self._feedback, "allgather"), Phase(start + 1, scheme, None,
-                                                                                      "allgather")]
+                    phases += [Phase(start, scheme, self._feedback, "allgather"),
+                               Phase(start + 1, scheme, self._dense_memory, "allgather")]
                 else:
-                    phases.append(Phase(start, scheme, None, "allgather"))
+                    phases.append(Phase(start, scheme, self._dense_memory, "allgather"))
                 lossy_before = label != NONE_LABEL
             self._phases[key] = phases
         return phases
@@ -292,7 +301,8 @@ class Auto(Compressor):
         return {"auto": [c.label for c in self.candidates], "rules": [r.config() for r in self.rules],
                 "calibration_steps": self.calibration_steps, "recheck_every": self.recheck_every,
                 "min_gain": self.min_gain, "replan_threshold": self.replan_threshold,
-                "probe_numels": list(self.probe_numels), "seed": self.seed}
+                "probe_numels": list(self.probe_numels), "seed": self.seed,
+                "memory": self._feedback.config()}
 
     def _sync_tf(self):
         """TF: take up a plan restored into the checkpointed variable."""

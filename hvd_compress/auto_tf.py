@@ -62,7 +62,7 @@ class AutoModes(list):
 def modes(auto):
     """``[none, none + flush, candidate 1 + feedback, ...]`` as Phases."""
     none = auto.candidates[0].scheme
-    out = AutoModes([Phase(0, none, None, "allgather"), Phase(0, none, auto._feedback, "allgather")])
+    out = AutoModes([Phase(0, none, auto._dense_memory, "allgather"), Phase(0, none, auto._feedback, "allgather")])
     out += [Phase(0, c.scheme, auto._feedback, "allgather") for c in auto.candidates[1:]]
     return out
 

@@ -110,22 +110,28 @@ def test_a_forced_disagreement_raises_on_every_rank(monkeypatch):
     assert same_on_all_ranks("after", "test.auto.after_mismatch")
 
 
-def test_error_feedback_survives_replans(monkeypatch):
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_error_feedback_survives_replans(monkeypatch, momentum):
     """fast -> slow -> fast: the weight's scheme changes at least once to a
     lossy one and back, and at every step, summed over ranks,
-    sum(what was applied) + residuals == sum(gradients)."""
+    sum(what was applied) + residuals == sum(gradients).  With ``momentum=``
+    (and SGD without momentum) the law holds for the velocities
+    ``u <- m u + g``, one per tensor and rank, carried across the plans."""
     probes = links([FAST, SLOW, FAST], monkeypatch)
     # FP16 left out: Horovod sums its payloads in half precision, a rounding after
     # what was sent that no error feedback can see (a property of FP16 itself)
-    auto = hvd_compress.Auto(calibration_steps=2, recheck_every=3, replan_threshold=0.05, exclude=("FP16",))
+    auto = hvd_compress.Auto(calibration_steps=2, recheck_every=3, replan_threshold=0.05, exclude=("FP16",),
+                             momentum=momentum)
     model, opt = build(auto)
     total_grad = {name: torch.zeros(shape) for name, shape in SPECS.items()}
+    velocity = {name: torch.zeros(shape) for name, shape in SPECS.items()}
     residuals = auto._adapter_by_name("torch").residuals
     worst = 0.0
     for step in range(1, 12):
         train_step(model, opt, step)
         for name, g in grads_at(step).items():
-            total_grad[name] += g
+            velocity[name] = momentum * velocity[name] + g
+            total_grad[name] += velocity[name]
         for name, p in model.named_parameters():
             applied = -p.detach()  # lr 1, op Sum, start at 0: minus the sum of what was applied
             mine = residuals.get(name)  # none keeps no residual until a lossy scheme has run
