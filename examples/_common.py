@@ -157,11 +157,13 @@ def make_compression(args, hvd):
         comp = hvd.Compression.fp16 if name == "hvd-fp16" else hvd.Compression.none
         return comp, f"Horovod {'hvd.Compression.fp16' if name == 'hvd-fp16' else 'hvd.Compression.none'}"
     if name == AUTO:
-        if chosen or values or args.error_feedback is not None or getattr(args, "compression_momentum", None):
-            raise SystemExit("--compression auto takes no scheme options: it chooses them")
-        import hvd_compress
-        comp = hvd_compress.Auto(seed=args.compression_seed)
-        return comp, "hvd_compress Auto()"
+        if (chosen or values or args.error_feedback is not None or getattr(args, "dense_below", 0)
+                or getattr(args, "warmup_steps", 0)):
+            raise SystemExit("--compression auto takes no scheme options, --dense-below or --warmup-steps: it "
+                             "chooses them (only --compression-momentum)")
+        momentum = getattr(args, "compression_momentum", None) or 0.0
+        comp = hvd_compress.Auto(seed=args.compression_seed, momentum=momentum)
+        return comp, f"hvd_compress Auto({f'momentum={momentum:g}' if momentum else ''})"
     factories = scheme_factories()
     factory, cls = factories[name]
     accepted = {p.name for p in _params(cls.__init__)}

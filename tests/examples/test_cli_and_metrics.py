@@ -199,3 +199,13 @@ def test_recipe_flags_refuse_horovod_builtins_and_negative_values():
         _common.make_compression(_parse("--compression", "none", "--dense-below", "10"), _Hvd)
     with pytest.raises(SystemExit, match="--warmup-steps takes a non-negative"):
         _common.make_compression(_parse("--compression", "topk", "--warmup-steps", "-1"), _Hvd)
+
+
+def test_auto_takes_only_the_compressors_momentum():
+    comp, describe = _common.make_compression(_parse("--compression", "auto", "--compression-momentum", "0.9"), _Hvd)
+    assert isinstance(comp, hvd_compress.Auto) and comp.memory.momentum == 0.9 and "momentum=0.9" in describe
+    comp, describe = _common.make_compression(_parse("--compression", "auto"), _Hvd)
+    assert isinstance(comp.memory, hvd_compress.ResidualMemory) and describe == "hvd_compress Auto()"
+    for extra in (["--ratio", "0.1"], ["--dense-below", "10"], ["--warmup-steps", "5"], ["--no-error-feedback"]):
+        with pytest.raises(SystemExit, match="auto takes no scheme options"):
+            _common.make_compression(_parse("--compression", "auto", *extra), _Hvd)

@@ -146,22 +146,27 @@ def test_a_forced_disagreement_raises_on_every_rank(monkeypatch):
     assert same_on_all_ranks("after", "test.autotf.after_mismatch")  # the ranks are still in step
 
 
-def test_error_feedback_survives_replans(monkeypatch):
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_error_feedback_survives_replans(monkeypatch, momentum):
     """fast -> slow -> fast: the weight's scheme changes to a lossy one and
     back, and at every step, summed over ranks,
-    sum(what was applied) + residuals == sum(gradients)."""
+    sum(what was applied) + residuals == sum(gradients).  With ``momentum=``
+    the law holds for the velocities ``u <- m u + g``, carried across modes."""
     probes = links([FAST, SLOW, FAST], monkeypatch)
     # FP16 left out: Horovod sums its payloads in half precision, a rounding
     # after what was sent that no error feedback can see
-    auto = hvd_compress.Auto(calibration_steps=2, recheck_every=3, replan_threshold=0.05, exclude=("FP16",))
+    auto = hvd_compress.Auto(calibration_steps=2, recheck_every=3, replan_threshold=0.05, exclude=("FP16",),
+                             momentum=momentum)
     run = Injected(auto)
     total = {n: np.zeros(s, np.float32) for n, s in SPECS.items()}
+    velocity = {n: np.zeros(s, np.float32) for n, s in SPECS.items()}
     worst = 0.0
     for step in range(1, 12):
         run.step(step)
         residuals = auto._adapter_by_name("tensorflow").residuals
         for (name, g), v in zip(grads_at(step).items(), run.vars):
-            total[name] += g
+            velocity[name] = momentum * velocity[name] + g
+            total[name] += velocity[name]
             mine = residuals.get(KEYS[name])  # a residual exists once the lossy modes are traced
             mine = np.zeros(v.shape, np.float32) if mine is None else mine.numpy().reshape(v.shape)
             held = hvd.allreduce(tf.constant(mine), op=hvd.Sum, name=f"test.autotf.res.{name}.{step}")
