@@ -45,7 +45,9 @@ def parse_args(argv=None):
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--lr", type=float, default=0.05, help="per-rank learning rate; scaled by the number of ranks")
-    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--momentum", type=float, default=0.9, help="SGD's momentum, or Adam's beta_1")
+    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"],
+                   help="torch.optim.SGD(momentum=--momentum) or Adam(betas=(--momentum, 0.999))")
     p.add_argument("--schedule", default="cosine", choices=["cosine", "constant"],
                    help="learning-rate schedule over all steps")
     p.add_argument("--seed", type=int, default=42)
@@ -141,7 +143,10 @@ def train(args, compression=None, describe=None, quiet=False, data=None):
     torch.manual_seed(args.seed)
     model = build_model(args.model)
     lr = args.lr * size  # Horovod's convention: scale the learning rate by the number of ranks
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
+    if args.optimizer == "adam":
+        optimizer = torch.optim.Adam(model.parameters(), lr=lr, betas=(args.momentum, 0.999))
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                          compression=compression)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)

@@ -50,7 +50,9 @@ def parse_args(argv=None):
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--lr", type=float, default=0.05, help="per-rank learning rate; scaled by the number of ranks")
-    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--momentum", type=float, default=0.9, help="SGD's momentum, or Adam's beta_1")
+    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"],
+                   help="Keras SGD(momentum=--momentum) or Adam(beta_1=--momentum)")
     p.add_argument("--schedule", default="cosine", choices=["cosine", "constant"])
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--max-batches", type=int, default=0, help="stop each epoch after N batches (0: all)")
@@ -98,7 +100,10 @@ def train(args, compression=None, describe=None, quiet=False, data=None):
     lr = args.lr * size  # Horovod's convention: scale the learning rate by the number of ranks
     schedule = (tf.keras.optimizers.schedules.CosineDecay(lr, args.epochs * nb) if args.schedule == "cosine"
                 else lr)
-    opt = tf.keras.optimizers.SGD(learning_rate=schedule, momentum=args.momentum)
+    if args.optimizer == "adam":
+        opt = tf.keras.optimizers.Adam(learning_rate=schedule, beta_1=args.momentum)
+    else:
+        opt = tf.keras.optimizers.SGD(learning_rate=schedule, momentum=args.momentum)
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     dense_bytes = 4 * sum(int(v.shape.num_elements()) for v in model.trainable_variables)
     meter = CompressionMeter(compression, dense_bytes)

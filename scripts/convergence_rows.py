@@ -33,7 +33,8 @@ def recipe_of(argv, ranks, placement):
     lr = float(_flag(argv, "--lr"))
     compressor_momentum = _flag(argv, "--compression-momentum")
     ratio = _flag(argv, "--ratio")
-    return {"model": _flag(argv, "--model"), "ranks": ranks, "optimizer": "SGD",
+    return {"model": _flag(argv, "--model"), "ranks": ranks,
+            "optimizer": {"sgd": "SGD", "adam": "Adam"}[_flag(argv, "--optimizer", "sgd")],
             "lr_per_rank": lr, "lr": round(lr * ranks, 6), "schedule": _flag(argv, "--schedule"),
             "warmup_steps": int(_flag(argv, "--warmup-steps", 0)),
             "dense_below_numel": int(_flag(argv, "--dense-below", 0)),
@@ -55,7 +56,12 @@ def row_key(row):
     recipe = row.get("recipe") or {}
     return (row["framework"], row.get("model", "cnn"), row.get("ranks", 2), row["scheme"], row["error_feedback"],
             row.get("momentum_placement", "optimizer"), lr, recipe.get("dense_below_numel", 0),
-            recipe.get("warmup_steps", 0), recipe.get("ratio"), recipe.get("rank"))
+            recipe.get("warmup_steps", 0), recipe.get("ratio"), recipe.get("rank"), _optimizer(row))
+
+
+def _optimizer(row):
+    """The row's optimizer: SGD (every row from before the field existed) or Adam."""
+    return (row.get("recipe") or {}).get("optimizer", "SGD")
 
 
 def with_recipe(row):
@@ -118,7 +124,7 @@ def check_expectations(rows):
     """Issue 16's targets, per (framework, model, ranks), on the mean over seeds:
     (name, met, detail).  A target is checked only where its row was measured."""
     out = []
-    rows = [with_recipe(r) for r in rows]
+    rows = [r for r in map(with_recipe, rows) if _optimizer(r) == "SGD"]  # the issue's recipes are SGD's
     groups = sorted({(r["framework"], r.get("model", "cnn"), r.get("ranks", 2)) for r in rows})
     for fw, model, ranks in groups:
         sel = [r for r in rows if (r["framework"], r.get("model", "cnn"), r.get("ranks", 2)) == (fw, model, ranks)
@@ -173,23 +179,26 @@ def _report_line(r, base):
 
 
 def report(rows):
-    """Markdown: one table per (framework, model, ranks), every row with its recipe,
+    """Markdown: one table per (framework, model, ranks, optimizer), every row with its recipe,
     the mean ± sample standard deviation over its seeds and the difference to ``none``."""
     out = []
     rows = [with_recipe(r) for r in rows]
-    groups = sorted({(r["framework"], r.get("model", "cnn"), r.get("ranks", 2)) for r in rows},
-                    key=lambda g: (g[0] != "torch", g[1] != "cnn", g[1], g[2]))
-    for fw, model, ranks in groups:
-        sel = [r for r in rows if (r["framework"], r.get("model", "cnn"), r.get("ranks", 2)) == (fw, model, ranks)]
+
+    def group(r):
+        return r["framework"], r.get("model", "cnn"), r.get("ranks", 2), _optimizer(r)
+    for fw, model, ranks, optimizer in sorted({group(r) for r in rows},
+                                              key=lambda g: (g[3] != "SGD", g[0] != "torch", g[1] != "cnn", g)):
+        sel = [r for r in rows if group(r) == (fw, model, ranks, optimizer)]
         base = next((r for r in sel if r["scheme"] == "none"), None)
-        out.append(f"\n**{'TF' if fw == 'tensorflow' else fw}, {model}, {ranks} ranks**\n")
-        out.append("| scheme | EF | momentum 0.9 in | lr (per rank) | ratio | dense <= | dense warmup (steps) | seeds "
+        beta = "beta_1 0.9" if optimizer == "Adam" else "momentum 0.9"
+        out.append(f"\n**{'TF' if fw == 'tensorflow' else fw}, {model}, {ranks} ranks"
+                   + (", Adam" if optimizer == "Adam" else "") + "**\n")
+        out.append(f"| scheme | EF | {beta} in | lr (per rank) | ratio | dense <= | dense warmup (steps) | seeds "
                    "| final test accuracy | vs none | bytes vs fp32 |")
         out.append("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         order = {"none": 0, "hvd-fp16": 1}
         for r in sorted(sel, key=lambda r: (order.get(r["scheme"], 2), r["scheme"], not r["error_feedback"],
-                                            r.get("momentum_placement", "optimizer"), row_key(r)[6:] != row_key(r)[6:],
-                                            str(row_key(r)[6:]))):
+                                            r.get("momentum_placement", "optimizer"), str(row_key(r)[6:]))):
             out.append(_report_line(r, base))
     return "\n".join(out)
 
@@ -306,7 +315,7 @@ def recipe_table(rows):
     """Markdown: one line per recipe, one column per (framework, model, ranks); a cell is
     mean ± spread over the seeds and the difference to dense, marked where issue 16's
     target is not met ("not met") or the row has fewer than 3 seeds."""
-    rows = [with_recipe(r) for r in rows]
+    rows = [r for r in map(with_recipe, rows) if _optimizer(r) == "SGD"]
     heads = [f"{'TF' if fw == 'tensorflow' else 'torch'} {m} {n} ranks" for fw, m, n in RECIPE_GROUPS]
     out = ["| scheme | error feedback | momentum 0.9 in | recipe | target | " + " | ".join(heads) + " |",
            "|---|---|---|---|---:|" + "---:|" * len(heads)]
