@@ -1,0 +1,46 @@
+#!/bin/bash
+# Issue 16's measured recipes: every row of docs/training.md's recipe table and of the
+# issue-16 section of docs/convergence.md (about 90 minutes on a 2-core machine).
+#
+#   bash scripts/convergence_recipes.sh               # everything below
+#   bash scripts/convergence_recipes.sh "torch cnn 2 1"   # one group: framework model ranks warmup-epochs
+#
+# Each group trains, for 3 seeds, the dense baselines and casts at their defaults, then each
+# lossy scheme with its recipe: momentum 0.9 in the compressor (PowerSGD: in the optimizer,
+# as its paper has it), tensors of at most 1024 elements (biases, norms) dense, and a dense
+# warmup of 1 epoch (CNN) or 2 (transformer).  Rows merge into docs/results/convergence.json;
+# `scripts/convergence.py --report recipes` prints the table.
+set -eu
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+run() { echo "### $(date +%T) $*"; "$PY" scripts/convergence.py --seeds 1,2,3 --no-plot "$@"; }
+
+group() {  # framework model ranks warmup-epochs
+  local A="--frameworks $1 --model $2 --ranks $3" R="--dense-below 1024 --warmup-epochs $4"
+  run $A --schemes none,hvd-fp16,int8,fp16,bf16 --placement optimizer --error-feedback default
+  run $A --schemes topk,dgc,efsignsgd,onebit --placement compressor --error-feedback on $R
+  run $A --schemes powersgd --placement optimizer --error-feedback on $R
+  run $A --schemes topk --placement optimizer --error-feedback off
+  run $A --schemes signsgd --placement compressor --error-feedback off --lr 0.001
+  run $A --schemes randomk --placement compressor --error-feedback on $R --lr 0.005
+}
+
+extras() {  # torch CNN, 2 ranks: Random-K's learning rate and ratio; Adam
+  local A="--frameworks torch --model cnn --ranks 2" R="--dense-below 1024 --warmup-epochs 1"
+  local K="--schemes randomk --placement compressor --error-feedback on $R --lr 0.01"
+  run $A $K
+  for ratio in 0.5 0.1 0.05; do run $A $K --ratio $ratio; done
+  local B="$A --optimizer adam --lr 0.002"  # Adam's best dense rate of 0.0005, 0.001, 0.002, 0.004
+  run $B --schemes none,int8 --error-feedback default
+  run $B --schemes topk,efsignsgd --placement optimizer,compressor --error-feedback on $R
+}
+
+if [ $# -gt 0 ]; then
+  for spec in "$@"; do group $spec; done
+else
+  for spec in "torch cnn 2 1" "tensorflow cnn 2 1" "torch transformer 2 2" "torch cnn 4 1" \
+              "torch transformer 4 2" "tensorflow cnn 4 1"; do
+    group $spec
+  done
+  extras
+fi
