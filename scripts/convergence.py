@@ -6,6 +6,11 @@
     .venv/bin/python scripts/convergence.py --frameworks torch --model transformer --ranks 2,4 \
         --schemes topk,efsignsgd --placement optimizer,compressor --error-feedback on --seeds 1,2,3
 
+A scheme's recipe: ``--lr`` (its own learning rate), ``--dense-below N`` (tensors of at
+most N elements dense), ``--warmup-epochs E`` / ``--warmup-steps N`` (dense first),
+``--ratio``; ``--optimizer adam`` for Adam.  ``scripts/convergence_recipes.sh`` runs
+every recipe of docs/training.md; ``--report recipes`` prints its table.
+
 ``--model`` picks the examples' MLP, CNN or (torch) the row transformer;
 ``--ranks`` the world sizes; ``--placement`` where SGD's momentum 0.9 lives:
 ``optimizer`` (``SGD(momentum=0.9)``, the compressor sees raw gradients) or

@@ -44,3 +44,4 @@ else
   done
   extras
 fi
+"$PY" scripts/convergence.py --report plots
