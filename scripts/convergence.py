@@ -65,7 +65,7 @@ RECIPE = {"torch": _COMMON, "tensorflow": _COMMON}
 # 0.1} for dense training at batch 64 in a one-process sweep (88.5% after 10
 # epochs, against 83% at 0.02 after 6).  MLP: the example's default.
 MODEL_LR = {"cnn": "0.02", "mlp": "0.05", "transformer": "0.05"}
-MODELS = {"torch": ("mlp", "cnn", "transformer"), "tensorflow": ("mlp", "cnn")}
+MODELS = {"torch": ("mlp", "cnn", "transformer"), "tensorflow": ("mlp", "cnn", "transformer")}
 MOMENTUM = "0.9"
 
 

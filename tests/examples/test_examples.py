@@ -99,6 +99,27 @@ def test_tf2_mnist_gradient_tape_topk():
     assert all(_ratio(line) >= 20 for line in lines), lines
 
 
+def test_tf2_mnist_transformer_with_a_recipe():
+    """The Keras row transformer under a recipe: momentum in the compressor, tensors of at
+    most 1024 elements dense, and a dense warmup that covers the whole first epoch."""
+    rc, out, _ = horovodrun(["examples/tf2_mnist_gradient_tape.py", "--model", "transformer", "--compression", "topk",
+                             "--ratio", "0.01", "--momentum", "0", "--compression-momentum", "0.9", "--dense-below",
+                             "1024", "--warmup-steps", "4", "--epochs", "2", "--max-batches", "4"])
+    _ok(rc, out)
+    warm, compressed = _epochs(out, 2)
+    assert "Policy(" in out and "Schedule(" in out and "momentum=0.9" in out
+    assert _ratio(warm) == 1.0 and _ratio(compressed) > 5, (warm, compressed)
+
+
+def test_pytorch_mnist_transformer_adam_with_a_recipe():
+    rc, out, _ = horovodrun(["examples/pytorch_mnist.py", "--model", "transformer", "--optimizer", "adam", "--lr",
+                             "0.001", "--compression", "efsignsgd", "--dense-below", "1024", "--warmup-steps", "2",
+                             "--epochs", "1", "--max-batches", "6"])
+    _ok(rc, out)
+    (line,) = _epochs(out, 1)
+    assert "EFSignSGD" in out and 1.0 < _ratio(line) < 16, line
+
+
 def test_tf2_keras_mnist_int8_with_callbacks(tmp_path):
     logdir = tmp_path / "metrics"
     rc, out, _ = horovodrun(["examples/tf2_keras_mnist.py", "--compression", "int8", "--epochs", "2",
