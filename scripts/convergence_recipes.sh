@@ -4,6 +4,7 @@
 #
 #   bash scripts/convergence_recipes.sh               # everything below
 #   bash scripts/convergence_recipes.sh "torch cnn 2 1"   # one group: framework model ranks warmup-epochs
+#   PYTHON=... OUTDIR=...                                   # another venv / results folder
 #
 # Each group trains, for 3 seeds, the dense baselines and casts at their defaults, then each
 # lossy scheme with its recipe: momentum 0.9 in the compressor (PowerSGD: in the optimizer,
@@ -13,7 +14,8 @@
 set -eu
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
-run() { echo "### $(date +%T) $*"; "$PY" scripts/convergence.py --seeds 1,2,3 --no-plot "$@"; }
+OUT=${OUTDIR:-docs/results}
+run() { echo "### $(date +%T) $*"; "$PY" scripts/convergence.py --seeds 1,2,3 --no-plot --outdir "$OUT" "$@"; }
 
 group() {  # framework model ranks warmup-epochs
   local A="--frameworks $1 --model $2 --ranks $3" R="--dense-below 1024 --warmup-epochs $4"
@@ -39,9 +41,9 @@ if [ $# -gt 0 ]; then
   for spec in "$@"; do group $spec; done
 else
   for spec in "torch cnn 2 1" "tensorflow cnn 2 1" "torch transformer 2 2" "torch cnn 4 1" \
-              "torch transformer 4 2" "tensorflow cnn 4 1"; do
+              "torch transformer 4 2" "tensorflow cnn 4 1" "tensorflow transformer 2 2"; do
     group $spec
   done
   extras
 fi
-"$PY" scripts/convergence.py --report plots
+"$PY" scripts/convergence.py --report plots --outdir "$OUT"
