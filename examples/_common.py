@@ -116,24 +116,17 @@ def add_compression_args(parser):
     return parser
 
 
-def with_recipe(comp, args, momentum=None):
+def with_recipe(comp, args):
     """``comp`` inside the per-layer policy and dense warmup that ``--dense-below`` and
-    ``--warmup-steps`` ask for.  Dense parts carry the compressor's momentum: with the
-    momentum in the compressor the optimizer has none, so they must apply it."""
+    ``--warmup-steps`` ask for (:func:`hvd_compress.recipe`, whose dense parts carry
+    the compressor's momentum)."""
     dense_below, warmup = getattr(args, "dense_below", 0) or 0, getattr(args, "warmup_steps", 0) or 0
     for flag, value in (("--dense-below", dense_below), ("--warmup-steps", warmup)):
         if value < 0:
             raise SystemExit(f"{flag} takes a non-negative number of elements/steps; got {value}")
     if not (dense_below or warmup):
         return comp
-
-    def dense():
-        return hvd_compress.NoCompression(momentum=momentum or 0.0)
-    if warmup:
-        comp = hvd_compress.Schedule([(0, dense()), (warmup, comp)])
-    if dense_below:
-        comp = hvd_compress.Policy([hvd_compress.Rule(dense(), max_numel=dense_below)], default=comp)
-    return comp
+    return hvd_compress.recipe(comp, dense_below=dense_below, warmup_steps=warmup)
 
 
 def make_compression(args, hvd):
@@ -190,7 +183,7 @@ def make_compression(args, hvd):
             raise SystemExit(f"give the compressor's momentum once: --compression-momentum or --{name}-momentum")
         chosen["momentum"] = momentum
     comp = factory(error_feedback=args.error_feedback, seed=args.compression_seed, **chosen)
-    comp = with_recipe(comp, args, chosen.get("momentum"))
+    comp = with_recipe(comp, args)
     return comp, f"hvd_compress {comp!r}"
 
 

@@ -18,7 +18,7 @@ from . import schemes as _s
 from .auto_compressor import Auto
 from .compressor import Compressor
 from .memory import DGCMemory, MomentumMemory, ResidualMemory, momentum_memory
-from .policy import Policy, Rule, Schedule
+from .policy import Policy, Rule, Schedule, recipe
 
 __version__ = "0.1.0"
 
@@ -61,5 +61,5 @@ def DGC(ratio=0.001, sample_ratio=0.01, values=None, *, momentum=0.0, clip_norm=
 
 _FACTORIES["DGC"] = DGC
 
-__all__ = ["Auto", "Compressor", "DGCMemory", "MomentumMemory", "ResidualMemory", "Policy", "Rule", "Schedule",
+__all__ = ["Auto", "Compressor", "DGCMemory", "MomentumMemory", "ResidualMemory", "Policy", "Rule", "Schedule", "recipe",
            "NoCompression", "none", *[name for name in _FACTORIES if name != "NoCompression"]]

@@ -176,7 +176,7 @@ def test_dense_below_and_warmup_wrap_the_scheme_in_a_policy_and_a_schedule():
     assert comp.plan_for("fc.weight", 1025, (1025,))[-1][1].ratio == 0.05
     # only one of the two
     comp, _ = _common.make_compression(_parse("--compression", "int8", "--warmup-steps", "3"), _Hvd)
-    assert isinstance(comp, hvd_compress.Schedule)
+    assert isinstance(comp.default, hvd_compress.Schedule) and comp.rules == []
     assert [(s, n) for s, n, _ in _phases(comp, "w", 10)] == [(0, "NoCompression"), (3, "Int8")]
     comp, _ = _common.make_compression(_parse("--compression", "int8"), _Hvd)
     assert not isinstance(comp, (hvd_compress.Policy, hvd_compress.Schedule))

@@ -332,3 +332,41 @@ def test_describe_unmatched_schemes_from_a_plain_compressor_rule():
     assert int(rows[0][4]) == 4 * (64 + 32) * 2 + 4
     assert int(rows[1][4]) == 4 * 64
     assert rows[1][3] == "default"
+
+
+def _plan(comp, numel):
+    return [(start, type(scheme).__name__, memory) for start, scheme, memory, _ in comp.plan_for("t", numel, (numel,))]
+
+
+@pytest.mark.parametrize("make", [lambda: hc.TopK(0.01, momentum=0.9), lambda: hc.OneBit(momentum=0.9, nesterov=True),
+                                  lambda: hc.DGC(0.001, momentum=0.9)])
+def test_recipe_dense_parts_carry_the_schemes_momentum(make):
+    comp = make()
+    pol = hc.recipe(comp, dense_below=100, warmup_steps=7)
+    small, big = _plan(pol, 100), _plan(pol, 101)
+    assert [(s, n) for s, n, _ in small] == [(0, "NoCompression")]
+    assert [(s, n) for s, n, _ in big] == [(0, "NoCompression"), (7, type(comp.scheme).__name__)]
+    for _, _, memory in small + big[:1]:
+        assert isinstance(memory, hc.MomentumMemory) and not memory.error_feedback
+        assert memory.momentum == 0.9 and memory.nesterov == getattr(comp.memory, "nesterov", False)
+    assert big[1][2] is comp.memory
+
+
+def test_recipe_without_momentum_and_its_parts_alone():
+    assert _plan(hc.recipe(hc.Int8(), dense_below=10), 10) == [(0, "NoCompression", None)]
+    assert [(s, n) for s, n, _ in _plan(hc.recipe(hc.Int8(), dense_below=10), 11)] == [(0, "Int8")]
+    assert [(s, n) for s, n, _ in _plan(hc.recipe(hc.Int8(), dense_below=0, warmup_steps=3), 5)] == [
+        (0, "NoCompression"), (3, "Int8")]
+
+
+@pytest.mark.parametrize("kw, param", [({"dense_below": -1}, "dense_below"), ({"warmup_steps": 1.5}, "warmup_steps")])
+def test_recipe_validation_names_the_parameter(kw, param):
+    with pytest.raises(ValueError, match=param):
+        hc.recipe(hc.TopK(0.01), **kw)
+
+
+@pytest.mark.parametrize("make", [lambda: hc.Policy([], default=hc.TopK(0.1)), lambda: hc.Schedule([(0, hc.none())]),
+                                  lambda: hc.Auto(), lambda: "topk"])
+def test_recipe_takes_one_schemes_compression_object(make):
+    with pytest.raises(ValueError, match="one scheme's compression object"):
+        hc.recipe(make())
