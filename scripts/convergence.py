@@ -47,7 +47,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from convergence_rows import (PLACEMENTS, TARGET_SEEDS, TARGETS, _finite, _flag, _mean, _std,  # noqa: E402,F401
-                              check_expectations, merge_rows, plot_all, recipe_of, recipe_table, report, row_key,
+                              check_expectations, difference_se, merge_rows, plot_all, recipe_of, recipe_table,
+                              report, row_key,
                               with_recipe)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -311,10 +311,17 @@ def _recipe_row(rows, group, scheme, ef, placement, lr, dense_below, warmup, par
 MODEL_LR_PER_RANK = {"cnn": 0.02, "mlp": 0.05, "transformer": 0.05}
 
 
+def difference_se(row, base):
+    """The standard error of the difference of two rows' means over their seeds,
+    sqrt(s1^2/n1 + s2^2/n2): how far apart two equal schemes would typically measure."""
+    return math.sqrt(sum(r.get("final_test_accuracy_std", 0.0) ** 2 / max(len(r.get("seeds") or [1]), 1)
+                         for r in (row, base)))
+
+
 def recipe_table(rows):
     """Markdown: one line per recipe, one column per (framework, model, ranks); a cell is
-    mean ± spread over the seeds and the difference to dense, marked where issue 16's
-    target is not met ("not met") or the row has fewer than 3 seeds."""
+    mean ± spread over the seeds and the difference to dense ± its standard error,
+    marked where issue 16's target is not met ("not met") or the row has fewer than 3 seeds."""
     rows = [r for r in map(with_recipe, rows) if _optimizer(r) == "SGD"]
     heads = [f"{'TF' if fw == 'tensorflow' else 'torch'} {m} {n} ranks" for fw, m, n in RECIPE_GROUPS]
     out = ["| scheme | error feedback | momentum 0.9 in | recipe | target | " + " | ".join(heads) + " |",
@@ -338,7 +345,8 @@ def recipe_table(rows):
             d = r["final_test_accuracy"] - base["final_test_accuracy"]
             n = len(r.get("seeds") or [])
             mark = "" if tol is None or d >= -tol else " not met"
-            cells.append(f"{r['final_test_accuracy']:.2f} ± {r.get('final_test_accuracy_std', 0):.2f} ({d:+.2f})"
+            cells.append(f"{r['final_test_accuracy']:.2f} ± {r.get('final_test_accuracy_std', 0):.2f} "
+                         f"({d:+.2f} ± {difference_se(r, base):.2f})"
                          + mark + ("" if n >= TARGET_SEEDS else f" ({n} seed{'s' if n > 1 else ''})"))
         out.append(f"| `{label}` | {'-' if scheme == 'hvd-fp16' else ('on' if ef else 'off')} | {placement} | {', '.join(recipe)} | "
                    f"{'within ' + format(tol, 'g') if tol is not None else '-'} | " + " | ".join(cells) + " |")

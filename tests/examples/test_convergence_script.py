@@ -67,3 +67,12 @@ def test_targets_take_the_best_recipe_over_three_seeds(acc, met):
     ok, detail = checks["TopK(0.01)+EF within 0.5 point of none"]
     assert ok is met and "dense <= 1024 elements" in detail and "63 dense warmup steps" in detail
     assert checks["OneBit within 1.0 point of none"][0] is None  # not measured is neither met nor failed
+
+
+def test_recipe_table_gives_the_difference_with_its_standard_error():
+    base = dict(_row("none", 98.0, ef=False, placement="optimizer"), final_test_accuracy_std=0.3)
+    tuned = dict(_row("topk", 97.0, ratio=0.01, dense_below=1024, warmup_steps=63), final_test_accuracy_std=0.4)
+    # sqrt(0.3^2/3 + 0.4^2/3) = 0.2887
+    assert abs(convergence.difference_se(tuned, base) - 0.2887) < 1e-4
+    line = next(l for l in convergence.recipe_table([base, tuned]).splitlines() if l.startswith("| `TopK(0.01)`"))
+    assert "97.00 ± 0.40 (-1.00 ± 0.29) not met" in line
