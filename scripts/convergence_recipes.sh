@@ -4,6 +4,7 @@
 #
 #   bash scripts/convergence_recipes.sh               # everything below
 #   bash scripts/convergence_recipes.sh "torch cnn 2 1"   # one group: framework model ranks warmup-epochs
+#   bash scripts/convergence_recipes.sh extras            # Random-K's learning rate and ratio, Adam
 #   PYTHON=... OUTDIR=...                                   # another venv / results folder
 #
 # Each group trains, for 3 seeds, the dense baselines and casts at their defaults, then each
@@ -17,12 +18,15 @@ PY=${PYTHON:-.venv/bin/python}
 OUT=${OUTDIR:-docs/results}
 run() { echo "### $(date +%T) $*"; "$PY" scripts/convergence.py --seeds 1,2,3 --no-plot --outdir "$OUT" "$@"; }
 
+model_lr() { case $1 in cnn) echo 0.02 ;; transformer) echo 0.05 ;; mlp) echo 0.05 ;; esac; }
+
 group() {  # framework model ranks warmup-epochs
   local A="--frameworks $1 --model $2 --ranks $3" R="--dense-below 1024 --warmup-epochs $4"
   run $A --schemes none,hvd-fp16,int8,fp16,bf16 --placement optimizer --error-feedback default
   run $A --schemes topk,dgc,efsignsgd,onebit --placement compressor --error-feedback on $R
   run $A --schemes powersgd --placement optimizer --error-feedback on $R
-  run $A --schemes topk --placement optimizer --error-feedback off
+  # --lr, the model's own: the baselines are measured above and need not run again
+  run $A --schemes topk --placement optimizer --error-feedback off --lr "$(model_lr "$2")"
   run $A --schemes signsgd --placement compressor --error-feedback off --lr 0.001
   run $A --schemes randomk --placement compressor --error-feedback on $R --lr 0.005
 }
@@ -38,10 +42,12 @@ extras() {  # torch CNN, 2 ranks: Random-K's learning rate and ratio; Adam
 }
 
 if [ $# -gt 0 ]; then
-  for spec in "$@"; do group $spec; done
+  for spec in "$@"; do
+    if [ "$spec" = extras ]; then extras; else group $spec; fi
+  done
 else
   for spec in "torch cnn 2 1" "tensorflow cnn 2 1" "torch transformer 2 2" "torch cnn 4 1" \
-              "torch transformer 4 2" "tensorflow cnn 4 1" "tensorflow transformer 2 2"; do
+              "torch transformer 4 2" "tensorflow cnn 4 1"; do
     group $spec
   done
   extras
