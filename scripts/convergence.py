@@ -273,7 +273,7 @@ def run_framework(framework, cfgs, args, outdir, model="cnn", ranks=2):
     part = os.path.join(outdir, f"convergence-{framework}-{model}-np{ranks}.partial.json")
     if os.path.exists(part):
         os.remove(part)
-    py = os.path.join(REPO, ".venv", "bin", "python") if not args.python else args.python
+    py = args.python or sys.executable  # the venv that runs this driver
     hvdrun = os.path.join(os.path.dirname(py), "horovodrun")
     cmd = [hvdrun, "--gloo", "-np", str(ranks), "-H", f"localhost:{ranks}", py, os.path.abspath(__file__),
            "--worker", "--framework", framework, "--model", model, "--configs", json.dumps(cfgs), "--out", part,
@@ -351,7 +351,7 @@ def main():
     p.add_argument("--warmup-epochs", type=int, default=0, metavar="E",
                    help="recipe: --warmup-steps of E epochs at each --ranks value")
     p.add_argument("--outdir", default=None, help="default docs/results (full) or out/convergence (--quick)")
-    p.add_argument("--python", default=None, help="python of the venv (default .venv/bin/python)")
+    p.add_argument("--python", default=None, help="python of the venv (default: the one running this script)")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--report", nargs="?", const="tables", choices=["tables", "recipes", "plots"],
                    help="run nothing, read the outdir's convergence.json: 'tables' (the default) prints "
