@@ -203,6 +203,37 @@ def report(rows):
     return "\n".join(out)
 
 
+def _recipe_panels(rows, group):
+    """[(framework, title, curves)]: dense and each scheme of :data:`RECIPES` measured in ``group``."""
+    base = _recipe_row(rows, group, "none", False, "optimizer", None, 0, False, {})
+    panels = []
+    for label, scheme, ef, placement, lr, dense_below, warmup, params, _ in RECIPES:
+        r = _recipe_row(rows, group, scheme, ef, placement, lr, dense_below, warmup, params)
+        if r is not None and base is not None and label != "TopK(0.01) without EF":
+            extra = [_recipe_row(rows, group, "topk", False, "optimizer", None, 0, False, {"ratio": 0.01})
+                     ] if scheme == "topk" else []
+            panels.append((group[0], label, [(base, "-", "black", "dense"), (r, "-", "tab:green", "recipe")]
+                           + [(x, "--", "tab:red", "no EF") for x in extra if x is not None]))
+    return panels
+
+
+def _scheme_panels(rows, group):
+    """Where no recipe was measured (``--quick``): dense and every row of each scheme."""
+    sel = [r for r in rows if (r["framework"], r.get("model", "cnn"), r.get("ranks", 2)) == group]
+    base = next((r for r in sel if r["scheme"] == "none"), None)
+    panels = []
+    for scheme in sorted({r["scheme"] for r in sel} - {"none"}):
+        curves = [(base, "-", "black", "dense")] if base else []
+        for r in (r for r in sel if r["scheme"] == scheme):
+            compressor = r.get("momentum_placement") == "compressor"
+            curves.append((r, "-" if r["error_feedback"] else "--",
+                           "tab:green" if compressor else "tab:blue" if r["error_feedback"] else "tab:red",
+                           ("+EF" if r["error_feedback"] else "no EF") + (", momentum in compressor" if compressor
+                                                                          else "")))
+        panels.append((group[0], scheme, curves))
+    return panels
+
+
 def plot(rows, path, model="cnn", ranks=2):
     """Small multiples for one (model, ranks): one panel per (framework, recipe of
     :data:`RECIPES` measured there) with dense (black) and the scheme under its recipe
@@ -214,15 +245,7 @@ def plot(rows, path, model="cnn", ranks=2):
     rows = [r for r in map(with_recipe, rows) if _optimizer(r) == "SGD"]
     panels = []
     for fw in ("torch", "tensorflow"):
-        group = (fw, model, ranks)
-        base = _recipe_row(rows, group, "none", False, "optimizer", None, 0, False, {})
-        for label, scheme, ef, placement, lr, dense_below, warmup, params, _ in RECIPES:
-            r = _recipe_row(rows, group, scheme, ef, placement, lr, dense_below, warmup, params)
-            if r is not None and base is not None and label != "TopK(0.01) without EF":
-                extra = [_recipe_row(rows, group, "topk", False, "optimizer", None, 0, False, {"ratio": 0.01})
-                         ] if scheme == "topk" else []
-                panels.append((fw, label, [(base, "-", "black", "dense"), (r, "-", "tab:green", "recipe")]
-                               + [(x, "--", "tab:red", "no EF") for x in extra if x is not None]))
+        panels += _recipe_panels(rows, (fw, model, ranks)) or _scheme_panels(rows, (fw, model, ranks))
     if not panels:
         return
     ncol = min(5, len(panels))
