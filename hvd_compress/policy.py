@@ -229,8 +229,7 @@ def recipe(compression, dense_below=1024, warmup_steps=0):
     """
     from . import NoCompression
     from .schemes.base import check_range
-    if isinstance(compression, (Policy, Schedule)) or not isinstance(compression, Compressor) \
-            or type(compression) is not Compressor:
+    if type(compression) is not Compressor:  # Policy, Schedule and Auto are subclasses
         raise ValueError("compression must be one scheme's compression object such as "
                          f"hvd_compress.TopK(0.01, momentum=0.9), not a Policy, Schedule or Auto; got {compression!r}")
     check_range("dense_below", dense_below, 0, None, kind=int)

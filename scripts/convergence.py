@@ -46,10 +46,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from convergence_rows import (PLACEMENTS, TARGET_SEEDS, TARGETS, _finite, _flag, _mean, _std,  # noqa: E402,F401
-                              check_expectations, difference_se, merge_rows, plot_all, recipe_of, recipe_table,
-                              report, row_key,
-                              with_recipe)
+from convergence_rows import (MODEL_LR_PER_RANK, PLACEMENTS, _finite, _flag, _mean, _std,  # noqa: E402
+                              check_expectations, merge_rows, plot_all, recipe_of, recipe_table, report, row_key)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(REPO, "examples")
@@ -65,7 +63,7 @@ RECIPE = {"torch": _COMMON, "tensorflow": _COMMON}
 # ranks).  The transformer (torch only): 0.05 per rank, the best of {0.02, 0.05,
 # 0.1} for dense training at batch 64 in a one-process sweep (88.5% after 10
 # epochs, against 83% at 0.02 after 6).  MLP: the example's default.
-MODEL_LR = {"cnn": "0.02", "mlp": "0.05", "transformer": "0.05"}
+MODEL_LR = {model: f"{lr:g}" for model, lr in MODEL_LR_PER_RANK.items()}
 MODELS = {"torch": ("mlp", "cnn", "transformer"), "tensorflow": ("mlp", "cnn", "transformer")}
 MOMENTUM = "0.9"
 

@@ -8,6 +8,9 @@ import math
 
 #: where SGD's momentum 0.9 lives: the optimizer, or the compressor (momentum-aware error feedback)
 PLACEMENTS = ("optimizer", "compressor")
+#: the per-rank learning rate each model's rows use unless a recipe names its own
+#: (scripts/convergence.py passes it to the examples)
+MODEL_LR_PER_RANK = {"cnn": 0.02, "mlp": 0.05, "transformer": 0.05}
 
 def _mean(xs):
     return sum(xs) / len(xs)
@@ -328,10 +331,6 @@ def _recipe_row(rows, group, scheme, ef, placement, lr, dense_below, warmup, par
         if all(rec.get(k) == v for k, v in params.items()):
             fits.append(r)
     return max(fits, key=lambda r: len(r.get("seeds") or []), default=None)
-
-
-#: the per-rank learning rate each model's rows use unless a recipe names its own
-MODEL_LR_PER_RANK = {"cnn": 0.02, "mlp": 0.05, "transformer": 0.05}
 
 
 def difference_se(row, base):

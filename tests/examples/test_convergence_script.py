@@ -1,5 +1,5 @@
-"""scripts/convergence.py's bookkeeping, without training: a recipe's flags, the key that
-keeps recipes apart, and issue 16's target check on made-up rows."""
+"""scripts/convergence.py's and convergence_rows.py's bookkeeping, without training: a
+recipe's flags, the key that keeps recipes apart, and issue 16's target check on made-up rows."""
 import argparse
 import os
 import sys
@@ -11,6 +11,7 @@ from hvdc_examples_util import REPO
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 
 import convergence  # noqa: E402
+import convergence_rows  # noqa: E402
 
 
 def _args(**kw):
@@ -45,14 +46,14 @@ def _row(scheme, acc, seeds=(1, 2, 3), ef=True, placement="compressor", **recipe
             + sum(([f"--{k.replace('_', '-')}", str(v)] for k, v in recipe.items()), []))
     return {"framework": "torch", "model": "cnn", "ranks": 2, "scheme": scheme, "error_feedback": ef,
             "momentum_placement": placement, "final_test_accuracy": acc, "final_test_accuracy_std": 0.1,
-            "seeds": list(seeds), "recipe": convergence.recipe_of(argv, 2, placement)}
+            "seeds": list(seeds), "recipe": convergence_rows.recipe_of(argv, 2, placement)}
 
 
 def test_a_recipe_is_a_row_of_its_own():
     bare, tuned = _row("topk", 97.0, ratio=0.01), _row("topk", 97.6, ratio=0.01, dense_below=1024, warmup_steps=63)
-    assert convergence.row_key(bare) != convergence.row_key(tuned)
-    assert convergence.merge_rows([bare], [tuned]) == [bare, tuned]
-    assert convergence.merge_rows([bare, tuned], [dict(tuned, final_test_accuracy=90.0)])[-1][
+    assert convergence_rows.row_key(bare) != convergence_rows.row_key(tuned)
+    assert convergence_rows.merge_rows([bare], [tuned]) == [bare, tuned]
+    assert convergence_rows.merge_rows([bare, tuned], [dict(tuned, final_test_accuracy=90.0)])[-1][
         "final_test_accuracy"] == 90.0
 
 
@@ -63,7 +64,7 @@ def test_targets_take_the_best_recipe_over_three_seeds(acc, met):
             _row("topk", 99.9, seeds=(1,), ratio=0.01, dense_below=1024),         # one seed never counts
             _row("topk", 99.9, ratio=0.1),                                        # not the ratio the issue names
             _row("topk", acc, ratio=0.01, dense_below=1024, warmup_steps=63)]
-    checks = {name.split(": ", 1)[1]: (ok, detail) for name, ok, detail in convergence.check_expectations(rows)}
+    checks = {name.split(": ", 1)[1]: (ok, detail) for name, ok, detail in convergence_rows.check_expectations(rows)}
     ok, detail = checks["TopK(0.01)+EF within 0.5 point of none"]
     assert ok is met and "dense <= 1024 elements" in detail and "63 dense warmup steps" in detail
     assert checks["OneBit within 1.0 point of none"][0] is None  # not measured is neither met nor failed
@@ -73,6 +74,6 @@ def test_recipe_table_gives_the_difference_with_its_standard_error():
     base = dict(_row("none", 98.0, ef=False, placement="optimizer"), final_test_accuracy_std=0.3)
     tuned = dict(_row("topk", 97.0, ratio=0.01, dense_below=1024, warmup_steps=63), final_test_accuracy_std=0.4)
     # sqrt(0.3^2/3 + 0.4^2/3) = 0.2887
-    assert abs(convergence.difference_se(tuned, base) - 0.2887) < 1e-4
-    line = next(l for l in convergence.recipe_table([base, tuned]).splitlines() if l.startswith("| `TopK(0.01)`"))
+    assert abs(convergence_rows.difference_se(tuned, base) - 0.2887) < 1e-4
+    line = next(l for l in convergence_rows.recipe_table([base, tuned]).splitlines() if l.startswith("| `TopK(0.01)`"))
     assert "97.00 ± 0.40 (-1.00 ± 0.29) not met" in line
