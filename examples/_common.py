@@ -21,6 +21,7 @@ simply write ``compression=hvd_compress.TopK(0.01)``.
 from __future__ import annotations
 
 import inspect
+import math
 import os
 import sys
 import time
@@ -185,6 +186,32 @@ def make_compression(args, hvd):
     comp = factory(error_feedback=args.error_feedback, seed=args.compression_seed, **chosen)
     comp = with_recipe(comp, args)
     return comp, f"hvd_compress {comp!r}"
+
+
+def add_schedule_args(parser):
+    """The learning-rate flags both MNIST examples share: ``--schedule`` and ``--lr-warmup-epochs``."""
+    parser.add_argument("--schedule", default="cosine", choices=["cosine", "constant"],
+                        help="learning-rate schedule over all steps")
+    parser.add_argument("--lr-warmup-epochs", type=float, default=0.0, metavar="E",
+                        help="gradual warmup (Goyal et al. 2017, as Horovod's LearningRateWarmupCallback): the "
+                             "learning rate rises linearly from --lr to --lr x ranks over the first E epochs; "
+                             "0: none")
+    return parser
+
+
+def learning_rate(step, *, peak, total_steps, warmup_steps, size, cosine, cos=math.cos, minimum=min):
+    """The examples' learning rate at ``step`` (counted from 0): ``peak`` (the per-rank rate
+    times the ranks) under the cosine decay, and, for the first ``warmup_steps``, ramped up
+    from ``peak / size``.  Why a warmup: the rate scaled by the ranks can throw the first
+    steps of a fresh network off (a loss spike, dead ReLUs), which Goyal et al. avoid by
+    starting at the single-rank rate.  ``step`` may be a float or, with ``cos=tf.cos`` and
+    ``minimum=tf.minimum``, a TensorFlow scalar."""
+    lr = peak
+    if cosine:
+        lr = lr * 0.5 * (1.0 + cos(math.pi * step / total_steps))
+    if warmup_steps:
+        lr = lr * (1.0 + (size - 1) * minimum(step / warmup_steps, 1.0)) / size
+    return lr
 
 
 class Progress:

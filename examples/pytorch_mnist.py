@@ -33,7 +33,8 @@ import torch.nn.functional as F  # noqa: E402
 
 import horovod.torch as hvd  # noqa: E402
 
-from _common import Progress, add_compression_args, load_mnist_5k, log0, make_compression  # noqa: E402
+from _common import (Progress, add_compression_args, add_schedule_args, learning_rate,  # noqa: E402
+                     load_mnist_5k, log0, make_compression)
 from hvd_compress.tools.metrics import TorchCompressionLogger  # noqa: E402
 
 
@@ -48,8 +49,7 @@ def parse_args(argv=None):
     p.add_argument("--momentum", type=float, default=0.9, help="SGD's momentum, or Adam's beta_1")
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"],
                    help="torch.optim.SGD(momentum=--momentum) or Adam(betas=(--momentum, 0.999))")
-    p.add_argument("--schedule", default="cosine", choices=["cosine", "constant"],
-                   help="learning-rate schedule over all steps")
+    add_schedule_args(p)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--max-batches", type=int, default=0, help="stop each epoch after N batches (0: all)")
     p.add_argument("--log-interval", type=int, default=0, help="progress line every N batches (0: every 10 s)")
@@ -159,6 +159,7 @@ def train(args, compression=None, describe=None, quiet=False, data=None):
     if args.max_batches:
         nb = min(nb, args.max_batches)
     total_steps = args.epochs * nb
+    lr_warmup_steps = round(args.lr_warmup_epochs * nb)
     nparams = sum(p.numel() for p in model.parameters())
     say(f"Model {args.model} ({nparams} parameters), {size} ranks x batch {args.batch_size}, lr {lr:g}, "
         f"{args.epochs} epochs x {nb} steps; train {len(Xtr)}/rank, test {len(yte)}/rank")
@@ -173,9 +174,9 @@ def train(args, compression=None, describe=None, quiet=False, data=None):
         perm = np.random.RandomState(args.seed * 1000 + epoch * 10 + rank).permutation(len(Xtr))
         loss_sum = torch.zeros(()); correct = torch.zeros(()); seen = 0
         for b in range(nb):
-            if args.schedule == "cosine":
-                for g in optimizer.param_groups:
-                    g["lr"] = lr * 0.5 * (1 + math.cos(math.pi * step / total_steps))
+            for g in optimizer.param_groups:
+                g["lr"] = learning_rate(step, peak=lr, total_steps=total_steps, warmup_steps=lr_warmup_steps,
+                                        size=size, cosine=args.schedule == "cosine")
             idx = torch.from_numpy(perm[b * args.batch_size:(b + 1) * args.batch_size])
             x, y = Xtr[idx], ytr[idx]
             optimizer.zero_grad()

@@ -29,8 +29,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import (Progress, add_compression_args, load_mnist_5k, log0, make_compression,  # noqa: E402
-                     quiet_tf)
+from _common import (Progress, add_compression_args, add_schedule_args, learning_rate,  # noqa: E402
+                     load_mnist_5k, log0, make_compression, quiet_tf)
 
 quiet_tf()  # before TensorFlow is imported: TF_USE_LEGACY_KERAS=1, quiet C++ logs
 
@@ -54,7 +54,7 @@ def parse_args(argv=None):
     p.add_argument("--momentum", type=float, default=0.9, help="SGD's momentum, or Adam's beta_1")
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"],
                    help="Keras SGD(momentum=--momentum) or Adam(beta_1=--momentum)")
-    p.add_argument("--schedule", default="cosine", choices=["cosine", "constant"])
+    add_schedule_args(p)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--max-batches", type=int, default=0, help="stop each epoch after N batches (0: all)")
     p.add_argument("--log-interval", type=int, default=0, help="progress line every N batches (0: every 10 s)")
@@ -101,6 +101,20 @@ def row_transformer(seed, width=64, heads=4, depth=2):
     return tf.keras.Model(inp, layers.Dense(10, kernel_initializer=glorot[-1], name="head")(h))
 
 
+class Schedule(tf.keras.optimizers.schedules.LearningRateSchedule):
+    """``_common.learning_rate`` as a Keras schedule: cosine decay and the gradual warmup."""
+
+    def __init__(self, **kw):
+        super().__init__()
+        self.kw = kw
+
+    def __call__(self, step):
+        return learning_rate(tf.cast(step, tf.float32), cos=tf.cos, minimum=tf.minimum, **self.kw)
+
+    def get_config(self):
+        return dict(self.kw)
+
+
 def build_model(name, hidden, seed):
     """The same networks as examples/pytorch_mnist.py: an MLP 784-hidden-10, a
     small CNN (conv5x5x16, pool, conv5x5x32, pool, fc128, fc10), or the row
@@ -139,8 +153,8 @@ def train(args, compression=None, describe=None, quiet=False, data=None):
     if args.max_batches:
         nb = min(nb, args.max_batches)
     lr = args.lr * size  # Horovod's convention: scale the learning rate by the number of ranks
-    schedule = (tf.keras.optimizers.schedules.CosineDecay(lr, args.epochs * nb) if args.schedule == "cosine"
-                else lr)
+    schedule = Schedule(peak=lr, total_steps=args.epochs * nb, warmup_steps=round(args.lr_warmup_epochs * nb),
+                        size=size, cosine=args.schedule == "cosine")
     if args.optimizer == "adam":
         opt = tf.keras.optimizers.Adam(learning_rate=schedule, beta_1=args.momentum)
     else:

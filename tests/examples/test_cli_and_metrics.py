@@ -209,3 +209,15 @@ def test_auto_takes_only_the_compressors_momentum():
     for extra in (["--ratio", "0.1"], ["--dense-below", "10"], ["--warmup-steps", "5"], ["--no-error-feedback"]):
         with pytest.raises(SystemExit, match="auto takes no scheme options"):
             _common.make_compression(_parse("--compression", "auto", *extra), _Hvd)
+
+
+def test_learning_rate_warms_up_from_the_single_rank_rate_then_follows_the_cosine():
+    kw = dict(peak=0.08, total_steps=100, warmup_steps=10, size=4, cosine=False)
+    assert _common.learning_rate(0, **kw) == pytest.approx(0.02)       # Goyal et al.: start at peak / size
+    assert _common.learning_rate(5, **kw) == pytest.approx(0.05)       # linear: 0.02 + 0.06 * 5/10
+    assert _common.learning_rate(10, **kw) == _common.learning_rate(60, **kw) == pytest.approx(0.08)
+    kw.update(cosine=True)
+    assert _common.learning_rate(50, **kw) == pytest.approx(0.04)      # half way down the cosine
+    assert _common.learning_rate(0, **dict(kw, warmup_steps=0)) == pytest.approx(0.08)
+    p = _common.add_schedule_args(argparse.ArgumentParser())
+    assert p.parse_args(["--lr-warmup-epochs", "1.5"]).lr_warmup_epochs == 1.5

@@ -77,3 +77,25 @@ def test_recipe_table_gives_the_difference_with_its_standard_error():
     assert abs(convergence_rows.difference_se(tuned, base) - 0.2887) < 1e-4
     line = next(l for l in convergence_rows.recipe_table([base, tuned]).splitlines() if l.startswith("| `TopK(0.01)`"))
     assert "97.00 ± 0.40 (-1.00 ± 0.29) not met" in line
+
+
+def _lr_warmup_row(scheme, acc, lr_warmup, **kw):
+    row = _row(scheme, acc, **kw)
+    argv = convergence.recipe_for("torch", "cnn", lr_warmup_epochs=lr_warmup) + ["--compression", scheme]
+    row["recipe"] = dict(row["recipe"], lr_warmup_epochs=convergence_rows.recipe_of(argv, 2, "optimizer")[
+        "lr_warmup_epochs"])
+    return row
+
+
+def test_an_lr_warmup_is_a_group_of_its_own_with_its_own_baseline():
+    assert convergence.recipe_for("torch", "cnn", lr_warmup_epochs=1)[-2:] == ["--lr-warmup-epochs", "1"]
+    assert "--lr-warmup-epochs" not in convergence.recipe_for("torch", "cnn")
+    rows = [_lr_warmup_row("none", 96.0, 0, ef=False, placement="optimizer"),
+            _lr_warmup_row("none", 98.0, 1, ef=False, placement="optimizer"),
+            _lr_warmup_row("topk", 95.8, 0, ratio=0.01),   # met against the baseline without warmup
+            _lr_warmup_row("topk", 97.0, 1, ratio=0.01)]   # not met against its own (98.0)
+    assert len({convergence_rows.row_key(r) for r in rows}) == 4
+    checks = {name: ok for name, ok, _ in convergence_rows.check_expectations(rows)}
+    assert checks["torch cnn np=2: TopK(0.01)+EF within 0.5 point of none"] is True
+    assert checks["torch cnn np=2 lr warmup 1: TopK(0.01)+EF within 0.5 point of none"] is False
+    assert "**torch cnn 2 ranks, lr warmup 1 epoch**" in convergence_rows.report(rows)
