@@ -46,7 +46,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from convergence_rows import (MODEL_LR_PER_RANK, PLACEMENTS, _finite, _flag, _mean, _std,  # noqa: E402
+from convergence_rows import (MODEL_EPOCHS, MODEL_LR_PER_RANK, PLACEMENTS, _finite, _flag, _mean, _std,  # noqa: E402
                               check_expectations, merge_rows, plot_all, recipe_of, recipe_table, report, row_key)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,9 +60,10 @@ _COMMON = ["--model", "cnn", "--epochs", "10", "--batch-size", "32", "--lr", "0.
            "--schedule", "cosine"]
 RECIPE = {"torch": _COMMON, "tensorflow": _COMMON}
 # Per-rank learning rate of each model (the examples scale it by the number of
-# ranks).  The transformer (torch only): 0.05 per rank, the best of {0.02, 0.05,
-# 0.1} for dense training at batch 64 in a one-process sweep (88.5% after 10
-# epochs, against 83% at 0.02 after 6).  MLP: the example's default.
+# ranks).  The transformer: 0.05 per rank, the best of {0.02, 0.05, 0.1} for
+# dense training at batch 64 in a one-process sweep (88.5% after 10 epochs,
+# against 83% at 0.02 after 6); at 2 ranks 0.1 gave 88.0% and 0.2 51.6% (seed 1).
+# Epochs per model: MODEL_EPOCHS.  MLP: the example's default.
 MODEL_LR = {model: f"{lr:g}" for model, lr in MODEL_LR_PER_RANK.items()}
 MODELS = {"torch": ("mlp", "cnn", "transformer"), "tensorflow": ("mlp", "cnn", "transformer")}
 MOMENTUM = "0.9"
@@ -76,6 +77,7 @@ def recipe_for(framework, model, lr=None, optimizer="sgd", lr_warmup_epochs=0):
     argv += ["--lr-warmup-epochs", f"{lr_warmup_epochs:g}"] if lr_warmup_epochs else []
     argv[argv.index("--model") + 1] = model
     argv[argv.index("--lr") + 1] = lr or MODEL_LR[model]
+    argv[argv.index("--epochs") + 1] = str(MODEL_EPOCHS[model])
     return argv
 QUICK_EPOCHS = {"torch": 4, "tensorflow": 3}
 SEEDS = [1, 2, 3]
@@ -322,7 +324,7 @@ def main():
                    help="CI-sized run: none and TopK(0.01) +-EF, 4 epochs, one seed, torch only by default")
     p.add_argument("--frameworks", default=None, help="default torch,tensorflow (--quick: torch)")
     p.add_argument("--model", default="cnn", choices=["mlp", "cnn", "transformer"],
-                   help="the examples' model (transformer: torch only)")
+                   help="the examples' model (the torch and TF examples build all three)")
     p.add_argument("--ranks", default="2", help="comma list of world sizes, one horovodrun each (default 2)")
     p.add_argument("--schemes", default=None,
                    help="comma list of hvd_compress schemes, and of the baselines none/hvd-fp16 to run "
@@ -398,7 +400,7 @@ def main():
     for fw in frameworks.split(","):
         if args.model not in MODELS[fw]:
             p.error(f"--model {args.model} is not built in the {fw} example (it has {', '.join(MODELS[fw])})")
-        epochs = args.epochs or (QUICK_EPOCHS[fw] if args.quick else int(RECIPE[fw][RECIPE[fw].index("--epochs") + 1]))
+        epochs = args.epochs or (QUICK_EPOCHS[fw] if args.quick else MODEL_EPOCHS[args.model])
         for ranks in ranks_list:
             cfgs = configs_for(fw, args.quick, schemes if fw == "torch" or schemes else None, placements, feedback,
                                args.lr, recipe_flags(args, ranks))

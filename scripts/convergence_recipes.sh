@@ -8,7 +8,8 @@
 #   bash scripts/convergence_recipes.sh extras            # Random-K's learning rate and ratio, Adam
 #   PYTHON=... OUTDIR=...                                   # another venv / results folder
 #
-# Each group trains, for 3 seeds, the dense baselines and casts at their defaults, then each
+# Each group trains (10 epochs, the transformer 20: convergence_rows.MODEL_EPOCHS), for 3 seeds,
+# the dense baselines and casts at their defaults, then each
 # lossy scheme with its recipe: momentum 0.9 in the compressor (PowerSGD: in the optimizer,
 # as its paper has it), tensors of at most 1024 elements (biases, norms) dense, and a dense
 # warmup of 1 epoch (CNN) or 2 (transformer).  TF's CNN at 4 ranks also warms the learning rate

@@ -99,3 +99,15 @@ def test_an_lr_warmup_is_a_group_of_its_own_with_its_own_baseline():
     assert checks["torch cnn np=2: TopK(0.01)+EF within 0.5 point of none"] is True
     assert checks["torch cnn np=2 lr warmup 1: TopK(0.01)+EF within 0.5 point of none"] is False
     assert "**torch cnn 2 ranks, lr warmup 1 epoch**" in convergence_rows.report(rows)
+
+
+def test_the_transformer_trains_20_epochs_and_other_epochs_are_a_group_of_their_own():
+    argv = convergence.recipe_for("torch", "transformer")
+    assert argv[argv.index("--epochs") + 1] == "20"
+    long, short = _row("none", 92.0, ef=False, placement="optimizer"), _row("none", 88.0, ef=False,
+                                                                             placement="optimizer")
+    long.update(model="transformer", epochs=20)
+    short.update(model="transformer", epochs=10)
+    assert convergence_rows.row_key(long) != convergence_rows.row_key(short)
+    assert convergence_rows.group_title(convergence_rows.group_of(short)) == "torch transformer 2 ranks, 10 epochs"
+    assert convergence_rows.group_title(convergence_rows.group_of(long)) == "torch transformer 2 ranks"
