@@ -22,7 +22,9 @@ PY=${PYTHON:-.venv/bin/python}
 OUT=${OUTDIR:-docs/results}
 run() { echo "### $(date +%T) $*"; "$PY" scripts/convergence.py --seeds 1,2,3 --no-plot --outdir "$OUT" "$@"; }
 
-model_lr() { case $1 in cnn) echo 0.02 ;; transformer) echo 0.05 ;; mlp) echo 0.05 ;; esac; }
+model_lr() {  # the model's per-rank learning rate, as convergence_rows.MODEL_LR_PER_RANK defines it
+  "$PY" -c "import sys; sys.path.insert(0, 'scripts'); from convergence_rows import MODEL_LR_PER_RANK as lr; print(lr['$1'])"
+}
 
 group() {  # framework model ranks warmup-epochs [lr-warmup-epochs]
   local A="--frameworks $1 --model $2 --ranks $3 --lr-warmup-epochs ${5:-0}" R="--dense-below 1024 --warmup-epochs $4"

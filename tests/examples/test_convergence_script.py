@@ -111,3 +111,22 @@ def test_the_transformer_trains_20_epochs_and_other_epochs_are_a_group_of_their_
     assert convergence_rows.row_key(long) != convergence_rows.row_key(short)
     assert convergence_rows.group_title(convergence_rows.group_of(short)) == "torch transformer 2 ranks, 10 epochs"
     assert convergence_rows.group_title(convergence_rows.group_of(long)) == "torch transformer 2 ranks"
+
+
+def test_recipes_script_runs_each_group_with_its_flags(tmp_path):
+    """scripts/convergence_recipes.sh with a stand-in python that records each convergence.py
+    call (and runs ``-c`` snippets for real): the group's flags reach every line."""
+    import subprocess
+    stub = tmp_path / "python"
+    log = tmp_path / "calls"
+    stub.write_text(f'#!/bin/bash\nif [ "$1" = -c ]; then exec {sys.executable} "$@"; fi\necho "$*" >> {log}\n')
+    stub.chmod(0o755)
+    subprocess.run(["bash", os.path.join(REPO, "scripts", "convergence_recipes.sh"), "tensorflow cnn 4 1 1"],
+                   check=True, capture_output=True, env=dict(os.environ, PYTHON=str(stub), OUTDIR=str(tmp_path)))
+    calls = log.read_text().splitlines()
+    runs = [c for c in calls if "--report" not in c]
+    assert len(runs) == 6 and calls[-1].endswith(f"--report plots --outdir {tmp_path}")
+    assert all("--frameworks tensorflow --model cnn --ranks 4 --lr-warmup-epochs 1" in c for c in runs)
+    no_ef = next(c for c in runs if "--error-feedback off" in c and "--schemes topk" in c)
+    assert no_ef.endswith("--lr 0.02")  # the model's rate, from convergence_rows.MODEL_LR_PER_RANK
+    assert all("--warmup-epochs 1" in c for c in runs if "--schemes topk,dgc" in c or "randomk" in c)
