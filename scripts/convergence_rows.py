@@ -274,10 +274,11 @@ def plot(rows, path, model="cnn", ranks=2):
     rows = [r for r in map(with_recipe, rows) if _optimizer(r) == "SGD"]
     panels = []
     for fw in ("torch", "tensorflow"):
-        # the lr warmup of the recipe table's column, else none
-        group = next((g for g in RECIPE_GROUPS if g[:3] == (fw, model, ranks)),
-                     (fw, model, ranks, 0.0, MODEL_EPOCHS.get(model, 10)))
-        panels += _recipe_panels(rows, group) or _scheme_panels(rows, group)
+        # the recipe table's column (its lr warmup and epochs) where measured, else each group measured
+        present = sorted({group_of(r) for r in rows if group_of(r)[:3] == (fw, model, ranks)})
+        groups = [g for g in RECIPE_GROUPS if g in present] or present
+        for group in groups:
+            panels += _recipe_panels(rows, group) or _scheme_panels(rows, group)
     if not panels:
         return
     ncol = min(5, len(panels))

@@ -130,3 +130,14 @@ def test_recipes_script_runs_each_group_with_its_flags(tmp_path):
     no_ef = next(c for c in runs if "--error-feedback off" in c and "--schemes topk" in c)
     assert no_ef.endswith("--lr 0.02")  # the model's rate, from convergence_rows.MODEL_LR_PER_RANK
     assert all("--warmup-epochs 1" in c for c in runs if "--schemes topk,dgc" in c or "randomk" in c)
+
+
+def test_plot_draws_rows_of_any_epoch_count(tmp_path):
+    # --quick measures 4 epochs: no recipe-table column has them, the plot still shows them
+    rows = []
+    for scheme, ef, acc in (("none", False, 96.0), ("topk", True, 95.5), ("topk", False, 94.0)):
+        r = _row(scheme, acc, seeds=(1,), ef=ef, placement="optimizer", ratio=0.01)
+        r.update(epochs=4, test_accuracy_per_epoch=[90.0, 93.0, 95.0, acc])
+        rows.append(r)
+    convergence_rows.plot(rows, str(tmp_path / "quick.png"))
+    assert (tmp_path / "quick.png").stat().st_size > 10_000
