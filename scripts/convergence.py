@@ -358,10 +358,11 @@ def main():
     p.add_argument("--outdir", default=None, help="default docs/results (full) or out/convergence (--quick)")
     p.add_argument("--python", default=None, help="python of the venv (default: the one running this script)")
     p.add_argument("--no-plot", action="store_true")
-    p.add_argument("--report", nargs="?", const="tables", choices=["tables", "recipes", "plots"],
+    p.add_argument("--report", nargs="?", const="tables", choices=["tables", "recipes", "summary", "plots"],
                    help="run nothing, read the outdir's convergence.json: 'tables' (the default) prints "
                         "docs/convergence.md's tables (recipe per row, mean ± spread over seeds, vs none), "
-                        "'recipes' docs/training.md's recipe table, 'plots' redraws the .png files")
+                        "'recipes' docs/training.md's recipe table, 'summary' the README's, 'plots' redraws "
+                        "the .png files")
     # worker mode (internal)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--framework", help=argparse.SUPPRESS)
@@ -377,7 +378,8 @@ def main():
             rows = json.load(f)
         if args.report == "plots":
             return plot_all(rows, args.outdir or os.path.join(REPO, "docs/results"))
-        print(recipe_table(rows) if args.report == "recipes" else report(rows))
+        print(recipe_table(rows, brief=args.report == "summary") if args.report in ("recipes", "summary")
+              else report(rows))
         return None
     placements = args.placement.split(",")
     if any(pl not in PLACEMENTS for pl in placements):

@@ -373,16 +373,18 @@ def difference_se(row, base):
                          for r in (row, base)))
 
 
-def recipe_table(rows):
+def recipe_table(rows, brief=False):
     """Markdown: one line per recipe, one column per (framework, model, ranks); a cell is
     mean ± spread over the seeds and the difference to dense ± its standard error,
-    marked where issue 16's target is not met ("not met") or the row has fewer than 3 seeds."""
+    marked where issue 16's target is not met ("not met") or the row has fewer than 3 seeds.
+    ``brief`` (the README's summary): the scheme and the cells only, without the standard error."""
     rows = [r for r in map(with_recipe, rows) if _optimizer(r) == "SGD"]
     heads = [group_title(g) for g in RECIPE_GROUPS]
-    out = ["| scheme | error feedback | momentum 0.9 in | recipe | target | " + " | ".join(heads) + " |",
-           "|---|---|---|---|---:|" + "---:|" * len(heads)]
+    lead = ["scheme"] if brief else ["scheme", "error feedback", "momentum 0.9 in", "recipe", "target"]
+    out = ["| " + " | ".join(lead + heads) + " |",
+           "|---|" + "---|" * (len(lead) - 2) + "---:|" * (len(heads) + (len(lead) > 1))]
     dense = [_recipe_row(rows, g, "none", False, "optimizer", None, 0, False, {}) for g in RECIPE_GROUPS]
-    out.append("| dense (`none`) | - | optimizer | - | | " + " | ".join(
+    out.append("| dense (`none`) | " + ("" if brief else "- | optimizer | - | | ") + " | ".join(
         f"{d['final_test_accuracy']:.2f} ± {d.get('final_test_accuracy_std', 0):.2f}" if d else "not measured"
         for d in dense) + " |")
     for label, scheme, ef, placement, lr, dense_below, warmup, params, tol in RECIPES:
@@ -400,9 +402,13 @@ def recipe_table(rows):
             d = r["final_test_accuracy"] - base["final_test_accuracy"]
             n = len(r.get("seeds") or [])
             mark = "" if tol is None or d >= -tol else " not met"
+            se = "" if brief else f" ± {difference_se(r, base):.2f}"
             cells.append(f"{r['final_test_accuracy']:.2f} ± {r.get('final_test_accuracy_std', 0):.2f} "
-                         f"({d:+.2f} ± {difference_se(r, base):.2f})"
-                         + mark + ("" if n >= TARGET_SEEDS else f" ({n} seed{'s' if n > 1 else ''})"))
-        out.append(f"| `{label}` | {'-' if scheme == 'hvd-fp16' else ('on' if ef else 'off')} | {placement} | {', '.join(recipe)} | "
-                   f"{'within ' + format(tol, 'g') if tol is not None else '-'} | " + " | ".join(cells) + " |")
+                         f"({d:+.2f}{se})" + mark + ("" if n >= TARGET_SEEDS else f" ({n} seed{'s' if n > 1 else ''})"))
+        if brief:
+            out.append(f"| `{label}` | " + " | ".join(cells) + " |")
+            continue
+        out.append(f"| `{label}` | {'-' if scheme == 'hvd-fp16' else ('on' if ef else 'off')} | {placement} | "
+                   f"{', '.join(recipe)} | {'within ' + format(tol, 'g') if tol is not None else '-'} | "
+                   + " | ".join(cells) + " |")
     return "\n".join(out)
