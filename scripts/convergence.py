@@ -11,7 +11,7 @@ most N elements dense), ``--warmup-epochs E`` / ``--warmup-steps N`` (dense firs
 ``--ratio``; ``--optimizer adam`` for Adam.  ``scripts/convergence_recipes.sh`` runs
 every recipe of docs/training.md; ``--report recipes`` prints its table.
 
-``--model`` picks the examples' MLP, CNN or (torch) the row transformer;
+``--model`` picks the examples' MLP, CNN or row transformer (torch and TF);
 ``--ranks`` the world sizes; ``--placement`` where SGD's momentum 0.9 lives:
 ``optimizer`` (``SGD(momentum=0.9)``, the compressor sees raw gradients) or
 ``compressor`` (``SGD(momentum=0)`` and ``Scheme(..., momentum=0.9)``:

@@ -116,23 +116,52 @@ def test_the_transformer_trains_20_epochs_and_other_epochs_are_a_group_of_their_
     assert convergence_rows.group_title(convergence_rows.group_of(long)) == "torch transformer 2 ranks"
 
 
-def test_recipes_script_runs_each_group_with_its_flags(tmp_path):
+def _recipes_script_calls(tmp_path, *groups):
     """scripts/convergence_recipes.sh with a stand-in python that records each convergence.py
-    call (and runs ``-c`` snippets for real): the group's flags reach every line."""
+    call (and runs ``-c`` snippets for real): the calls it made, one line each."""
     import subprocess
     stub = tmp_path / "python"
     log = tmp_path / "calls"
     stub.write_text(f'#!/bin/bash\nif [ "$1" = -c ]; then exec {sys.executable} "$@"; fi\necho "$*" >> {log}\n')
     stub.chmod(0o755)
-    subprocess.run(["bash", os.path.join(REPO, "scripts", "convergence_recipes.sh"), "tensorflow cnn 4 1 1"],
+    subprocess.run(["bash", os.path.join(REPO, "scripts", "convergence_recipes.sh"), *groups],
                    check=True, capture_output=True, env=dict(os.environ, PYTHON=str(stub), OUTDIR=str(tmp_path)))
-    calls = log.read_text().splitlines()
+    return log.read_text().splitlines()
+
+
+def test_recipes_script_runs_each_group_with_its_flags(tmp_path):
+    calls = _recipes_script_calls(tmp_path, "tensorflow cnn 4 1 1")
     runs = [c for c in calls if "--report" not in c]
-    assert len(runs) == 6 and calls[-1].endswith(f"--report plots --outdir {tmp_path}")
+    assert len(runs) == 7 and calls[-1].endswith(f"--report plots --outdir {tmp_path}")
     assert all("--frameworks tensorflow --model cnn --ranks 4 --lr-warmup-epochs 1" in c for c in runs)
     no_ef = next(c for c in runs if "--error-feedback off" in c and "--schemes topk" in c)
     assert no_ef.endswith("--lr 0.02")  # the model's rate, from convergence_rows.MODEL_LR_PER_RANK
     assert all("--warmup-epochs 1" in c for c in runs if "--schemes topk,dgc" in c or "randomk" in c)
+    assert all("--dense-below 1024" in c for c in runs if "--error-feedback on" in c)
+
+
+def test_recipes_script_sends_the_transformers_embedding_dense_for_the_sparsifiers(tmp_path):
+    runs = [c for c in _recipes_script_calls(tmp_path, "torch transformer 4 2") if "--report" not in c]
+    sparsifiers = next(c for c in runs if "--schemes topk,dgc" in c)
+    assert "--dense-below 2048 --warmup-epochs 2" in sparsifiers and "--lr 0.05" in sparsifiers
+    assert all("--dense-below 1024" in c for c in runs if "--schemes efsignsgd" in c or "powersgd" in c)
+
+
+def test_recipe_table_takes_each_models_dense_threshold():
+    base = _row("none", 92.0, ef=False, placement="optimizer")
+    rows = []
+    for dense_below, acc in ((1024, 90.0), (2048, 91.8)):
+        r = _row("topk", acc, ratio=0.01, dense_below=dense_below, warmup_steps=126)
+        rows.append(r)
+    for r in [base] + rows:
+        r["model"] = "transformer"
+        r["epochs"] = 20
+        r["recipe"] = dict(r["recipe"], lr_per_rank=0.05)
+    table = convergence_rows.recipe_table([base] + rows)
+    line = next(l for l in table.splitlines() if l.startswith("| `TopK(0.01)`"))
+    assert "dense <= 1024 elements (transformer: 2048)" in line
+    assert "91.80 ± 0.10 (-0.20 ± 0.08)" in line and "90.00" not in line
+    assert convergence_rows.dense_below_of(convergence_rows.SPARSIFIER_DENSE_BELOW, "cnn") == 1024
 
 
 def test_plot_draws_rows_of_any_epoch_count(tmp_path):
