@@ -11,8 +11,9 @@
 # Each group trains (10 epochs, the transformer 20: convergence_rows.MODEL_EPOCHS), for 3 seeds,
 # the dense baselines and casts at their defaults, then each
 # lossy scheme with its recipe: momentum 0.9 in the compressor (PowerSGD: in the optimizer,
-# as its paper has it), tensors of at most 1024 elements (biases, norms) dense (Top-K and DGC on
-# the transformer: 2048, its embedding and positions too; convergence_rows.SPARSIFIER_DENSE_BELOW), and a dense
+# as its paper has it), tensors of at most 1024 elements (biases, norms) dense (Top-K, DGC and
+# PowerSGD on the transformer: 2048, its embedding and positions too;
+# convergence_rows.DENSE_BELOW_WITH_EMBEDDINGS), and a dense
 # warmup of 1 epoch (CNN) or 2 (transformer).  TF's CNN at 4 ranks also warms the learning rate
 # up over 1 epoch (the examples' --lr-warmup-epochs), baselines included: without it the rate
 # scaled by 4 spikes the first epoch's loss.  Rows merge into docs/results/convergence.json;
@@ -23,7 +24,7 @@ PY=${PYTHON:-.venv/bin/python}
 OUT=${OUTDIR:-docs/results}
 run() { echo "### $(date +%T) $*"; "$PY" scripts/convergence.py --seeds 1,2,3 --no-plot --outdir "$OUT" "$@"; }
 
-per_model() {  # per_model NAME MODEL: convergence_rows.NAME[MODEL] (MODEL_LR_PER_RANK, SPARSIFIER_DENSE_BELOW)
+per_model() {  # per_model NAME MODEL: convergence_rows.NAME[MODEL] (MODEL_LR_PER_RANK, DENSE_BELOW_WITH_EMBEDDINGS)
   "$PY" -c "import sys; sys.path.insert(0, 'scripts'); import convergence_rows as c; print(c.$1['$2'])"
 }
 
@@ -32,10 +33,10 @@ group() {  # framework model ranks warmup-epochs [lr-warmup-epochs]
   # --lr, the model's own: the baselines are measured in the first line and need not run again
   local LR="--lr $(per_model MODEL_LR_PER_RANK "$2")"
   run $A --schemes none,hvd-fp16,int8,fp16,bf16 --placement optimizer --error-feedback default
-  run $A --schemes topk,dgc --placement compressor --error-feedback on $LR \
-      --dense-below "$(per_model SPARSIFIER_DENSE_BELOW "$2")" --warmup-epochs $4
+  local E="--dense-below $(per_model DENSE_BELOW_WITH_EMBEDDINGS "$2") --warmup-epochs $4"
+  run $A --schemes topk,dgc --placement compressor --error-feedback on $E $LR
   run $A --schemes efsignsgd,onebit --placement compressor --error-feedback on $R $LR
-  run $A --schemes powersgd --placement optimizer --error-feedback on $R $LR
+  run $A --schemes powersgd --placement optimizer --error-feedback on $E $LR
   run $A --schemes topk --placement optimizer --error-feedback off $LR
   run $A --schemes signsgd --placement compressor --error-feedback off --lr 0.001
   run $A --schemes randomk --placement compressor --error-feedback on $R --lr 0.005

@@ -140,11 +140,12 @@ def test_recipes_script_runs_each_group_with_its_flags(tmp_path):
     assert all("--dense-below 1024" in c for c in runs if "--error-feedback on" in c)
 
 
-def test_recipes_script_sends_the_transformers_embedding_dense_for_the_sparsifiers(tmp_path):
+def test_recipes_script_sends_the_transformers_embedding_dense_for_topk_dgc_and_powersgd(tmp_path):
     runs = [c for c in _recipes_script_calls(tmp_path, "torch transformer 4 2") if "--report" not in c]
-    sparsifiers = next(c for c in runs if "--schemes topk,dgc" in c)
-    assert "--dense-below 2048 --warmup-epochs 2" in sparsifiers and "--lr 0.05" in sparsifiers
-    assert all("--dense-below 1024" in c for c in runs if "--schemes efsignsgd" in c or "powersgd" in c)
+    for schemes in ("topk,dgc", "powersgd"):
+        line = next(c for c in runs if f"--schemes {schemes} " in c)
+        assert "--dense-below 2048 --warmup-epochs 2" in line and "--lr 0.05" in line
+    assert all("--dense-below 1024" in c for c in runs if "--schemes efsignsgd" in c or "randomk" in c)
 
 
 def test_recipe_table_takes_each_models_dense_threshold():
@@ -161,7 +162,7 @@ def test_recipe_table_takes_each_models_dense_threshold():
     line = next(l for l in table.splitlines() if l.startswith("| `TopK(0.01)`"))
     assert "dense <= 1024 elements (transformer: 2048)" in line
     assert "91.80 ± 0.10 (-0.20 ± 0.08)" in line and "90.00" not in line
-    assert convergence_rows.dense_below_of(convergence_rows.SPARSIFIER_DENSE_BELOW, "cnn") == 1024
+    assert convergence_rows.dense_below_of(convergence_rows.DENSE_BELOW_WITH_EMBEDDINGS, "cnn") == 1024
 
 
 def test_plot_draws_rows_of_any_epoch_count(tmp_path):
