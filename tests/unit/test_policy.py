@@ -359,7 +359,20 @@ def test_recipe_without_momentum_and_its_parts_alone():
         (0, "NoCompression"), (3, "Int8")]
 
 
-@pytest.mark.parametrize("kw, param", [({"dense_below": -1}, "dense_below"), ({"warmup_steps": 1.5}, "warmup_steps")])
+def test_recipe_sends_named_tensors_dense_with_the_schemes_momentum():
+    pol = hc.recipe(hc.TopK(0.01, momentum=0.9), dense_below=100, warmup_steps=5, dense_names=["*embed*", "re:^pos$"])
+    for name in ("embed.weight", "pos"):
+        (start, scheme, memory, _), = pol.plan_for(name, 1792, (28, 64))
+        assert (start, type(scheme).__name__) == (0, "NoCompression") and memory.momentum == 0.9
+    assert [type(s).__name__ for _, s, _, _ in pol.plan_for("position", 1792, (28, 64))] == ["NoCompression", "TopK"]
+    lines = pol.describe([("embed.weight", (28, 64)), ("head.weight", (10, 64))]).splitlines()
+    assert "rule 1" in lines[1] and "default" in lines[2]  # what a user checks their names with
+    assert hc.recipe(hc.TopK(0.01), dense_names="*embed*").rules[-1].name == ["*embed*"]
+
+
+@pytest.mark.parametrize("kw, param", [({"dense_below": -1}, "dense_below"), ({"warmup_steps": 1.5}, "warmup_steps"),
+                                       ({"dense_names": 3}, "dense_names"), ({"dense_names": []}, "dense_names"),
+                                       ({"dense_names": ["*embed*", ""]}, "dense_names")])
 def test_recipe_validation_names_the_parameter(kw, param):
     with pytest.raises(ValueError, match=param):
         hc.recipe(hc.TopK(0.01), **kw)
