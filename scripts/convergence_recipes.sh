@@ -58,7 +58,8 @@ if [ $# -gt 0 ]; then
   done
 else
   for spec in "torch cnn 2 1" "tensorflow cnn 2 1" "torch transformer 2 2" "torch cnn 4 1" \
-              "torch transformer 4 2" "tensorflow cnn 4 1 1"; do
+              "torch transformer 4 2" "tensorflow cnn 4 1 1" "tensorflow transformer 2 2" \
+              "tensorflow transformer 4 2"; do
     group $spec
   done
   extras
