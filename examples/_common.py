@@ -111,6 +111,10 @@ def add_compression_args(parser):
     g.add_argument("--dense-below", type=int, default=0, metavar="N",
                    help="per-layer policy: tensors of at most N elements (biases, norms) go dense, the rest use "
                         "SCHEME (hvd_compress.Policy with a Rule(max_numel=N)); 0: every tensor uses SCHEME")
+    g.add_argument("--dense-names", default=None, metavar="GLOBS",
+                   help="per-layer policy: tensors whose name matches one of these comma-separated globs go dense "
+                        "too, e.g. '*embed*,*pos*' for a transformer's input layers (hvd_compress.recipe's "
+                        "dense_names)")
     g.add_argument("--warmup-steps", type=int, default=0, metavar="N",
                    help="dense for the first N communications of each tensor, then SCHEME "
                         "(hvd_compress.Schedule); 0: no warmup")
@@ -118,16 +122,20 @@ def add_compression_args(parser):
 
 
 def with_recipe(comp, args):
-    """``comp`` inside the per-layer policy and dense warmup that ``--dense-below`` and
-    ``--warmup-steps`` ask for (:func:`hvd_compress.recipe`, whose dense parts carry
-    the compressor's momentum)."""
+    """``comp`` inside the per-layer policy and dense warmup that ``--dense-below``,
+    ``--dense-names`` and ``--warmup-steps`` ask for (:func:`hvd_compress.recipe`, whose
+    dense parts carry the compressor's momentum)."""
     dense_below, warmup = getattr(args, "dense_below", 0) or 0, getattr(args, "warmup_steps", 0) or 0
     for flag, value in (("--dense-below", dense_below), ("--warmup-steps", warmup)):
         if value < 0:
             raise SystemExit(f"{flag} takes a non-negative number of elements/steps; got {value}")
-    if not (dense_below or warmup):
+    names = getattr(args, "dense_names", None)
+    dense_names = [n.strip() for n in names.split(",") if n.strip()] if names is not None else None
+    if names is not None and not dense_names:
+        raise SystemExit(f"--dense-names takes comma-separated globs such as '*embed*,*pos*'; got {names!r}")
+    if not (dense_below or warmup or dense_names):
         return comp
-    return hvd_compress.recipe(comp, dense_below=dense_below, warmup_steps=warmup)
+    return hvd_compress.recipe(comp, dense_below=dense_below, warmup_steps=warmup, dense_names=dense_names)
 
 
 def make_compression(args, hvd):
@@ -145,16 +153,16 @@ def make_compression(args, hvd):
             raise SystemExit(f"--compression {name} is Horovod's own and has no error feedback")
         if getattr(args, "compression_momentum", None) is not None:
             raise SystemExit(f"--compression {name} is Horovod's own and takes no --compression-momentum")
-        if getattr(args, "dense_below", 0) or getattr(args, "warmup_steps", 0):
-            raise SystemExit(f"--compression {name} is Horovod's own: --dense-below and --warmup-steps need an "
-                             "hvd_compress scheme")
+        if getattr(args, "dense_below", 0) or getattr(args, "warmup_steps", 0) or getattr(args, "dense_names", None):
+            raise SystemExit(f"--compression {name} is Horovod's own: --dense-below, --dense-names and "
+                             "--warmup-steps need an hvd_compress scheme")
         comp = hvd.Compression.fp16 if name == "hvd-fp16" else hvd.Compression.none
         return comp, f"Horovod {'hvd.Compression.fp16' if name == 'hvd-fp16' else 'hvd.Compression.none'}"
     if name == AUTO:
         if (chosen or values or args.error_feedback is not None or getattr(args, "dense_below", 0)
-                or getattr(args, "warmup_steps", 0)):
-            raise SystemExit("--compression auto takes no scheme options, --dense-below or --warmup-steps: it "
-                             "chooses them (only --compression-momentum)")
+                or getattr(args, "warmup_steps", 0) or getattr(args, "dense_names", None)):
+            raise SystemExit("--compression auto takes no scheme options, --dense-below, --dense-names or "
+                             "--warmup-steps: it chooses them (only --compression-momentum)")
         momentum = getattr(args, "compression_momentum", None) or 0.0
         comp = hvd_compress.Auto(seed=args.compression_seed, momentum=momentum)
         return comp, f"hvd_compress Auto({f'momentum={momentum:g}' if momentum else ''})"

@@ -182,6 +182,15 @@ def test_dense_below_and_warmup_wrap_the_scheme_in_a_policy_and_a_schedule():
     assert not isinstance(comp, (hvd_compress.Policy, hvd_compress.Schedule))
 
 
+def test_dense_names_send_the_named_tensors_dense():
+    comp, _ = _common.make_compression(_parse("--compression", "topk", "--compression-momentum", "0.9",
+                                              "--dense-names", "*embed*, pos", "--warmup-steps", "5"), _Hvd)
+    for name in ("embed.weight", "pos"):
+        assert [(s, n) for s, n, _ in _phases(comp, name, 1792)] == [(0, "NoCompression")]
+    assert [(s, n) for s, n, _ in _phases(comp, "encoder.linear1.weight", 1792)] == [(0, "NoCompression"), (5, "TopK")]
+    assert _phases(comp, "pos", 1792)[0][2].momentum == 0.9
+
+
 def test_dense_parts_of_a_recipe_carry_the_compressors_momentum():
     # momentum in the compressor: the optimizer has none, so the dense tensors and the
     # dense warmup must apply it themselves
@@ -195,8 +204,12 @@ def test_dense_parts_of_a_recipe_carry_the_compressors_momentum():
 
 
 def test_recipe_flags_refuse_horovod_builtins_and_negative_values():
-    with pytest.raises(SystemExit, match="--dense-below and --warmup-steps need an hvd_compress scheme"):
+    with pytest.raises(SystemExit, match="--dense-below, --dense-names and --warmup-steps need an hvd_compress"):
         _common.make_compression(_parse("--compression", "none", "--dense-below", "10"), _Hvd)
+    with pytest.raises(SystemExit, match="--dense-names and --warmup-steps need an hvd_compress"):
+        _common.make_compression(_parse("--compression", "hvd-fp16", "--dense-names", "*embed*"), _Hvd)
+    with pytest.raises(SystemExit, match="--dense-names takes comma-separated globs"):
+        _common.make_compression(_parse("--compression", "topk", "--dense-names", " , "), _Hvd)
     with pytest.raises(SystemExit, match="--warmup-steps takes a non-negative"):
         _common.make_compression(_parse("--compression", "topk", "--warmup-steps", "-1"), _Hvd)
 
