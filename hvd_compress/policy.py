@@ -243,20 +243,26 @@ def recipe(compression, dense_below=1024, warmup_steps=0, dense_names=None):
                          f"hvd_compress.TopK(0.01, momentum=0.9), not a Policy, Schedule or Auto; got {compression!r}")
     check_range("dense_below", dense_below, 0, None, kind=int)
     check_range("warmup_steps", warmup_steps, 0, None, kind=int)
-    if isinstance(dense_names, str):
-        dense_names = [dense_names]
-    if dense_names is not None and (not isinstance(dense_names, (list, tuple)) or not dense_names
-                                    or not all(isinstance(n, str) and n for n in dense_names)):
-        raise ValueError("dense_names must be None or a non-empty list of glob strings ('*embed*') or "
-                         f"'re:<regex>' patterns; got {dense_names!r}")
+    dense_names = _name_patterns("dense_names", dense_names)
     momentum = float(getattr(compression.memory, "momentum", 0.0) or 0.0)
     nesterov = bool(getattr(compression.memory, "nesterov", False))
     dense = NoCompression(momentum=momentum, nesterov=nesterov, seed=compression.seed)
     default = Schedule([(0, dense), (warmup_steps, compression)], seed=compression.seed) if warmup_steps \
         else compression
     rules = ([Rule(dense, max_numel=dense_below)] if dense_below else []) + \
-        ([Rule(dense, name=list(dense_names))] if dense_names else [])
+        ([Rule(dense, name=dense_names)] if dense_names else [])
     return Policy(rules, default=default, seed=compression.seed)
+
+
+def _name_patterns(param, names):
+    """``names`` (None, one pattern, or a non-empty list of them) as a list, or a ValueError naming ``param``."""
+    if isinstance(names, str):
+        names = [names]
+    if names is not None and (not isinstance(names, (list, tuple)) or not names
+                              or not all(isinstance(n, str) and n for n in names)):
+        raise ValueError(f"{param} must be None or a non-empty list of glob strings ('*embed*') or "
+                         f"'re:<regex>' patterns; got {names!r}")
+    return list(names) if names is not None else None
 
 
 def _bad_rule(r):
