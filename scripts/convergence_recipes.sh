@@ -1,6 +1,7 @@
 #!/bin/bash
 # Issue 16's measured recipes: every row of docs/training.md's recipe table and of the
-# issue-16 section of docs/convergence.md (about 90 minutes on a 2-core machine).
+# issue-16 section of docs/convergence.md (about 4 hours on a 2-core machine: the runs' wall times
+# in convergence.json add up to 3.6 hours for the cells measured by late 2026-12-01).
 #
 #   bash scripts/convergence_recipes.sh               # everything below
 #   bash scripts/convergence_recipes.sh "torch cnn 2 1"   # one group: framework model ranks warmup-epochs
