@@ -223,8 +223,9 @@ def recipe(compression, dense_below=1024, warmup_steps=0, dense_names=None):
     through.  A sparsifier sends a few of their values a step and error feedback
     holds the rest back; sending the transformer's 1792-element embedding and
     positions dense took Top-K(0.01) from 1.00 points below dense to 0.47 above
-    (docs/training.md).  Names reach the policy only through Horovod's stock
-    optimizers (torch: ``named_parameters=``); check the match with
+    (docs/training.md).  Names reach the policy through Horovod's stock
+    optimizers and ``DistributedGradientTape`` (torch: with ``named_parameters=``;
+    tests/examples/test_examples.py checks the TF tape); check the match with
     ``recipe(...).describe(model.named_parameters())``.
 
     The dense parts apply the momentum of ``compression``'s memory
