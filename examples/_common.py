@@ -138,6 +138,12 @@ def with_recipe(comp, args):
     return hvd_compress.recipe(comp, dense_below=dense_below, warmup_steps=warmup, dense_names=dense_names)
 
 
+def _asks_for_recipe(args):
+    """Whether any of the recipe flags (--dense-below, --dense-names, --warmup-steps) was given."""
+    return bool(getattr(args, "dense_below", 0) or getattr(args, "warmup_steps", 0)
+                or getattr(args, "dense_names", None))
+
+
 def make_compression(args, hvd):
     """(compression object for Horovod, human-readable description).
 
@@ -153,14 +159,13 @@ def make_compression(args, hvd):
             raise SystemExit(f"--compression {name} is Horovod's own and has no error feedback")
         if getattr(args, "compression_momentum", None) is not None:
             raise SystemExit(f"--compression {name} is Horovod's own and takes no --compression-momentum")
-        if getattr(args, "dense_below", 0) or getattr(args, "warmup_steps", 0) or getattr(args, "dense_names", None):
+        if _asks_for_recipe(args):
             raise SystemExit(f"--compression {name} is Horovod's own: --dense-below, --dense-names and "
                              "--warmup-steps need an hvd_compress scheme")
         comp = hvd.Compression.fp16 if name == "hvd-fp16" else hvd.Compression.none
         return comp, f"Horovod {'hvd.Compression.fp16' if name == 'hvd-fp16' else 'hvd.Compression.none'}"
     if name == AUTO:
-        if (chosen or values or args.error_feedback is not None or getattr(args, "dense_below", 0)
-                or getattr(args, "warmup_steps", 0) or getattr(args, "dense_names", None)):
+        if chosen or values or args.error_feedback is not None or _asks_for_recipe(args):
             raise SystemExit("--compression auto takes no scheme options, --dense-below, --dense-names or "
                              "--warmup-steps: it chooses them (only --compression-momentum)")
         momentum = getattr(args, "compression_momentum", None) or 0.0
