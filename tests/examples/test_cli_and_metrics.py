@@ -219,7 +219,8 @@ def test_auto_takes_only_the_compressors_momentum():
     assert isinstance(comp, hvd_compress.Auto) and comp.memory.momentum == 0.9 and "momentum=0.9" in describe
     comp, describe = _common.make_compression(_parse("--compression", "auto"), _Hvd)
     assert isinstance(comp.memory, hvd_compress.ResidualMemory) and describe == "hvd_compress Auto()"
-    for extra in (["--ratio", "0.1"], ["--dense-below", "10"], ["--warmup-steps", "5"], ["--no-error-feedback"]):
+    for extra in (["--ratio", "0.1"], ["--dense-below", "10"], ["--warmup-steps", "5"], ["--no-error-feedback"],
+                  ["--dense-names", "*embed*"]):
         with pytest.raises(SystemExit, match="auto takes no scheme options"):
             _common.make_compression(_parse("--compression", "auto", *extra), _Hvd)
 
