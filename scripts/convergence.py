@@ -336,6 +336,9 @@ def main():
                    help="each scheme with and/or without error feedback, or as its default (on for the "
                         "biased schemes, off for the casts)")
     p.add_argument("--seeds", default=None, help="comma list (default 1,2,3; --quick: 1)")
+    p.add_argument("--add-seeds", action="store_true",
+                   help="add these seeds to the rows already measured with the same recipe (in --outdir's "
+                        "convergence.json) instead of replacing them; the seeds must be new to those rows")
     p.add_argument("--epochs", type=int, default=None, help="override the recipe's epochs")
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"],
                    help="every configuration's optimizer, baselines included: SGD(momentum 0.9) or Adam(beta_1 "
@@ -416,7 +419,7 @@ def main():
     if os.path.exists(json_path):
         with open(json_path) as f:
             old = json.load(f)
-    merged = merge_rows(old, rows)
+    merged = merge_rows(old, rows, add_seeds=args.add_seeds)
     with open(json_path, "w") as f:
         json.dump(merged, f, indent=1)
     command = " ".join(shlex.quote(a) for a in [os.path.relpath(sys.executable, REPO)

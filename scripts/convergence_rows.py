@@ -116,10 +116,49 @@ def with_recipe(row):
     return row
 
 
-def merge_rows(old, new):
-    """``old`` with every row that ``new`` measures again replaced; new rows appended."""
+def merge_rows(old, new, add_seeds=False):
+    """``old`` with every row that ``new`` measures again replaced; new rows appended.
+    ``add_seeds``: a new row's seeds join those of the old row with its key instead
+    (:func:`with_more_seeds`)."""
+    if add_seeds:
+        by_key = {row_key(r): r for r in old}
+        new = [with_more_seeds(by_key[row_key(r)], r) if row_key(r) in by_key else r for r in new]
     fresh = {row_key(r) for r in new}
     return [with_recipe(r) for r in old if row_key(r) not in fresh] + new
+
+
+def with_more_seeds(old, new):
+    """One row over the seeds of both: the same recipe (key) measured again with seeds the
+    old row does not have, so a cell's mean can be sharpened without training its first seeds
+    again.  Accuracies and losses per epoch are averaged with the seed counts as weights;
+    the byte counts stay the old row's (they come from its first seed)."""
+    overlap = set(old.get("seeds") or []) & set(new.get("seeds") or [])
+    if overlap:
+        raise ValueError(f"--add-seeds: seeds {sorted(overlap)} are already in the row "
+                         f"{row_key(old)}; name seeds it does not have")
+    if old.get("final_test_accuracy") is None or new.get("final_test_accuracy") is None:
+        raise ValueError(f"--add-seeds: the row {row_key(old)} has a configuration with no finished run")
+    n_old, n_new = len(old["seeds"]), len(new["seeds"])
+
+    def weighted(a, b):
+        return None if a is None or b is None else (a * n_old + b * n_new) / (n_old + n_new)
+
+    finals = old["final_test_accuracy_per_seed"] + new["final_test_accuracy_per_seed"]
+    row = dict(old)
+    row.update({
+        "seeds": old["seeds"] + new["seeds"], "final_test_accuracy_per_seed": finals,
+        "final_test_accuracy": round(_mean(finals), 3), "final_test_accuracy_std": round(_std(finals), 3),
+        "diverged_seeds": old.get("diverged_seeds", []) + new.get("diverged_seeds", []),
+        "final_residual_norm": weighted(old.get("final_residual_norm"), new.get("final_residual_norm")),
+    })
+    seconds = weighted(old.get("seconds_per_run"), new.get("seconds_per_run"))
+    row["seconds_per_run"] = None if seconds is None else round(seconds, 1)
+    for curve, digits in (("test_accuracy_per_epoch", 3), ("train_loss_per_epoch", 5)):
+        row[curve] = [_finite(None if w is None else round(w, digits))
+                      for w in map(weighted, old[curve], new[curve])]
+    if old.get("errors") or new.get("errors"):
+        row["errors"] = old.get("errors", []) + new.get("errors", [])
+    return row
 
 
 #: issue 16's targets: (name, scheme, error feedback, momentum placements, what the recipe must be

@@ -57,6 +57,34 @@ def test_a_recipe_is_a_row_of_its_own():
         "final_test_accuracy"] == 90.0
 
 
+def _measured(row, finals, curve, seconds):
+    return dict(row, final_test_accuracy=sum(finals) / len(finals), final_test_accuracy_per_seed=finals,
+                diverged_seeds=[], test_accuracy_per_epoch=curve, train_loss_per_epoch=[1.0, 0.5],
+                final_residual_norm=2.0, seconds_per_run=seconds)
+
+
+def test_add_seeds_pools_the_seeds_of_one_recipe_into_one_row():
+    first = _measured(_row("topk", 0, seeds=(1, 2, 3), ratio=0.01), [90.0, 91.0, 92.0], [80.0, 90.0], 10.0)
+    more = _measured(_row("topk", 0, seeds=(4,), ratio=0.01), [95.0], [84.0, 94.0], 30.0)
+    other = _row("topk", 97.0, ratio=0.01, dense_below=1024)
+    merged = convergence_rows.merge_rows([first, other], [more], add_seeds=True)
+    assert merged[0] is other and len(merged) == 2
+    row = merged[1]
+    assert row["seeds"] == [1, 2, 3, 4] and row["final_test_accuracy_per_seed"] == [90.0, 91.0, 92.0, 95.0]
+    assert row["final_test_accuracy"] == 92.0
+    assert row["final_test_accuracy_std"] == pytest.approx(2.160, abs=1e-3)  # sample std of 90, 91, 92, 95
+    assert row["test_accuracy_per_epoch"] == [81.0, 91.0] and row["seconds_per_run"] == 15.0
+    # without the flag, the new measurement replaces the old one, as before
+    assert convergence_rows.merge_rows([first], [more]) == [more]
+
+
+def test_add_seeds_refuses_a_seed_the_row_already_has():
+    first = _measured(_row("topk", 0, seeds=(1, 2, 3), ratio=0.01), [90.0, 91.0, 92.0], [80.0, 90.0], 10.0)
+    again = _measured(_row("topk", 0, seeds=(3, 4), ratio=0.01), [92.0, 95.0], [84.0, 94.0], 30.0)
+    with pytest.raises(ValueError, match=r"--add-seeds: seeds \[3\] are already in the row"):
+        convergence_rows.merge_rows([first], [again], add_seeds=True)
+
+
 @pytest.mark.parametrize("acc, met", [(97.55, True), (97.45, False)])
 def test_targets_take_the_best_recipe_over_three_seeds(acc, met):
     rows = [_row("none", 98.0, ef=False, placement="optimizer"),
