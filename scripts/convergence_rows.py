@@ -223,9 +223,9 @@ def check_expectations(rows):
                 out.append((f"{where}: {name} within {tol} point of none", None,
                             f"not measured over {TARGET_SEEDS} seeds with {recipe or 'its recipe'}"))
                 continue
-            d = r["final_test_accuracy"] - base["final_test_accuracy"]
+            d = versus_dense(r, base)[0]
             out.append((f"{where}: {name} within {tol} point of none", d >= -tol,
-                        f"{fmt(r)} vs {fmt(base)} ({d:+.2f}; {_recipe_text(r)})"))
+                        f"{fmt(r)} vs {fmt(base)} ({_signed(d)}; {_recipe_text(r)})"))
         ef_on = _best(sel, "topk", True, PLACEMENTS, {"ratio": 0.01})
         ef_off = _best(sel, "topk", False, PLACEMENTS, {"ratio": 0.01})
         if ef_on and ef_off:
@@ -244,7 +244,7 @@ def _report_line(r, base):
     else:
         spread = f" ± {r.get('final_test_accuracy_std', 0):.2f}" if n > 1 else ""
         cell = f"{acc:.2f}%{spread}" + (" (chance level)" if acc < 15 else "")
-        diff = f"{acc - base['final_test_accuracy']:+.2f}" if base and base.get("final_test_accuracy") else ""
+        diff = _signed(versus_dense(r, base)[0]) if base and base.get("final_test_accuracy") else ""
     ef = "-" if r["scheme"] in ("none", "hvd-fp16") else ("on" if r["error_feedback"] else "off")
     param = f"{rec['ratio']:g}" if rec.get("ratio") else (f"rank {rec['rank']}" if rec.get("rank") else "-")
     if r["scheme"] == "powersgd" and not rec.get("rank"):
@@ -433,11 +433,31 @@ def _recipe_row(rows, group, scheme, ef, placement, lr, dense_below, warmup, par
     return max(fits, key=lambda r: len(r.get("seeds") or []), default=None)
 
 
-def difference_se(row, base):
-    """The standard error of the difference of two rows' means over their seeds,
-    sqrt(s1^2/n1 + s2^2/n2): how far apart two equal schemes would typically measure."""
-    return math.sqrt(sum(r.get("final_test_accuracy_std", 0.0) ** 2 / max(len(r.get("seeds") or [1]), 1)
-                         for r in (row, base)))
+def versus_dense(row, base):
+    """(difference of means, its standard error) of ``row`` against dense (``base``).
+
+    Over the seeds both rows have, where ``base`` has every seed of ``row``: a seed fixes the
+    initial weights and the data order, so the difference is the mean of the per-seed
+    differences and its standard error their sample spread / sqrt(n) (paired).  A dense row
+    measured over more seeds (``--add-seeds``) is thus compared on the row's own seeds.
+    Otherwise (one seed, or seeds dense lacks) the two means, with sqrt(s1^2/n1 + s2^2/n2)."""
+    seeds, acc = row.get("seeds") or [], row.get("final_test_accuracy_per_seed") or []
+    dense = dict(zip(base.get("seeds") or [], base.get("final_test_accuracy_per_seed") or []))
+    if len(seeds) >= 2 and len(acc) == len(seeds) and all(s in dense for s in seeds):
+        diffs = [a - dense[s] for s, a in zip(seeds, acc)]
+        return _mean(diffs), _std(diffs) / math.sqrt(len(diffs))
+    se = math.sqrt(sum(r.get("final_test_accuracy_std", 0.0) ** 2 / max(len(r.get("seeds") or [1]), 1)
+                       for r in (row, base)))
+    return row["final_test_accuracy"] - base["final_test_accuracy"], se
+
+
+def _signed(d):
+    """``d`` to two decimals with its sign, and never "-0.00" (a mean difference of -0.0001)."""
+    return f"{round(d, 2) + 0.0:+.2f}"
+
+
+def _seeds_note(n):
+    return "" if n == TARGET_SEEDS else f" ({n} seed{'s' if n != 1 else ''})"
 
 
 def recipe_table(rows, brief=False):
@@ -452,7 +472,8 @@ def recipe_table(rows, brief=False):
            "|---|" + "---|" * (len(lead) - 2) + "---:|" * (len(heads) + (len(lead) > 1))]
     dense = [_recipe_row(rows, g, "none", False, "optimizer", None, 0, False, {}) for g in RECIPE_GROUPS]
     out.append("| dense (`none`) | " + ("" if brief else "- | optimizer | - | | ") + " | ".join(
-        f"{d['final_test_accuracy']:.2f} ± {d.get('final_test_accuracy_std', 0):.2f}" if d else "not measured"
+        f"{d['final_test_accuracy']:.2f} ± {d.get('final_test_accuracy_std', 0):.2f}"
+        + _seeds_note(len(d.get("seeds") or [])) if d else "not measured"
         for d in dense) + " |")
     for label, scheme, ef, placement, lr, dense_below, warmup, params, tol in RECIPES:
         recipe = [f"lr {lr:g}/rank" if lr else "the model's lr"]
@@ -466,12 +487,11 @@ def recipe_table(rows, brief=False):
             if r is None or base is None:
                 cells.append("not measured")
                 continue
-            d = r["final_test_accuracy"] - base["final_test_accuracy"]
-            n = len(r.get("seeds") or [])
+            d, se = versus_dense(r, base)
             mark = "" if tol is None or d >= -tol else " not met"
-            se = "" if brief else f" ± {difference_se(r, base):.2f}"
+            se = "" if brief else f" ± {se:.2f}"
             cells.append(f"{r['final_test_accuracy']:.2f} ± {r.get('final_test_accuracy_std', 0):.2f} "
-                         f"({d:+.2f}{se})" + mark + ("" if n >= TARGET_SEEDS else f" ({n} seed{'s' if n > 1 else ''})"))
+                         f"({_signed(d)}{se})" + mark + _seeds_note(len(r.get("seeds") or [])))
         if brief:
             out.append(f"| `{label}` | " + " | ".join(cells) + " |")
             continue

@@ -101,13 +101,30 @@ def test_targets_take_the_best_recipe_over_three_seeds(acc, met):
 def test_recipe_table_gives_the_difference_with_its_standard_error():
     base = dict(_row("none", 98.0, ef=False, placement="optimizer"), final_test_accuracy_std=0.3)
     tuned = dict(_row("topk", 97.0, ratio=0.01, dense_below=1024, warmup_steps=63), final_test_accuracy_std=0.4)
-    # sqrt(0.3^2/3 + 0.4^2/3) = 0.2887
-    assert abs(convergence_rows.difference_se(tuned, base) - 0.2887) < 1e-4
+    # rows without per-seed accuracies: the two means, sqrt(0.3^2/3 + 0.4^2/3) = 0.2887
+    d, se = convergence_rows.versus_dense(tuned, base)
+    assert d == -1.0 and abs(se - 0.2887) < 1e-4
     line = next(l for l in convergence_rows.recipe_table([base, tuned]).splitlines() if l.startswith("| `TopK(0.01)`"))
     assert "97.00 ± 0.40 (-1.00 ± 0.29) not met" in line
     brief = convergence_rows.recipe_table([base, tuned], brief=True).splitlines()
     assert brief[0].startswith("| scheme | torch cnn 2 ranks |") and brief[1].startswith("|---|---:|")
     assert any(l.startswith("| `TopK(0.01)` | 97.00 ± 0.40 (-1.00) not met | not measured |") for l in brief)
+
+
+def test_versus_dense_pairs_the_seeds_and_takes_only_the_rows_own_from_a_longer_dense_row():
+    base = _measured(_row("none", 0, seeds=(1, 2, 3, 4), ef=False, placement="optimizer"),
+                     [90.0, 92.0, 94.0, 80.0], [80.0, 90.0], 10.0)
+    tuned = _measured(_row("topk", 0, ratio=0.01, dense_below=1024, warmup_steps=63),
+                      [89.0, 91.5, 94.5], [80.0, 90.0], 10.0)
+    d, se = convergence_rows.versus_dense(tuned, base)
+    # per-seed differences -1.0, -0.5, +0.5 (seed 4's 80.0 plays no part): mean -1/3, spread 0.7638 / sqrt(3)
+    assert d == pytest.approx(-1 / 3) and se == pytest.approx(0.44096, abs=1e-4)
+    line = next(l for l in convergence_rows.recipe_table([base, tuned]).splitlines() if l.startswith("| `TopK(0.01)`"))
+    assert "91.67 ± 0.10 (-0.33 ± 0.44) |" in line  # the row's own spread is _row's 0.1
+    dense = next(l for l in convergence_rows.recipe_table([base, tuned]).splitlines() if l.startswith("| dense"))
+    assert "89.00 ± 0.10 (4 seeds)" in dense
+    ok = {n.split(": ", 1)[1]: ok for n, ok, _ in convergence_rows.check_expectations([base, tuned])}
+    assert ok["TopK(0.01)+EF within 0.5 point of none"] is True  # -0.33 on its seeds, not 91.67 - 89.00
 
 
 def _lr_warmup_row(scheme, acc, lr_warmup, **kw):
