@@ -220,7 +220,13 @@ class DGC(_Sparsifier):
     The threshold is the ``ratio`` quantile of ``|x|`` estimated on a random
     sample of ``sample_ratio`` of the elements (no full sort); elements above
     it are kept, so the kept count is about ``ratio * n`` and varies between
-    steps and ranks (the payload is variable-length).  DGC's momentum correction, clipping and
+    steps and ranks (the payload is variable-length).  The sample holds at least
+    256 elements, and a sample of ``m`` cannot resolve a quantile finer than
+    ``1 / m``: where ``ratio * m < 1`` the threshold is the sample's maximum and
+    about ``n / (m + 1)`` elements are kept -- at ``ratio=0.001``, about 0.4% of
+    any tensor under 100k elements (measured: 0.42% of 4096, 0.40% of 12288,
+    0.105% of 100k).  The paper's second, exact Top-K over the kept elements is
+    not done.  DGC's momentum correction, clipping and
     momentum-factor masking are training-side features (see
     :class:`hvd_compress.memory.DGCMemory`).
     """

@@ -304,3 +304,16 @@ def test_unknown_things():
         hvd_compress.Compressor(S.TopK(), seed=-1)
     with pytest.raises(TypeError):  # an unknown keyword is Python's TypeError
         hvd_compress.TopK(0.1, ratoi=0.2)
+
+
+# --- DGC's kept fraction: the sampled threshold's floor ------------------------------------------------
+@pytest.mark.parametrize("n, low, high", [(4096, 0.003, 0.0055), (12288, 0.003, 0.0050), (100_000, 0.0008, 0.0014)])
+def test_dgc_keeps_about_one_over_the_sample_size_where_the_sample_cannot_resolve_its_ratio(n, low, high):
+    """DGC(0.001)'s sample holds max(1% of n, 256) elements; under 100k elements a
+    0.1% quantile of it is its maximum, so about n / 257 elements pass (0.4%), as
+    the docstring of hvd_compress.schemes.DGC says; at 100k the sample (1000) resolves 0.1%."""
+    fw = framework("torch")
+    rng = np.random.default_rng(n)
+    kept = [np.count_nonzero(fw.np(encode(fw, S.DGC(0.001), rng.standard_normal(n).astype(f32), seed=s)[1])) / n
+            for s in range(40)]
+    assert low < np.mean(kept) < high
