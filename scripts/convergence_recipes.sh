@@ -7,6 +7,7 @@
 #   bash scripts/convergence_recipes.sh "torch cnn 2 1"   # one group: framework model ranks warmup-epochs
 #                                                         #   [lr-warmup-epochs, for every row, dense included]
 #   bash scripts/convergence_recipes.sh extras            # Random-K's learning rate and ratio, Adam
+#   bash scripts/convergence_recipes.sh more-seeds        # seeds 4-10 for the cells 3 seeds could not settle
 #   PYTHON=... OUTDIR=...                                   # another venv / results folder
 #
 # Each group trains (10 epochs, the transformer 20: convergence_rows.MODEL_EPOCHS), for 3 seeds,
@@ -53,9 +54,27 @@ extras() {  # torch CNN, 2 ranks: Random-K's learning rate and ratio; Adam
   run $B --schemes topk,efsignsgd --placement optimizer,compressor --error-feedback on $R
 }
 
+more_seeds() {  # seeds 4-10, pooled with 1-3 (--add-seeds), where three seeds could not settle a target
+  local S="--seeds 4,5,6,7,8,9,10 --add-seeds" D="--placement optimizer --error-feedback default"
+  local E="--dense-below 2048 --warmup-epochs 2 --lr 0.05" C="--placement compressor --error-feedback on"
+  local T2="--frameworks torch --model transformer --ranks 2 --lr-warmup-epochs 0"
+  local F2="--frameworks tensorflow --model transformer --ranks 2 --lr-warmup-epochs 0"
+  local F4="--frameworks tensorflow --model transformer --ranks 4 --lr-warmup-epochs 0"
+  local K4="--frameworks tensorflow --model cnn --ranks 4 --lr-warmup-epochs 1"
+  run $T2 $S --schemes none $D
+  run $T2 $S --schemes powersgd --placement optimizer --error-feedback on $E
+  run $F2 $S --schemes none $D
+  run $F2 $S --schemes topk,dgc $C $E
+  run $F2 $S --schemes powersgd --placement optimizer --error-feedback on $E
+  run $F4 $S --schemes none $D
+  run $F4 $S --schemes topk,dgc $C $E
+  run $K4 $S --schemes none $D
+  run $K4 $S --schemes dgc $C --dense-below 1024 --warmup-epochs 1 --lr 0.02
+}
+
 if [ $# -gt 0 ]; then
   for spec in "$@"; do
-    if [ "$spec" = extras ]; then extras; else group $spec; fi
+    case "$spec" in extras) extras;; more-seeds) more_seeds;; *) group $spec;; esac
   done
 else
   for spec in "torch cnn 2 1" "tensorflow cnn 2 1" "torch transformer 2 2" "torch cnn 4 1" \
@@ -63,6 +82,7 @@ else
               "tensorflow transformer 4 2"; do
     group $spec
   done
+  more_seeds
   extras
 fi
 "$PY" scripts/convergence.py --report plots --outdir "$OUT"

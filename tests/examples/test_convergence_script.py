@@ -185,6 +185,21 @@ def test_recipes_script_runs_each_group_with_its_flags(tmp_path):
     assert all("--dense-below 1024" in c for c in runs if "--error-feedback on" in c)
 
 
+def test_recipes_script_more_seeds_reproduces_every_row_measured_over_more_than_three_seeds(tmp_path):
+    import json
+    runs = [c for c in _recipes_script_calls(tmp_path, "more-seeds") if "--report" not in c]
+    assert all(c.split("--seeds")[-1].startswith(" 4,5,6,7,8,9,10 --add-seeds") for c in runs)  # the last --seeds wins
+
+    def flag(call, name):
+        return call.split(f"--{name} ")[1].split()[0]
+    called = {(flag(c, "frameworks"), flag(c, "model"), int(flag(c, "ranks")), scheme)
+              for c in runs for scheme in flag(c, "schemes").split(",")}
+    with open(os.path.join(REPO, "docs", "results", "convergence.json")) as f:
+        rows = json.load(f)
+    pooled = {(r["framework"], r["model"], r["ranks"], r["scheme"]) for r in rows if len(r.get("seeds") or []) > 3}
+    assert called == pooled
+
+
 def test_recipes_script_sends_the_transformers_embedding_dense_for_topk_dgc_and_powersgd(tmp_path):
     runs = [c for c in _recipes_script_calls(tmp_path, "torch transformer 4 2") if "--report" not in c]
     for schemes in ("topk,dgc", "powersgd"):
