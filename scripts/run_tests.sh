@@ -39,12 +39,16 @@ PYEOF
   if [ $((f + e)) -gt 0 ]; then failures+=("$label ($((f+e)) failed)"); fi
 }
 
+record_exit() { # label rc: a non-zero exit is a failure; 5 (no tests collected) also counts as a failed test
+  if [ "$2" -ne 0 ]; then failures+=("$1 (exit $2)"); [ "$2" = 5 ] && failed=$((failed+1)); fi
+}
+
 run() { # label, command...
   local label="$1"; shift
   echo; echo "=== $label: $*"; local start=$SECONDS
   "$@"; local rc=$?
   echo "=== $label: exit $rc in $((SECONDS-start)) s"
-  if [ $rc -ne 0 ]; then failures+=("$label (exit $rc)"); [ $rc = 5 ] && failed=$((failed+1)); fi
+  record_exit "$label" "$rc"
   return 0
 }
 
@@ -86,7 +90,7 @@ launch() { # label np controller test-file xml-prefix
     fi
     break
   done
-  if [ $rc -ne 0 ]; then failures+=("$label (exit $rc)"); [ $rc = 5 ] && failed=$((failed+1)); fi
+  record_exit "$label" "$rc"
   return 0
 }
 shopt -s nullglob
