@@ -48,6 +48,8 @@ def parse_args(argv=None):
     p.add_argument("--model", default="mlp", choices=["mlp", "cnn", "transformer"],
                    help="784-hidden-10 MLP, a small CNN, or a small transformer over the 28 pixel rows")
     p.add_argument("--hidden", type=int, default=512, help="width of the MLP's hidden layer")
+    p.add_argument("--attention", default="keras", choices=list(ATTENTIONS),
+                   help="the transformer's attention: " + "; ".join(f"{k}: {v}" for k, v in ATTENTIONS.items()))
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--lr", type=float, default=0.05, help="per-rank learning rate; scaled by the number of ranks")
@@ -79,11 +81,63 @@ class RowPositions(tf.keras.layers.Layer):
         return x + self.pos
 
 
-def row_transformer(seed, width=64, heads=4, depth=2):
+#: the transformer's attention layers (``--attention``).  They differ in the scale of the initial
+#: weights: Keras' glorot over MultiHeadAttention's 3-D kernels (64x4x16) draws q, k and v 2.2x
+#: smaller than torch's xavier over one 192x64 matrix.  docs/training.md measures what it does.
+ATTENTIONS = {
+    "keras": "Keras' MultiHeadAttention (q, k, v: three 64x4x16 kernels, Keras' initial weights)",
+    "torch": "torch's nn.MultiheadAttention in Keras (one 64x192 q/k/v projection, torch's initial weights)",
+    "torch-keras-init": "torch's layout with the initial weight scale Keras' MultiHeadAttention draws",
+}
+
+
+class TorchLayoutAttention(tf.keras.layers.Layer):
+    """Self-attention laid out and initialised as torch's ``nn.MultiheadAttention``
+    (examples/pytorch_mnist.py's encoder layers): one ``width x 3 width`` q/k/v
+    projection with xavier-uniform weights, an output projection with torch
+    ``Linear``'s uniform(+-1/sqrt(width)) weights, zero biases.  ``keras_init``
+    draws the weights at the scale Keras' MultiHeadAttention uses instead
+    (uniform +-0.0685 for q/k/v and +-0.137 for the output at width 64, 4 heads):
+    the same network as ``--attention keras`` but for the layout."""
+
+    def __init__(self, width, heads, seed, keras_init=False, **kw):
+        super().__init__(**kw)
+        self.width, self.heads, self.seed, self.keras_init = width, heads, seed, keras_init
+
+    def build(self, shape):
+        w, head_dim = self.width, self.width // self.heads
+        if self.keras_init:  # glorot's limit over Keras' (w, heads, head_dim) and (heads, head_dim, w) kernels
+            qkv_limit = math.sqrt(6.0 / (self.heads * w + head_dim * w))
+            out_limit = math.sqrt(6.0 / (head_dim * self.heads + w * self.heads))
+            qkv_init = tf.keras.initializers.RandomUniform(-qkv_limit, qkv_limit, seed=self.seed)
+        else:  # xavier over (3w, w): glorot over the transposed (w, 3w) has the same limit
+            out_limit = 1.0 / math.sqrt(w)
+            qkv_init = tf.keras.initializers.GlorotUniform(seed=self.seed)
+        out_init = tf.keras.initializers.RandomUniform(-out_limit, out_limit, seed=self.seed + 100)
+        self.qkv_kernel = self.add_weight(name="in_proj_kernel", shape=(w, 3 * w), initializer=qkv_init)
+        self.qkv_bias = self.add_weight(name="in_proj_bias", shape=(3 * w,), initializer="zeros")
+        self.out_kernel = self.add_weight(name="out_proj_kernel", shape=(w, w), initializer=out_init)
+        self.out_bias = self.add_weight(name="out_proj_bias", shape=(w,), initializer="zeros")
+        super().build(shape)
+
+    def call(self, x):
+        batch, head_dim = tf.shape(x)[0], self.width // self.heads
+
+        def split_heads(t):  # (batch, tokens, width) -> (batch, heads, tokens, head_dim)
+            return tf.transpose(tf.reshape(t, (batch, -1, self.heads, head_dim)), (0, 2, 1, 3))
+        q, k, v = tf.split(tf.matmul(x, self.qkv_kernel) + self.qkv_bias, 3, axis=-1)
+        q, k, v = split_heads(q) * head_dim ** -0.5, split_heads(k), split_heads(v)
+        weights = tf.nn.softmax(tf.matmul(q, k, transpose_b=True), axis=-1)
+        heads = tf.reshape(tf.transpose(tf.matmul(weights, v), (0, 2, 1, 3)), (batch, -1, self.width))
+        return tf.matmul(heads, self.out_kernel) + self.out_bias
+
+
+def row_transformer(seed, width=64, heads=4, depth=2, attention="keras"):
     """examples/pytorch_mnist.py's RowTransformer in Keras: the 28 pixel rows as 28
     tokens, row embedding + learned positions, ``depth`` pre-norm encoder layers
     (attention with ``heads`` heads, a 2x-wide ReLU feed-forward), a final norm,
-    mean-pooled into a linear classifier (about 70k parameters)."""
+    mean-pooled into a linear classifier (about 70k parameters).  ``attention``: a
+    key of :data:`ATTENTIONS`."""
     layers = tf.keras.layers
     glorot = [tf.keras.initializers.GlorotUniform(seed=seed + i) for i in range(4 * depth + 2)]
     inp = layers.Input(shape=(784,))
@@ -91,8 +145,12 @@ def row_transformer(seed, width=64, heads=4, depth=2):
         layers.Reshape((28, 28))(inp)))
     for i in range(depth):
         a = layers.LayerNormalization(epsilon=1e-5, name=f"layer{i}_norm1")(h)
-        a = layers.MultiHeadAttention(heads, width // heads, kernel_initializer=glorot[4 * i + 1],
-                                      name=f"layer{i}_attn")(a, a)
+        if attention == "keras":
+            a = layers.MultiHeadAttention(heads, width // heads, kernel_initializer=glorot[4 * i + 1],
+                                          name=f"layer{i}_attn")(a, a)
+        else:
+            a = TorchLayoutAttention(width, heads, seed + 4 * i + 1, keras_init=attention == "torch-keras-init",
+                                     name=f"layer{i}_attn")(a)
         h = h + a
         f = layers.LayerNormalization(epsilon=1e-5, name=f"layer{i}_norm2")(h)
         f = layers.Dense(2 * width, activation="relu", kernel_initializer=glorot[4 * i + 2], name=f"layer{i}_ff1")(f)
@@ -115,7 +173,7 @@ class Schedule(tf.keras.optimizers.schedules.LearningRateSchedule):
         return dict(self.kw)
 
 
-def build_model(name, hidden, seed):
+def build_model(name, hidden, seed, attention="keras"):
     """The same networks as examples/pytorch_mnist.py: an MLP 784-hidden-10, a
     small CNN (conv5x5x16, pool, conv5x5x32, pool, fc128, fc10), or the row
     transformer."""
@@ -123,7 +181,7 @@ def build_model(name, hidden, seed):
         return tf.keras.initializers.GlorotUniform(seed=seed + i)
     layers = tf.keras.layers
     if name == "transformer":
-        return row_transformer(seed)
+        return row_transformer(seed, attention=attention)
     if name == "mlp":
         body = [layers.Dense(hidden, activation="relu", kernel_initializer=init(0), name="fc1")]
     else:
@@ -147,7 +205,7 @@ def train(args, compression=None, describe=None, quiet=False, data=None):
     Xtr, ytr, Xte, yte = Xtr[rank::size], ytr[rank::size], Xte[rank::size], yte[rank::size]
 
     tf.random.set_seed(args.seed)
-    model = build_model(args.model, args.hidden, args.seed)
+    model = build_model(args.model, args.hidden, args.seed, args.attention)
     nb = math.ceil(len(Xtr) / args.batch_size)
     nb = int(hvd.allreduce(tf.constant(nb), op=hvd.Min, name="num_batches"))  # same step count on every rank
     if args.max_batches:

@@ -69,12 +69,13 @@ MODELS = {"torch": ("mlp", "cnn", "transformer"), "tensorflow": ("mlp", "cnn", "
 MOMENTUM = "0.9"
 
 
-def recipe_for(framework, model, lr=None, optimizer="sgd", lr_warmup_epochs=0):
+def recipe_for(framework, model, lr=None, optimizer="sgd", lr_warmup_epochs=0, attention=None):
     """The example flags of ``model``: the shared recipe with its learning rate (or ``lr``),
-    Adam (``--momentum`` then its beta_1) where ``optimizer`` says so, and the gradual
-    learning-rate warmup of ``lr_warmup_epochs``."""
+    Adam (``--momentum`` then its beta_1) where ``optimizer`` says so, the gradual
+    learning-rate warmup of ``lr_warmup_epochs``, and the TF transformer's ``attention``."""
     argv = list(RECIPE[framework]) + (["--optimizer", optimizer] if optimizer != "sgd" else [])
     argv += ["--lr-warmup-epochs", f"{lr_warmup_epochs:g}"] if lr_warmup_epochs else []
+    argv += ["--attention", attention] if attention else []
     argv[argv.index("--model") + 1] = model
     argv[argv.index("--lr") + 1] = lr or MODEL_LR[model]
     argv[argv.index("--epochs") + 1] = str(MODEL_EPOCHS[model])
@@ -189,7 +190,8 @@ def worker(args):
     t_all = time.monotonic()
     for i, (label, scheme, ef, placement, flags) in enumerate(cfgs):
         runs = []
-        recipe = recipe_for(args.framework, args.model, args.lr, args.optimizer, args.lr_warmup_epochs)
+        recipe = recipe_for(args.framework, args.model, args.lr, args.optimizer, args.lr_warmup_epochs,
+                            args.attention)
         for seed in seeds:
             argv = recipe + ["--seed", str(seed)] + flags
             if args.epochs:
@@ -285,6 +287,7 @@ def run_framework(framework, cfgs, args, outdir, model="cnn", ranks=2):
     if args.lr:
         cmd += ["--lr", str(args.lr)]
     cmd += ["--optimizer", args.optimizer, "--lr-warmup-epochs", f"{args.lr_warmup_epochs:g}"]
+    cmd += ["--attention", args.attention] if args.attention else []
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_USE_LEGACY_KERAS="1", PYTHONUNBUFFERED="1",
                PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     print(f"=== {framework} {model}: {len(cfgs)} configurations x {len(args.seed_list)} seeds under horovodrun "
@@ -346,6 +349,9 @@ def main():
     p.add_argument("--lr-warmup-epochs", type=float, default=0.0, metavar="E",
                    help="every configuration's gradual learning-rate warmup, baselines included (the examples' "
                         "--lr-warmup-epochs): a group of rows of its own, with its own dense baseline")
+    p.add_argument("--attention", default=None, choices=["keras", "torch", "torch-keras-init"],
+                   help="the TF transformer's attention layer (examples/tf2_mnist_gradient_tape.py --attention; "
+                        "default: Keras' MultiHeadAttention): a group of rows of its own, with its own dense baseline")
     p.add_argument("--lr", default=None,
                    help="override the model's per-rank learning rate (a scheme's own recipe, e.g. SignSGD's; the "
                         "row records it -- do not name the baselines in such a run)")
@@ -403,6 +409,8 @@ def main():
     t0 = time.monotonic()
     frameworks = args.frameworks or ("torch" if args.quick else "torch,tensorflow")
     for fw in frameworks.split(","):
+        if args.attention and (fw != "tensorflow" or args.model != "transformer"):
+            p.error(f"--attention is the TF transformer's; not {fw}'s {args.model}")
         if args.model not in MODELS[fw]:
             p.error(f"--model {args.model} is not built in the {fw} example (it has {', '.join(MODELS[fw])})")
         epochs = args.epochs or (QUICK_EPOCHS[fw] if args.quick else MODEL_EPOCHS[args.model])
@@ -434,7 +442,7 @@ def main():
             meta = {"runs": [{k: v for k, v in meta.items() if k != "expectations"}]}
     meta.setdefault("runs", []).append({
         "command": command,
-        "recipe": {fw: recipe_for(fw, args.model, args.lr, args.optimizer, args.lr_warmup_epochs)
+        "recipe": {fw: recipe_for(fw, args.model, args.lr, args.optimizer, args.lr_warmup_epochs, args.attention)
                    for fw in frameworks.split(",")},
         "momentum_placements": placements, "ranks": ranks_list, "seeds": args.seed_list,
         "wall_seconds": timing, "host_cpus": os.cpu_count(), "python": platform.python_version(),

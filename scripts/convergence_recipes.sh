@@ -8,6 +8,7 @@
 #                                                         #   [lr-warmup-epochs, for every row, dense included]
 #   bash scripts/convergence_recipes.sh extras            # Random-K's learning rate and ratio, Adam
 #   bash scripts/convergence_recipes.sh more-seeds        # seeds 4-10 for the cells 3 seeds could not settle
+#   bash scripts/convergence_recipes.sh attention         # TF transformer with torch's attention layout
 #   PYTHON=... OUTDIR=...                                   # another venv / results folder
 #
 # Each group trains (10 epochs, the transformer 20: convergence_rows.MODEL_EPOCHS), for 3 seeds,
@@ -72,9 +73,24 @@ more_seeds() {  # seeds 4-10, pooled with 1-3 (--add-seeds), where three seeds c
   run $K4 $S --schemes dgc $C --dense-below 1024 --warmup-epochs 1 --lr 0.02
 }
 
+attention() {  # the TF transformer with torch's attention layout, at torch's and at Keras' initial scale
+  local D="--placement optimizer --error-feedback default" C="--placement compressor --error-feedback on"
+  local E="--dense-below 2048 --warmup-epochs 2 --lr 0.05" S="--seeds 1,2,3,4,5,6,7,8,9,10"
+  local T2="--frameworks tensorflow --model transformer --ranks 2 --lr-warmup-epochs 0 --attention torch"
+  local K2="--frameworks tensorflow --model transformer --ranks 2 --lr-warmup-epochs 0 --attention torch-keras-init"
+  local T4="--frameworks tensorflow --model transformer --ranks 4 --lr-warmup-epochs 0 --attention torch"
+  run $T2 $S --schemes none $D
+  run $T2 $S --schemes topk,dgc $C $E
+  run $T2 $S --schemes powersgd --placement optimizer --error-feedback on $E
+  run $K2 $S --schemes none $D
+  run $K2 $S --schemes topk $C $E
+  run $T4 --schemes none $D
+  run $T4 --schemes topk,dgc $C $E
+}
+
 if [ $# -gt 0 ]; then
   for spec in "$@"; do
-    case "$spec" in extras) extras;; more-seeds) more_seeds;; *) group $spec;; esac
+    case "$spec" in extras) extras;; more-seeds) more_seeds;; attention) attention;; *) group $spec;; esac
   done
 else
   for spec in "torch cnn 2 1" "tensorflow cnn 2 1" "torch transformer 2 2" "torch cnn 4 1" \
@@ -83,6 +99,7 @@ else
     group $spec
   done
   more_seeds
+  attention
   extras
 fi
 "$PY" scripts/convergence.py --report plots --outdir "$OUT"

@@ -63,12 +63,19 @@ def recipe_of(argv, ranks, placement):
             "compressor_momentum": float(compressor_momentum) if compressor_momentum else 0.0,
             "ratio": float(ratio) if ratio is not None else None,
             "rank": int(_flag(argv, "--rank")) if _flag(argv, "--rank") else None,
-            "lr_warmup_epochs": float(_flag(argv, "--lr-warmup-epochs", 0))}
+            "lr_warmup_epochs": float(_flag(argv, "--lr-warmup-epochs", 0)),
+            "attention": _flag(argv, "--attention")}
 
 
 def lr_warmup_of(row):
     """The epochs of the row's gradual learning-rate warmup (0: none, every row from before the field)."""
     return float((row.get("recipe") or {}).get("lr_warmup_epochs") or 0)
+
+
+def attention_of(row):
+    """The TF transformer's ``--attention`` other than Keras' own ("": Keras', torch's rows, every other row)."""
+    attention = (row.get("recipe") or {}).get("attention") or ""
+    return "" if attention == "keras" else attention
 
 
 def epochs_of(row):
@@ -77,13 +84,16 @@ def epochs_of(row):
 
 
 def group_of(row):
-    """(framework, model, ranks, lr warmup epochs, epochs): the rows measured against one dense baseline."""
-    return row["framework"], row.get("model", "cnn"), row.get("ranks", 2), lr_warmup_of(row), epochs_of(row)
+    """(framework, model, ranks, lr warmup epochs, epochs, attention): the rows measured against one dense
+    baseline."""
+    return (row["framework"], row.get("model", "cnn"), row.get("ranks", 2), lr_warmup_of(row), epochs_of(row),
+            attention_of(row))
 
 
 def group_title(group):
-    fw, model, ranks, lr_warmup, epochs = group
+    fw, model, ranks, lr_warmup, epochs, attention = group
     return (f"{'TF' if fw == 'tensorflow' else fw} {model} {ranks} ranks"
+            + (f", {attention} attention" if attention else "")
             + (f", lr warmup {lr_warmup:g} epoch{'s' if lr_warmup != 1 else ''}" if lr_warmup else "")
             + (f", {epochs} epochs" if epochs != MODEL_EPOCHS.get(model, 10) else ""))
 
@@ -98,7 +108,7 @@ def row_key(row):
     return (row["framework"], row.get("model", "cnn"), row.get("ranks", 2), row["scheme"], row["error_feedback"],
             row.get("momentum_placement", "optimizer"), lr, recipe.get("dense_below_numel", 0),
             recipe.get("warmup_steps", 0), recipe.get("ratio"), recipe.get("rank"), _optimizer(row), lr_warmup_of(row),
-            epochs_of(row))
+            epochs_of(row), attention_of(row))
 
 
 def _optimizer(row):
@@ -212,8 +222,9 @@ def check_expectations(rows):
                      ("optimizer",), {})
         if base is None:
             continue
-        fw, model, ranks, lr_warmup, epochs = group
-        where = (f"{fw} {model} np={ranks}" + (f" lr warmup {lr_warmup:g}" if lr_warmup else "")
+        fw, model, ranks, lr_warmup, epochs, attention = group
+        where = (f"{fw} {model} np={ranks}" + (f" {attention} attention" if attention else "")
+                 + (f" lr warmup {lr_warmup:g}" if lr_warmup else "")
                  + (f" {epochs} epochs" if epochs != MODEL_EPOCHS.get(model, 10) else ""))
 
         def fmt(r):
@@ -267,12 +278,12 @@ def report(rows):
 
     def group(r):
         return group_of(r) + (_optimizer(r),)
-    for g in sorted({group(r) for r in rows}, key=lambda g: (g[5] != "SGD", g[0] != "torch", g[1] != "cnn", g)):
+    for g in sorted({group(r) for r in rows}, key=lambda g: (g[6] != "SGD", g[0] != "torch", g[1] != "cnn", g)):
         sel = [r for r in rows if group(r) == g]
         base = next((r for r in sel if r["scheme"] == "none"), None)
-        optimizer = g[5]
+        optimizer = g[6]
         beta = "beta_1 0.9" if optimizer == "Adam" else "momentum 0.9"
-        out.append(f"\n**{group_title(g[:5])}" + (", Adam" if optimizer == "Adam" else "") + "**\n")
+        out.append(f"\n**{group_title(g[:6])}" + (", Adam" if optimizer == "Adam" else "") + "**\n")
         out.append(f"| scheme | EF | {beta} in | lr (per rank) | ratio | dense <= | dense warmup (steps) | seeds "
                    "| final test accuracy | vs none | bytes vs fp32 |")
         out.append("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -390,10 +401,10 @@ RECIPES = [
     ("RandomK(0.01)", "randomk", True, "compressor", 0.005, 1024, True, {"ratio": 0.01}, 1.0),
     ("TopK(0.01) without EF", "topk", False, "optimizer", None, 0, False, {"ratio": 0.01}, None),
 ]
-#: the columns of the recipe table, in order: (framework, model, ranks, epochs of lr warmup, epochs).  TF's
+#: the columns of the recipe table, in order: (framework, model, ranks, epochs of lr warmup, epochs, attention).  TF's
 #: CNN at 4 ranks needs the gradual warmup: without it the rate scaled by 4 spikes the loss in
 #: the first epoch (dense: 96.37 +- 0.76 over 3 seeds; a compressed run lost a seed to chance level).
-RECIPE_GROUPS = [(fw, model, ranks, lr_warmup, MODEL_EPOCHS[model]) for fw, model, ranks, lr_warmup in (
+RECIPE_GROUPS = [(fw, model, ranks, lr_warmup, MODEL_EPOCHS[model], "") for fw, model, ranks, lr_warmup in (
     ("torch", "cnn", 2, 0.0), ("torch", "cnn", 4, 0.0), ("torch", "transformer", 2, 0.0),
     ("torch", "transformer", 4, 0.0), ("tensorflow", "cnn", 2, 0.0), ("tensorflow", "cnn", 4, 1.0),
     ("tensorflow", "transformer", 2, 0.0), ("tensorflow", "transformer", 4, 0.0))]

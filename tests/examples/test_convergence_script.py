@@ -161,6 +161,38 @@ def test_the_transformer_trains_20_epochs_and_other_epochs_are_a_group_of_their_
     assert convergence_rows.group_title(convergence_rows.group_of(long)) == "torch transformer 2 ranks"
 
 
+def _attention_row(scheme, acc, attention, **kw):
+    row = _row(scheme, acc, **kw)
+    argv = convergence.recipe_for("tensorflow", "transformer", attention=attention) + ["--compression", scheme]
+    row.update(framework="tensorflow", model="transformer", epochs=20)
+    row["recipe"] = dict(row["recipe"], attention=convergence_rows.recipe_of(argv, 2, "optimizer")["attention"])
+    return row
+
+
+def test_the_tf_transformers_attention_is_a_group_of_its_own_with_its_own_baseline():
+    argv = convergence.recipe_for("tensorflow", "transformer", attention="torch")
+    assert argv[-2:] == ["--attention", "torch"] and "--attention" not in convergence.recipe_for("tensorflow",
+                                                                                                 "transformer")
+    rows = [_attention_row("none", 93.4, None, ef=False, placement="optimizer"),
+            _attention_row("none", 92.7, "torch", ef=False, placement="optimizer"),
+            _attention_row("topk", 92.3, None, ratio=0.01),      # not met against Keras' attention's 93.4
+            _attention_row("topk", 92.3, "torch", ratio=0.01),   # met against its own 92.7
+            _attention_row("topk", 92.3, "keras", ratio=0.01)]   # Keras' named: the default's row
+    assert len({convergence_rows.row_key(r) for r in rows}) == 4
+    checks = {name: ok for name, ok, _ in convergence_rows.check_expectations(rows)}
+    assert checks["tensorflow transformer np=2: TopK(0.01)+EF within 0.5 point of none"] is False
+    assert checks["tensorflow transformer np=2 torch attention: TopK(0.01)+EF within 0.5 point of none"] is True
+    assert "**TF transformer 2 ranks, torch attention**" in convergence_rows.report(rows)
+
+
+def test_attention_is_refused_outside_the_tf_transformer(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["convergence.py", "--frameworks", "torch", "--model", "transformer",
+                                      "--attention", "torch", "--outdir", "/nonexistent"])
+    with pytest.raises(SystemExit):
+        convergence.main()
+    assert "--attention is the TF transformer's; not torch's transformer" in capsys.readouterr().err
+
+
 def _recipes_script_calls(tmp_path, *groups):
     """scripts/convergence_recipes.sh with a stand-in python that records each convergence.py
     call (and runs ``-c`` snippets for real): the calls it made, one line each."""
