@@ -64,6 +64,7 @@ more_seeds() {  # seeds 4-10, pooled with 1-3 (--add-seeds), where three seeds c
   local K4="--frameworks tensorflow --model cnn --ranks 4 --lr-warmup-epochs 1"
   run $T2 $S --schemes none $D
   run $T2 $S --schemes powersgd --placement optimizer --error-feedback on $E
+  run $T2 $S --schemes dgc $C $E
   run $F2 $S --schemes none $D
   run $F2 $S --schemes topk,dgc $C $E
   run $F2 $S --schemes powersgd --placement optimizer --error-feedback on $E

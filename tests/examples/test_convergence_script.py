@@ -228,8 +228,24 @@ def test_recipes_script_more_seeds_reproduces_every_row_measured_over_more_than_
               for c in runs for scheme in flag(c, "schemes").split(",")}
     with open(os.path.join(REPO, "docs", "results", "convergence.json")) as f:
         rows = json.load(f)
-    pooled = {(r["framework"], r["model"], r["ranks"], r["scheme"]) for r in rows if len(r.get("seeds") or []) > 3}
+    pooled = {(r["framework"], r["model"], r["ranks"], r["scheme"]) for r in rows
+              if len(r.get("seeds") or []) > 3 and not convergence_rows.attention_of(r)}
     assert called == pooled
+
+
+def test_recipes_script_attention_measures_every_row_of_torchs_attention_layout(tmp_path):
+    import json
+    runs = [c for c in _recipes_script_calls(tmp_path, "attention") if "--report" not in c]
+
+    def flag(call, name):
+        return call.split(f"--{name} ")[-1].split()[0]  # the last one wins
+    called = {(flag(c, "attention"), int(flag(c, "ranks")), scheme, len(flag(c, "seeds").split(",")))
+              for c in runs for scheme in flag(c, "schemes").split(",")}
+    with open(os.path.join(REPO, "docs", "results", "convergence.json")) as f:
+        rows = json.load(f)
+    measured = {(convergence_rows.attention_of(r), r["ranks"], r["scheme"], len(r["seeds"])) for r in rows
+                if convergence_rows.attention_of(r) and convergence_rows.epochs_of(r) == 20}
+    assert called == measured
 
 
 def test_recipes_script_sends_the_transformers_embedding_dense_for_topk_dgc_and_powersgd(tmp_path):
