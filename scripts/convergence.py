@@ -67,6 +67,9 @@ RECIPE = {"torch": _COMMON, "tensorflow": _COMMON}
 MODEL_LR = {model: f"{lr:g}" for model, lr in MODEL_LR_PER_RANK.items()}
 MODELS = {"torch": ("mlp", "cnn", "transformer"), "tensorflow": ("mlp", "cnn", "transformer")}
 MOMENTUM = "0.9"
+#: the TF transformer's ``--attention`` choices (examples/tf2_mnist_gradient_tape.ATTENTIONS, named
+#: here so that the driver does not import TensorFlow)
+ATTENTIONS = ("keras", "torch", "torch-keras-init")
 
 
 def recipe_for(framework, model, lr=None, optimizer="sgd", lr_warmup_epochs=0, attention=None):
@@ -349,7 +352,7 @@ def main():
     p.add_argument("--lr-warmup-epochs", type=float, default=0.0, metavar="E",
                    help="every configuration's gradual learning-rate warmup, baselines included (the examples' "
                         "--lr-warmup-epochs): a group of rows of its own, with its own dense baseline")
-    p.add_argument("--attention", default=None, choices=["keras", "torch", "torch-keras-init"],
+    p.add_argument("--attention", default=None, choices=ATTENTIONS,
                    help="the TF transformer's attention layer (examples/tf2_mnist_gradient_tape.py --attention; "
                         "default: Keras' MultiHeadAttention): a group of rows of its own, with its own dense baseline")
     p.add_argument("--lr", default=None,

@@ -92,6 +92,12 @@ def test_every_attention_gives_the_torch_transformers_parameter_count(tf_example
     assert args.attention == attention
 
 
+def test_the_convergence_script_offers_the_examples_attentions(tf_example):
+    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    import convergence
+    assert convergence.ATTENTIONS == tuple(tf_example.ATTENTIONS)
+
+
 def test_an_unknown_attention_is_refused_with_the_choices(tf_example, capsys):
     with pytest.raises(SystemExit):
         tf_example.parse_args(["--attention", "flash"])
