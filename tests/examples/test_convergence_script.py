@@ -282,3 +282,19 @@ def test_plot_draws_rows_of_any_epoch_count(tmp_path):
         rows.append(r)
     convergence_rows.plot(rows, str(tmp_path / "quick.png"))
     assert (tmp_path / "quick.png").stat().st_size > 10_000
+
+
+def test_the_docs_print_the_reports_of_the_committed_results():
+    """README's summary, the recipe table of docs/training.md and docs/convergence.md, and the
+    per-row tables of docs/convergence.md are what ``--report`` prints from convergence.json."""
+    import json
+    with open(os.path.join(REPO, "docs", "results", "convergence.json")) as f:
+        rows = json.load(f)
+
+    def text(path):
+        with open(os.path.join(REPO, path)) as f:
+            return f.read()
+    assert convergence_rows.recipe_table(rows, brief=True) in text("README.md")
+    for path in ("docs/training.md", "docs/convergence.md"):
+        assert convergence_rows.recipe_table(rows) in text(path), path
+    assert convergence_rows.report(rows).strip("\n") in text("docs/convergence.md")
