@@ -2,7 +2,7 @@
 # Issue 16's measured recipes: every row of docs/training.md's recipe table and of the
 # issue-16 section of docs/convergence.md (about 4 hours on a 2-core machine: the runs' wall times
 # in convergence.json add up to 3.6 hours for the cells measured by late 2026-12-01; the `attention`
-# group added on 2026-12-02 took 57 minutes more).
+# group added on 2026-12-02 took an hour more: 05:35 to 06:35 here).
 #
 #   bash scripts/convergence_recipes.sh               # everything below
 #   bash scripts/convergence_recipes.sh "torch cnn 2 1"   # one group: framework model ranks warmup-epochs
