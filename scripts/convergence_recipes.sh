@@ -88,6 +88,13 @@ attention() {  # the TF transformer with torch's attention layout, at torch's an
   run $K2 $S --schemes topk $C $E
   run $T4 --schemes none $D
   run $T4 --schemes topk,dgc $C $E
+  # seeds 11-15 of Top-K and dense at Keras' scale, in both layouts: ten seeds left the layouts'
+  # difference under 3 standard errors
+  local M="--seeds 11,12,13,14,15 --add-seeds" F2="--frameworks tensorflow --model transformer --ranks 2"
+  for layout in torch-keras-init keras; do
+    run $F2 --lr-warmup-epochs 0 --attention $layout $M --schemes none $D
+    run $F2 --lr-warmup-epochs 0 --attention $layout $M --schemes topk $C $E
+  done
 }
 
 if [ $# -gt 0 ]; then

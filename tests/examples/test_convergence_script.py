@@ -239,13 +239,22 @@ def test_recipes_script_attention_measures_every_row_of_torchs_attention_layout(
 
     def flag(call, name):
         return call.split(f"--{name} ")[-1].split()[0]  # the last one wins
-    called = {(flag(c, "attention"), int(flag(c, "ranks")), scheme, len(flag(c, "seeds").split(",")))
-              for c in runs for scheme in flag(c, "schemes").split(",")}
+    called = {}
+    for c in runs:
+        attention = "" if flag(c, "attention") == "keras" else flag(c, "attention")
+        for scheme in flag(c, "schemes").split(","):
+            key = (attention, int(flag(c, "ranks")), scheme)
+            called[key] = called.get(key, []) + [int(s) for s in flag(c, "seeds").split(",")]
     with open(os.path.join(REPO, "docs", "results", "convergence.json")) as f:
         rows = json.load(f)
-    measured = {(convergence_rows.attention_of(r), r["ranks"], r["scheme"], len(r["seeds"])) for r in rows
+    measured = {(convergence_rows.attention_of(r), r["ranks"], r["scheme"]): r["seeds"] for r in rows
                 if convergence_rows.attention_of(r) and convergence_rows.epochs_of(r) == 20}
-    assert called == measured
+    assert {k: v for k, v in called.items() if k[0]} == measured
+    # Keras' own attention: seeds 11-15 on top of the 1-10 the table's rows have
+    keras = {(r["ranks"], r["scheme"]): r["seeds"] for r in rows if r["framework"] == "tensorflow"
+             and r["model"] == "transformer" and len(r.get("seeds") or []) == 15}
+    assert keras == {(2, s): list(range(1, 16)) for s in ("none", "topk")}
+    assert all(called[("", 2, s)] == list(range(11, 16)) for s in ("none", "topk"))
 
 
 def test_recipes_script_sends_the_transformers_embedding_dense_for_topk_dgc_and_powersgd(tmp_path):
