@@ -206,6 +206,11 @@ def _recipes_script_calls(tmp_path, *groups):
     return log.read_text().splitlines()
 
 
+def _call_flag(call, name):
+    """``--name``'s value in one recorded convergence.py call (the last one wins, as in argparse)."""
+    return convergence_rows._flag(call.split(), f"--{name}")
+
+
 def test_recipes_script_runs_each_group_with_its_flags(tmp_path):
     calls = _recipes_script_calls(tmp_path, "tensorflow cnn 4 1 1")
     runs = [c for c in calls if "--report" not in c]
@@ -222,10 +227,8 @@ def test_recipes_script_more_seeds_reproduces_every_row_measured_over_more_than_
     runs = [c for c in _recipes_script_calls(tmp_path, "more-seeds") if "--report" not in c]
     assert all(c.split("--seeds")[-1].startswith(" 4,5,6,7,8,9,10 --add-seeds") for c in runs)  # the last --seeds wins
 
-    def flag(call, name):
-        return call.split(f"--{name} ")[1].split()[0]
-    called = {(flag(c, "frameworks"), flag(c, "model"), int(flag(c, "ranks")), scheme)
-              for c in runs for scheme in flag(c, "schemes").split(",")}
+    called = {(_call_flag(c, "frameworks"), _call_flag(c, "model"), int(_call_flag(c, "ranks")), scheme)
+              for c in runs for scheme in _call_flag(c, "schemes").split(",")}
     with open(os.path.join(REPO, "docs", "results", "convergence.json")) as f:
         rows = json.load(f)
     pooled = {(r["framework"], r["model"], r["ranks"], r["scheme"]) for r in rows
@@ -237,14 +240,12 @@ def test_recipes_script_attention_measures_every_row_of_torchs_attention_layout(
     import json
     runs = [c for c in _recipes_script_calls(tmp_path, "attention") if "--report" not in c]
 
-    def flag(call, name):
-        return call.split(f"--{name} ")[-1].split()[0]  # the last one wins
     called = {}
     for c in runs:
-        attention = "" if flag(c, "attention") == "keras" else flag(c, "attention")
-        for scheme in flag(c, "schemes").split(","):
-            key = (attention, int(flag(c, "ranks")), scheme)
-            called[key] = called.get(key, []) + [int(s) for s in flag(c, "seeds").split(",")]
+        attention = "" if _call_flag(c, "attention") == "keras" else _call_flag(c, "attention")
+        for scheme in _call_flag(c, "schemes").split(","):
+            key = (attention, int(_call_flag(c, "ranks")), scheme)
+            called[key] = called.get(key, []) + [int(s) for s in _call_flag(c, "seeds").split(",")]
     with open(os.path.join(REPO, "docs", "results", "convergence.json")) as f:
         rows = json.load(f)
     measured = {(convergence_rows.attention_of(r), r["ranks"], r["scheme"]): r["seeds"] for r in rows
