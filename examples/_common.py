@@ -118,6 +118,10 @@ def add_compression_args(parser):
     g.add_argument("--warmup-steps", type=int, default=0, metavar="N",
                    help="dense for the first N communications of each tensor, then SCHEME "
                         "(hvd_compress.Schedule); 0: no warmup")
+    g.add_argument("--ramp-steps", type=int, default=0, metavar="N",
+                   help="after the dense warmup, ramp a sparsifier's ratio down as DGC does (25%%, 6.25%%, ... "
+                        "then SCHEME's ratio), N communications a stage (hvd_compress.recipe's ramp_steps); "
+                        "0: no ramp")
     return parser
 
 
@@ -126,22 +130,27 @@ def with_recipe(comp, args):
     ``--dense-names`` and ``--warmup-steps`` ask for (:func:`hvd_compress.recipe`, whose
     dense parts carry the compressor's momentum)."""
     dense_below, warmup = getattr(args, "dense_below", 0) or 0, getattr(args, "warmup_steps", 0) or 0
-    for flag, value in (("--dense-below", dense_below), ("--warmup-steps", warmup)):
+    ramp = getattr(args, "ramp_steps", 0) or 0
+    for flag, value in (("--dense-below", dense_below), ("--warmup-steps", warmup), ("--ramp-steps", ramp)):
         if value < 0:
             raise SystemExit(f"{flag} takes a non-negative number of elements/steps; got {value}")
     names = getattr(args, "dense_names", None)
     dense_names = [n.strip() for n in names.split(",") if n.strip()] if names is not None else None
     if names is not None and not dense_names:
         raise SystemExit(f"--dense-names takes comma-separated globs such as '*embed*,*pos*'; got {names!r}")
-    if not (dense_below or warmup or dense_names):
+    if not (dense_below or warmup or dense_names or ramp):
         return comp
-    return hvd_compress.recipe(comp, dense_below=dense_below, warmup_steps=warmup, dense_names=dense_names)
+    try:
+        return hvd_compress.recipe(comp, dense_below=dense_below, warmup_steps=warmup, dense_names=dense_names,
+                                   ramp_steps=ramp)
+    except ValueError as e:
+        raise SystemExit(f"--ramp-steps: {e}") if ramp and "ramp_steps" in str(e) else e
 
 
 def _asks_for_recipe(args):
-    """Whether any of the recipe flags (--dense-below, --dense-names, --warmup-steps) was given."""
+    """Whether any of the recipe flags (--dense-below, --dense-names, --warmup-steps, --ramp-steps) was given."""
     return bool(getattr(args, "dense_below", 0) or getattr(args, "warmup_steps", 0)
-                or getattr(args, "dense_names", None))
+                or getattr(args, "dense_names", None) or getattr(args, "ramp_steps", 0))
 
 
 def make_compression(args, hvd):
@@ -160,14 +169,14 @@ def make_compression(args, hvd):
         if getattr(args, "compression_momentum", None) is not None:
             raise SystemExit(f"--compression {name} is Horovod's own and takes no --compression-momentum")
         if _asks_for_recipe(args):
-            raise SystemExit(f"--compression {name} is Horovod's own: --dense-below, --dense-names and "
-                             "--warmup-steps need an hvd_compress scheme")
+            raise SystemExit(f"--compression {name} is Horovod's own: --dense-below, --dense-names, "
+                             "--warmup-steps and --ramp-steps need an hvd_compress scheme")
         comp = hvd.Compression.fp16 if name == "hvd-fp16" else hvd.Compression.none
         return comp, f"Horovod {'hvd.Compression.fp16' if name == 'hvd-fp16' else 'hvd.Compression.none'}"
     if name == AUTO:
         if chosen or values or args.error_feedback is not None or _asks_for_recipe(args):
-            raise SystemExit("--compression auto takes no scheme options, --dense-below, --dense-names or "
-                             "--warmup-steps: it chooses them (only --compression-momentum)")
+            raise SystemExit("--compression auto takes no scheme options, --dense-below, --dense-names, "
+                             "--warmup-steps or --ramp-steps: it chooses them (only --compression-momentum)")
         momentum = getattr(args, "compression_momentum", None) or 0.0
         comp = hvd_compress.Auto(seed=args.compression_seed, momentum=momentum)
         return comp, f"hvd_compress Auto({f'momentum={momentum:g}' if momentum else ''})"

@@ -122,14 +122,9 @@ class Schedule(Compressor):
         check_range("factor", factor, 1.0, None, lo_open=True)
         check_range("start_ratio", start_ratio, 0.0, 1.0, lo_open=True)
         check_range("final_ratio", final_ratio, 0.0, 1.0, lo_open=True)
-        ratios, r = [], start_ratio
-        while r > final_ratio * (1 + 1e-9):
-            ratios.append(r)
-            r /= factor
-        ratios.append(final_ratio)
         mom = dict(momentum=momentum, nesterov=nesterov)
         phases = [(0, NoCompression(**mom))] if warmup_steps > 0 else []
-        for i, ratio in enumerate(ratios):
+        for i, ratio in enumerate(ramp_ratios(final_ratio, start_ratio, factor)):
             phases.append((warmup_steps + i * steps_per_stage, TopK(ratio, values=values, **mom)))
         return cls(phases, seed=seed)
 
@@ -206,7 +201,31 @@ class Policy(Compressor):
         return f"Policy({self.rules!r}, default={self.default!r})"
 
 
-def recipe(compression, dense_below=1024, warmup_steps=0, dense_names=None):
+def ramp_ratios(final_ratio, start_ratio=0.25, factor=4.0):
+    """DGC's exponential ramp of kept fractions (Lin et al. 2018): ``start_ratio``,
+    divided by ``factor`` while it stays above ``final_ratio``, then ``final_ratio``
+    (0.01: ``[0.25, 0.0625, 0.015625, 0.01]``)."""
+    ratios, r = [], start_ratio
+    while r > final_ratio * (1 + 1e-9):
+        ratios.append(r)
+        r /= factor
+    return ratios + [final_ratio]
+
+
+def with_ratio(compression, ratio):
+    """``compression`` keeping the ``ratio`` fraction instead: a copy of its scheme
+    with that ratio, and the **same** memory object, so the phases of a ramp share one
+    residual and one velocity per tensor."""
+    import copy
+    from .schemes.base import check_range
+    check_range("ratio", ratio, 0.0, 1.0, lo_open=True)
+    scheme = copy.copy(compression.scheme)
+    scheme.ratio = float(ratio)
+    return Compressor(scheme, error_feedback=compression.error_feedback, seed=compression.seed,
+                      memory=compression.memory, transport=compression.transport)
+
+
+def recipe(compression, dense_below=1024, warmup_steps=0, dense_names=None, ramp_steps=0):
     """The recipe measured in docs/training.md around one scheme: tensors of at
     most ``dense_below`` elements, and those whose name matches ``dense_names``
     (globs or ``re:`` patterns, as :class:`Rule` takes them), are sent dense at
@@ -214,19 +233,23 @@ def recipe(compression, dense_below=1024, warmup_steps=0, dense_names=None):
     communications, then with ``compression``.
 
     Why: small tensors (biases, norm scales) are a few percent of the bytes, and
-    compressing them costs accuracy for nothing; aggressive compression in the
-    first steps makes training oscillate (Lin et al., ICLR 2018, warm up DGC for
-    the same reason).  On the row transformer of docs/convergence.md the two took
-    Top-K(0.01) from 11.6 points below dense to within the seed spread.
+    compressing them costs accuracy for nothing; aggressive compression in the first
+    steps makes training oscillate (Lin et al., ICLR 2018, warm up DGC for the same
+    reason).  On the row transformer the two took Top-K(0.01) from 11.6 points below
+    dense to within the seed spread.
+
+    ``ramp_steps``: after the dense warmup, a sparsifier (TopK, DGC, RandomK) keeps
+    25%, 6.25%, ... for ``ramp_steps`` communications each, then its own ratio
+    (:func:`ramp_ratios`; DGC's "warm-up training").  Why: from dense straight to 1%,
+    error feedback suddenly holds back 99% of each tensor (docs/training.md).
 
     ``dense_names``: the input layers (embeddings, positions) every token passes
     through.  A sparsifier sends a few of their values a step and error feedback
     holds the rest back; sending the transformer's 1792-element embedding and
     positions dense took Top-K(0.01) from 1.00 points below dense to 0.47 above
-    (docs/training.md).  Names reach the policy through Horovod's stock
-    optimizers and ``DistributedGradientTape`` (torch: with ``named_parameters=``;
-    tests/examples/test_examples.py checks the TF tape); check the match with
-    ``recipe(...).describe(model.named_parameters())``.
+    (docs/training.md).  Names reach the policy through Horovod's stock optimizers
+    and ``DistributedGradientTape`` (torch: with ``named_parameters=``); check the
+    match with ``recipe(...).describe(model.named_parameters())``.
 
     The dense parts apply the momentum of ``compression``'s memory
     (``TopK(0.01, momentum=0.9)``, ``DGC(..., momentum=0.9)``): the optimizer has
@@ -248,11 +271,25 @@ def recipe(compression, dense_below=1024, warmup_steps=0, dense_names=None):
     momentum = float(getattr(compression.memory, "momentum", 0.0) or 0.0)
     nesterov = bool(getattr(compression.memory, "nesterov", False))
     dense = NoCompression(momentum=momentum, nesterov=nesterov, seed=compression.seed)
-    default = Schedule([(0, dense), (warmup_steps, compression)], seed=compression.seed) if warmup_steps \
-        else compression
+    default = _warmed_up(compression, dense, warmup_steps, ramp_steps)
     rules = ([Rule(dense, max_numel=dense_below)] if dense_below else []) + \
         ([Rule(dense, name=dense_names)] if dense_names else [])
     return Policy(rules, default=default, seed=compression.seed)
+
+
+def _warmed_up(compression, dense, warmup_steps, ramp_steps):
+    """``compression`` after ``warmup_steps`` of ``dense`` and a ratio ramp of ``ramp_steps`` a stage
+    (a :class:`Schedule`), or ``compression`` itself where there is neither."""
+    from .schemes.base import check_range
+    check_range("ramp_steps", ramp_steps, 0, None, kind=int)
+    if ramp_steps and not hasattr(compression.scheme, "ratio"):
+        raise ValueError("ramp_steps ramps a sparsifier's ratio: it needs TopK, DGC or RandomK; "
+                         f"got {compression!r}")
+    ratios = ramp_ratios(compression.scheme.ratio) if ramp_steps else [None]
+    phases = [(warmup_steps + i * ramp_steps, with_ratio(compression, r) if r != ratios[-1] else compression)
+              for i, r in enumerate(ratios)]
+    phases = ([(0, dense)] if warmup_steps else []) + phases
+    return Schedule(phases, seed=compression.seed) if len(phases) > 1 else compression
 
 
 def _name_patterns(param, names):

@@ -132,15 +132,16 @@ TRAIN_EXAMPLES = 4000
 
 
 def recipe_flags(args, ranks):
-    """The examples' flags of a scheme's recipe: ``--ratio``, ``--dense-below`` and the dense
-    warmup, whose ``--warmup-epochs`` become steps at this many ranks."""
-    warmup = args.warmup_steps
-    if args.warmup_epochs:
-        batch = int(_flag(RECIPE["torch"], "--batch-size"))
-        warmup = args.warmup_epochs * math.ceil(TRAIN_EXAMPLES / ranks / batch)
+    """The examples' flags of a scheme's recipe: ``--ratio``, ``--dense-below``, the dense
+    warmup and the ratio ramp, whose ``--warmup-epochs`` and ``--ramp-epochs`` become steps
+    at this many ranks."""
+    steps_per_epoch = math.ceil(TRAIN_EXAMPLES / ranks / int(_flag(RECIPE["torch"], "--batch-size")))
+    warmup = args.warmup_epochs * steps_per_epoch if args.warmup_epochs else args.warmup_steps
+    ramp = args.ramp_epochs * steps_per_epoch
     return ((["--ratio", str(args.ratio)] if args.ratio else [])
             + (["--dense-below", str(args.dense_below)] if args.dense_below else [])
-            + (["--warmup-steps", str(warmup)] if warmup else []))
+            + (["--warmup-steps", str(warmup)] if warmup else [])
+            + (["--ramp-steps", str(ramp)] if ramp else []))
 
 
 def configs_for(framework, quick, schemes=None, placements=("optimizer",), feedback=(True, False), lr=None,
@@ -367,6 +368,9 @@ def main():
                         "--warmup-steps)")
     p.add_argument("--warmup-epochs", type=int, default=0, metavar="E",
                    help="recipe: --warmup-steps of E epochs at each --ranks value")
+    p.add_argument("--ramp-epochs", type=int, default=0, metavar="E",
+                   help="recipe: after the dense warmup, ramp a sparsifier's ratio down as DGC does (25%%, "
+                        "6.25%%, ..., then --ratio), E epochs a stage (the examples' --ramp-steps)")
     p.add_argument("--outdir", default=None, help="default docs/results (full) or out/convergence (--quick)")
     p.add_argument("--python", default=None, help="python of the venv (default: the one running this script)")
     p.add_argument("--no-plot", action="store_true")

@@ -32,6 +32,11 @@ per_model() {  # per_model NAME MODEL: convergence_rows.NAME[MODEL] (MODEL_LR_PE
   "$PY" -c "import sys; sys.path.insert(0, 'scripts'); import convergence_rows as c; print(c.$1['$2'])"
 }
 
+ramp() {  # ramp MODEL: the sparsifiers' ratio ramp of the model (convergence_rows.RAMP_EPOCHS), or nothing
+  local e; e=$(per_model RAMP_EPOCHS "$1")
+  if [ "$e" != 0 ]; then echo "--ramp-epochs $e"; fi
+}
+
 group() {  # framework model ranks warmup-epochs [lr-warmup-epochs]
   local A="--frameworks $1 --model $2 --ranks $3 --lr-warmup-epochs ${5:-0}" R="--dense-below 1024 --warmup-epochs $4"
   # --lr, the model's own: the baselines are measured in the first line and need not run again
@@ -39,6 +44,8 @@ group() {  # framework model ranks warmup-epochs [lr-warmup-epochs]
   run $A --schemes none,hvd-fp16,int8,fp16,bf16 --placement optimizer --error-feedback default
   local E="--dense-below $(per_model DENSE_BELOW_WITH_EMBEDDINGS "$2") --warmup-epochs $4"
   run $A --schemes topk,dgc --placement compressor --error-feedback on $E $LR
+  # the transformer's recipe ramps their ratio down after the dense warmup (the line above: without it)
+  if [ -n "$(ramp "$2")" ]; then run $A --schemes topk,dgc --placement compressor --error-feedback on $E $LR $(ramp "$2"); fi
   run $A --schemes efsignsgd,onebit --placement compressor --error-feedback on $R $LR
   run $A --schemes powersgd --placement optimizer --error-feedback on $E $LR
   run $A --schemes topk --placement optimizer --error-feedback off $LR
@@ -71,6 +78,10 @@ more_seeds() {  # seeds 4-10, pooled with 1-3 (--add-seeds), where three seeds c
   run $F2 $S --schemes powersgd --placement optimizer --error-feedback on $E
   run $F4 $S --schemes none $D
   run $F4 $S --schemes topk,dgc $C $E
+  # the transformer's Top-K and DGC with their ratio ramp (the recipe table's cells), as the lines above
+  run $T2 $S --schemes dgc $C $E --ramp-epochs 1
+  run $F2 $S --schemes topk,dgc $C $E --ramp-epochs 1
+  run $F4 $S --schemes topk,dgc $C $E --ramp-epochs 1
   run $K4 $S --schemes none $D
   run $K4 $S --schemes dgc $C --dense-below 1024 --warmup-epochs 1 --lr 0.02
 }
@@ -95,6 +106,7 @@ attention() {  # the TF transformer with torch's attention layout, at torch's an
     run $F2 --lr-warmup-epochs 0 --attention $layout $M --schemes none $D
     run $F2 --lr-warmup-epochs 0 --attention $layout $M --schemes topk $C $E
   done
+  run $F2 --lr-warmup-epochs 0 $M --schemes topk $C $E --ramp-epochs 1  # the table's cell, with its ramp
 }
 
 if [ $# -gt 0 ]; then

@@ -204,9 +204,9 @@ def test_dense_parts_of_a_recipe_carry_the_compressors_momentum():
 
 
 def test_recipe_flags_refuse_horovod_builtins_and_negative_values():
-    with pytest.raises(SystemExit, match="--dense-below, --dense-names and --warmup-steps need an hvd_compress"):
+    with pytest.raises(SystemExit, match="--dense-below, --dense-names, --warmup-steps and --ramp-steps need an hvd_compress"):
         _common.make_compression(_parse("--compression", "none", "--dense-below", "10"), _Hvd)
-    with pytest.raises(SystemExit, match="--dense-names and --warmup-steps need an hvd_compress"):
+    with pytest.raises(SystemExit, match="--warmup-steps and --ramp-steps need an hvd_compress"):
         _common.make_compression(_parse("--compression", "hvd-fp16", "--dense-names", "*embed*"), _Hvd)
     with pytest.raises(SystemExit, match="--dense-names takes comma-separated globs"):
         _common.make_compression(_parse("--compression", "topk", "--dense-names", " , "), _Hvd)

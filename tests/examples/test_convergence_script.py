@@ -15,7 +15,7 @@ import convergence_rows  # noqa: E402
 
 
 def _args(**kw):
-    base = dict(ratio=None, dense_below=0, warmup_steps=0, warmup_epochs=0)
+    base = dict(ratio=None, dense_below=0, warmup_steps=0, warmup_epochs=0, ramp_epochs=0)
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -26,6 +26,12 @@ def test_warmup_epochs_become_steps_at_each_world_size():
     assert convergence.recipe_flags(_args(ratio=0.1, dense_below=1024), 2) == ["--ratio", "0.1",
                                                                                "--dense-below", "1024"]
     assert convergence.recipe_flags(_args(), 2) == []
+
+
+def test_ramp_epochs_become_steps_a_stage_at_each_world_size():
+    assert convergence.recipe_flags(_args(warmup_epochs=2, ramp_epochs=1), 2) == ["--warmup-steps", "126",
+                                                                                  "--ramp-steps", "63"]
+    assert convergence.recipe_flags(_args(ramp_epochs=1), 4) == ["--ramp-steps", "32"]
 
 
 def test_recipe_flags_reach_schemes_not_baselines_and_baselines_stay_unless_named():
@@ -269,8 +275,9 @@ def test_recipes_script_sends_the_transformers_embedding_dense_for_topk_dgc_and_
 def test_recipe_table_takes_each_models_dense_threshold():
     base = _row("none", 92.0, ef=False, placement="optimizer")
     rows = []
-    for dense_below, acc in ((1024, 90.0), (2048, 91.8)):
+    for dense_below, acc, ramp in ((1024, 90.0, 63), (2048, 91.8, 63), (2048, 80.0, 0)):
         r = _row("topk", acc, ratio=0.01, dense_below=dense_below, warmup_steps=126)
+        r["recipe"]["ramp_steps"] = ramp
         rows.append(r)
     for r in [base] + rows:
         r["model"] = "transformer"
@@ -279,8 +286,10 @@ def test_recipe_table_takes_each_models_dense_threshold():
     table = convergence_rows.recipe_table([base] + rows)
     line = next(l for l in table.splitlines() if l.startswith("| `TopK(0.01)`"))
     assert "dense <= 1024 elements (transformer: 2048)" in line
-    assert "91.80 ± 0.10 (-0.20 ± 0.08)" in line and "90.00" not in line
-    assert convergence_rows.dense_below_of(convergence_rows.DENSE_BELOW_WITH_EMBEDDINGS, "cnn") == 1024
+    assert "91.80 ± 0.10 (-0.20 ± 0.08)" in line and "90.00" not in line and "80.00" not in line
+    # the transformer's recipe ramps the ratio (RAMP_EPOCHS): a row without the ramp is not its cell
+    assert "ratio ramp (transformer: 1 epoch a stage)" in line
+    assert convergence_rows.per_model(convergence_rows.DENSE_BELOW_WITH_EMBEDDINGS, "cnn") == 1024
 
 
 def test_plot_draws_rows_of_any_epoch_count(tmp_path):
