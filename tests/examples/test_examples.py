@@ -114,6 +114,21 @@ def test_tf2_mnist_transformer_with_a_recipe():
     assert _ratio(warm) == 1.0 and 5 < _ratio(compressed) < 15, (warm, compressed)
 
 
+def test_tf2_mnist_transformer_with_the_ratio_ramp():
+    """``--ramp-steps``: after the dense warmup Top-K keeps 25%, 6.25%, 1.5625% (2 steps each),
+    then 1%, through DistributedGradientTape's tf.switch_case over the phases: each epoch
+    (4 steps) sends fewer bytes than the one before until the ramp ends at the scheme's ratio."""
+    rc, out, _ = horovodrun(["examples/tf2_mnist_gradient_tape.py", "--model", "transformer", "--compression", "topk",
+                             "--ratio", "0.01", "--momentum", "0", "--compression-momentum", "0.9", "--dense-below",
+                             "2048", "--warmup-steps", "2", "--ramp-steps", "2", "--epochs", "3", "--max-batches", "4"])
+    _ok(rc, out)
+    lines = _epochs(out, 3)
+    assert "ratio=0.25" in out and "ratio=0.0625" in out and "ratio=0.015625" in out, out
+    ratios = [_ratio(line) for line in lines]
+    assert 1.0 < ratios[0] < ratios[1] < ratios[2], lines
+    assert 5 < ratios[2] < 15, lines  # the final 1%: 10.7x with the input layers dense, as above
+
+
 def test_tf2_mnist_transformer_with_torchs_attention_layout():
     """``--attention torch``: the q/k/v projection as one 64x192 kernel (torch's layout) trains
     under DistributedGradientTape with Top-K; its 12288 elements are one compressed tensor."""

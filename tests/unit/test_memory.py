@@ -398,6 +398,37 @@ def test_momentum_memory_conservation_each_scheme_once(fwname):
 
 
 @pytest.mark.parametrize("fwname", FRAMEWORKS)
+@pytest.mark.parametrize("make", [lambda: hc.TopK(0.01, momentum=0.9), lambda: hc.RandomK(0.01, momentum=0.9),
+                                  lambda: hc.TopK(0.01, momentum=0.9, nesterov=True)])
+def test_momentum_conservation_through_a_recipes_ratio_ramp(fwname, make):
+    """``hc.recipe(..., warmup_steps, ramp_steps)``: dense, then 25%, 6.25%, 1.5625%, 1%.  The
+    phases share one velocity and one residual, so the law holds over the whole run:
+    ``sum(sent) + e == sum(d)``, and the velocity is momentum SGD's."""
+    fw = framework(fwname)
+    comp = make()
+    n, warmup, ramp = 300, 2, 2
+    phases = hc.recipe(comp, dense_below=0, warmup_steps=warmup, ramp_steps=ramp).plan_for("p", n, (n,))
+    gs = grads(n, warmup + 4 * ramp + 3, seed=5)
+    state, sent_total, mag = {}, np.zeros(n), np.zeros(n)
+    for t, g in enumerate(gs):
+        phase = [p for p in phases if p.start <= t][-1]
+        mine = {k: state.get(k, fw.tensor(np.zeros(n, f32))) for k in phase.memory.names}
+        payload, mine = encode_with_memory(fw.B, phase.scheme, fw.tensor(g), mine, _momentum_ctx(fw, t, n),
+                                           phase.memory)
+        state.update(mine)
+        s = _decoded(fw, phase.scheme, payload, n)
+        sent_total += s
+        mag += np.abs(s)
+    assert [p.scheme.ratio for p in phases[1:]] == [0.25, 0.0625, 0.015625, 0.01]
+    ds, us = momentum_directions(gs, 0.9, comp.memory.nesterov)
+    np.testing.assert_allclose(fw.np(state["momentum"]), us[-1], rtol=1e-6, atol=1e-6)
+    lhs = sent_total + fw.np(state["residual"]).astype(np.float64)
+    tol = 8 * len(gs) * np.finfo(np.float32).eps * (mag + sum(np.abs(d) for d in ds) + 1.0)
+    assert np.all(np.abs(lhs - np.sum(ds, axis=0)) <= tol)
+    assert np.abs(fw.np(state["residual"])).sum() > 0  # the ramp's last phases did hold mass back
+
+
+@pytest.mark.parametrize("fwname", FRAMEWORKS)
 def test_momentum_without_error_feedback_sends_the_momentum(fwname):
     """No residual kept (Signum for SignSGD; QSGD; casts): a lossless scheme then
     sends exactly torch's SGD momentum buffer, so SGD(momentum=0) after it is

@@ -370,7 +370,49 @@ def test_recipe_sends_named_tensors_dense_with_the_schemes_momentum():
     assert hc.recipe(hc.TopK(0.01), dense_names="*embed*").rules[-1].name == ["*embed*"]
 
 
+def test_ramp_ratios_are_dgcs_exponential_ramp_down_to_the_schemes_ratio():
+    from hvd_compress.policy import ramp_ratios
+    assert ramp_ratios(0.01) == [0.25, 0.0625, 0.015625, 0.01]
+    assert ramp_ratios(0.001) == [0.25, 0.0625, 0.015625, 0.00390625, 0.001]
+    assert ramp_ratios(0.0625) == [0.25, 0.0625]  # a power of the factor is not repeated
+    assert ramp_ratios(0.5) == [0.5]  # above the start: no ramp
+
+
+@pytest.mark.parametrize("make", [lambda: hc.TopK(0.01, momentum=0.9), lambda: hc.DGC(0.001, momentum=0.9),
+                                  lambda: hc.RandomK(0.01), lambda: hc.TopK(0.01, values=hc.Int8())])
+def test_recipe_ramps_the_ratio_after_the_dense_warmup(make):
+    comp = make()
+    pol = hc.recipe(comp, dense_below=100, warmup_steps=7, ramp_steps=3)
+    phases = pol.plan_for("w", 1000, (1000,))
+    ratio = comp.scheme.ratio
+    want = [0.25, 0.0625, 0.015625] + ([0.00390625] if ratio < 0.0039 else []) + [ratio]
+    assert [p.start for p in phases] == [0] + [7 + 3 * i for i in range(len(want))]
+    assert type(phases[0].scheme).__name__ == "NoCompression"
+    assert [p.scheme.ratio for p in phases[1:]] == want
+    assert all(type(p.scheme) is type(comp.scheme) for p in phases[1:])
+    # one residual and one velocity per tensor through the whole ramp: the very memory object
+    assert all(p.memory is comp.memory for p in phases[1:]) and phases[-1].scheme is comp.scheme
+    # the copies keep the scheme's other settings, and the given compressor is left as it was
+    assert [p.scheme.config() | {"ratio": 0} for p in phases[1:]] == [comp.scheme.config() | {"ratio": 0}] * len(want)
+    assert comp.scheme.ratio == ratio
+    # small tensors stay dense throughout
+    assert [type(p.scheme).__name__ for p in pol.plan_for("b", 100, (100,))] == ["NoCompression"]
+
+
+def test_recipe_ramp_without_a_dense_warmup_starts_at_a_quarter():
+    phases = hc.recipe(hc.TopK(0.01), dense_below=0, ramp_steps=5).plan_for("w", 1000, (1000,))
+    assert [(p.start, p.scheme.ratio) for p in phases] == [(0, 0.25), (5, 0.0625), (10, 0.015625), (15, 0.01)]
+
+
+@pytest.mark.parametrize("make", [hc.Int8, hc.EFSignSGD, lambda: hc.PowerSGD(rank=2), hc.FP16])
+def test_recipe_ramp_needs_a_scheme_with_a_ratio(make):
+    with pytest.raises(ValueError, match="ramp_steps .*TopK, DGC or RandomK"):
+        hc.recipe(make(), ramp_steps=10)
+    hc.recipe(make(), ramp_steps=0)  # no ramp asked: any scheme
+
+
 @pytest.mark.parametrize("kw, param", [({"dense_below": -1}, "dense_below"), ({"warmup_steps": 1.5}, "warmup_steps"),
+                                       ({"ramp_steps": -1}, "ramp_steps"), ({"ramp_steps": 2.5}, "ramp_steps"),
                                        ({"dense_names": 3}, "dense_names"), ({"dense_names": []}, "dense_names"),
                                        ({"dense_names": ["*embed*", ""]}, "dense_names")])
 def test_recipe_validation_names_the_parameter(kw, param):
