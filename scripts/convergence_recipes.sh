@@ -2,7 +2,8 @@
 # Issue 16's measured recipes: every row of docs/training.md's recipe table and of the
 # issue-16 section of docs/convergence.md (about 4 hours on a 2-core machine: the runs' wall times
 # in convergence.json add up to 3.6 hours for the cells measured by late 2026-12-01; the `attention`
-# group added on 2026-12-02 took an hour more: 05:35 to 06:35 here).
+# group added on 2026-12-02 took an hour more: 05:35 to 06:35 here; the ratio-ramp lines of the
+# transformer took 1.6 hours, 08:17 to 09:52).
 #
 #   bash scripts/convergence_recipes.sh               # everything below
 #   bash scripts/convergence_recipes.sh "torch cnn 2 1"   # one group: framework model ranks warmup-epochs
@@ -44,7 +45,8 @@ group() {  # framework model ranks warmup-epochs [lr-warmup-epochs]
   run $A --schemes none,hvd-fp16,int8,fp16,bf16 --placement optimizer --error-feedback default
   local E="--dense-below $(per_model DENSE_BELOW_WITH_EMBEDDINGS "$2") --warmup-epochs $4"
   run $A --schemes topk,dgc --placement compressor --error-feedback on $E $LR
-  # the transformer's recipe ramps their ratio down after the dense warmup (the line above: without it)
+  # with a ratio ramp after the dense warmup (convergence_rows.RAMP_EPOCHS: the transformer's): DGC's
+  # recipe there; Top-K measured the same with and without it, and its recipe keeps the line above
   if [ -n "$(ramp "$2")" ]; then run $A --schemes topk,dgc --placement compressor --error-feedback on $E $LR $(ramp "$2"); fi
   run $A --schemes efsignsgd,onebit --placement compressor --error-feedback on $R $LR
   run $A --schemes powersgd --placement optimizer --error-feedback on $E $LR
@@ -78,7 +80,7 @@ more_seeds() {  # seeds 4-10, pooled with 1-3 (--add-seeds), where three seeds c
   run $F2 $S --schemes powersgd --placement optimizer --error-feedback on $E
   run $F4 $S --schemes none $D
   run $F4 $S --schemes topk,dgc $C $E
-  # the transformer's Top-K and DGC with their ratio ramp (the recipe table's cells), as the lines above
+  # the transformer's Top-K and DGC with the ratio ramp (DGC's: the recipe table's cells), as the lines above
   run $T2 $S --schemes dgc $C $E --ramp-epochs 1
   run $F2 $S --schemes topk,dgc $C $E --ramp-epochs 1
   run $F4 $S --schemes topk,dgc $C $E --ramp-epochs 1

@@ -55,6 +55,19 @@ def _row(scheme, acc, seeds=(1, 2, 3), ef=True, placement="compressor", **recipe
             "seeds": list(seeds), "recipe": convergence_rows.recipe_of(argv, 2, placement)}
 
 
+def test_a_ratio_ramp_is_a_row_of_its_own_and_shown_in_the_per_row_tables():
+    flat = _row("dgc", 97.0, dense_below=1024, warmup_steps=63)
+    ramped = _row("dgc", 97.4, dense_below=1024, warmup_steps=63, ramp_steps=63)
+    assert flat["recipe"]["ramp_steps"] == 0 and ramped["recipe"]["ramp_steps"] == 63
+    assert convergence_rows.row_key(flat) != convergence_rows.row_key(ramped)
+    assert convergence_rows.merge_rows([flat], [ramped]) == [flat, ramped]
+    old = dict(flat, recipe={k: v for k, v in flat["recipe"].items() if k != "ramp_steps"})  # rows from before
+    assert convergence_rows.row_key(old) == convergence_rows.row_key(flat)
+    lines = convergence_rows.report([_row("none", 97.5, ef=False, placement="optimizer"), flat, ramped]).splitlines()
+    assert any("| 63, ratio ramp 63 a stage |" in l and "97.40%" in l for l in lines), lines
+    assert any("| 63 |" in l and "97.00%" in l for l in lines), lines
+
+
 def test_a_recipe_is_a_row_of_its_own():
     bare, tuned = _row("topk", 97.0, ratio=0.01), _row("topk", 97.6, ratio=0.01, dense_below=1024, warmup_steps=63)
     assert convergence_rows.row_key(bare) != convergence_rows.row_key(tuned)
@@ -275,8 +288,11 @@ def test_recipes_script_sends_the_transformers_embedding_dense_for_topk_dgc_and_
 def test_recipe_table_takes_each_models_dense_threshold():
     base = _row("none", 92.0, ef=False, placement="optimizer")
     rows = []
-    for dense_below, acc, ramp in ((1024, 90.0, 63), (2048, 91.8, 63), (2048, 80.0, 0)):
+    for dense_below, acc in ((1024, 90.0), (2048, 91.8)):
         r = _row("topk", acc, ratio=0.01, dense_below=dense_below, warmup_steps=126)
+        rows.append(r)
+    for ramp, acc in ((63, 91.5), (0, 80.0)):
+        r = _row("dgc", acc, dense_below=2048, warmup_steps=126)
         r["recipe"]["ramp_steps"] = ramp
         rows.append(r)
     for r in [base] + rows:
@@ -286,9 +302,11 @@ def test_recipe_table_takes_each_models_dense_threshold():
     table = convergence_rows.recipe_table([base] + rows)
     line = next(l for l in table.splitlines() if l.startswith("| `TopK(0.01)`"))
     assert "dense <= 1024 elements (transformer: 2048)" in line
-    assert "91.80 ± 0.10 (-0.20 ± 0.08)" in line and "90.00" not in line and "80.00" not in line
-    # the transformer's recipe ramps the ratio (RAMP_EPOCHS): a row without the ramp is not its cell
+    assert "91.80 ± 0.10 (-0.20 ± 0.08)" in line and "90.00" not in line and "ratio ramp" not in line
+    # DGC's recipe on the transformer ramps the ratio (RAMP_EPOCHS): a row without the ramp is not its cell
+    line = next(l for l in table.splitlines() if l.startswith("| `DGC(0.001)`"))
     assert "ratio ramp (transformer: 1 epoch a stage)" in line
+    assert "91.50 ± 0.10 (-0.50 ± 0.08)" in line and "80.00" not in line
     assert convergence_rows.per_model(convergence_rows.DENSE_BELOW_WITH_EMBEDDINGS, "cnn") == 1024
 
 
