@@ -127,8 +127,8 @@ def add_compression_args(parser):
 
 def with_recipe(comp, args):
     """``comp`` inside the per-layer policy and dense warmup that ``--dense-below``,
-    ``--dense-names`` and ``--warmup-steps`` ask for (:func:`hvd_compress.recipe`, whose
-    dense parts carry the compressor's momentum)."""
+    ``--dense-names``, ``--warmup-steps`` and ``--ramp-steps`` ask for (:func:`hvd_compress.recipe`,
+    whose dense parts carry the compressor's momentum)."""
     dense_below, warmup = getattr(args, "dense_below", 0) or 0, getattr(args, "warmup_steps", 0) or 0
     ramp = getattr(args, "ramp_steps", 0) or 0
     for flag, value in (("--dense-below", dense_below), ("--warmup-steps", warmup), ("--ramp-steps", ramp)):

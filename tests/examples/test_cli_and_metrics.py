@@ -212,6 +212,14 @@ def test_recipe_flags_refuse_horovod_builtins_and_negative_values():
         _common.make_compression(_parse("--compression", "topk", "--dense-names", " , "), _Hvd)
     with pytest.raises(SystemExit, match="--warmup-steps takes a non-negative"):
         _common.make_compression(_parse("--compression", "topk", "--warmup-steps", "-1"), _Hvd)
+    with pytest.raises(SystemExit, match="--ramp-steps takes a non-negative"):
+        _common.make_compression(_parse("--compression", "topk", "--ramp-steps", "-1"), _Hvd)
+    with pytest.raises(SystemExit, match="--ramp-steps: ramp_steps ramps a sparsifier's ratio: it needs TopK"):
+        _common.make_compression(_parse("--compression", "int8", "--ramp-steps", "5"), _Hvd)
+    with pytest.raises(SystemExit, match="--ramp-steps need an hvd_compress"):
+        _common.make_compression(_parse("--compression", "none", "--ramp-steps", "5"), _Hvd)
+    comp, _ = _common.make_compression(_parse("--compression", "dgc", "--warmup-steps", "4", "--ramp-steps", "2"), _Hvd)
+    assert [p.start for p in comp.plan_for("w", 10**4, (10**4,))] == [0, 4, 6, 8, 10, 12]
 
 
 def test_auto_takes_only_the_compressors_momentum():
