@@ -203,21 +203,21 @@ def test_dense_parts_of_a_recipe_carry_the_compressors_momentum():
     assert not isinstance(_phases(comp, "b", 10)[0][2], hvd_compress.MomentumMemory)
 
 
-def test_recipe_flags_refuse_horovod_builtins_and_negative_values():
-    with pytest.raises(SystemExit, match="--dense-below, --dense-names, --warmup-steps and --ramp-steps need an hvd_compress"):
-        _common.make_compression(_parse("--compression", "none", "--dense-below", "10"), _Hvd)
-    with pytest.raises(SystemExit, match="--warmup-steps and --ramp-steps need an hvd_compress"):
-        _common.make_compression(_parse("--compression", "hvd-fp16", "--dense-names", "*embed*"), _Hvd)
-    with pytest.raises(SystemExit, match="--dense-names takes comma-separated globs"):
-        _common.make_compression(_parse("--compression", "topk", "--dense-names", " , "), _Hvd)
-    with pytest.raises(SystemExit, match="--warmup-steps takes a non-negative"):
-        _common.make_compression(_parse("--compression", "topk", "--warmup-steps", "-1"), _Hvd)
-    with pytest.raises(SystemExit, match="--ramp-steps takes a non-negative"):
-        _common.make_compression(_parse("--compression", "topk", "--ramp-steps", "-1"), _Hvd)
-    with pytest.raises(SystemExit, match="--ramp-steps: ramp_steps ramps a sparsifier's ratio: it needs TopK"):
-        _common.make_compression(_parse("--compression", "int8", "--ramp-steps", "5"), _Hvd)
-    with pytest.raises(SystemExit, match="--ramp-steps need an hvd_compress"):
-        _common.make_compression(_parse("--compression", "none", "--ramp-steps", "5"), _Hvd)
+@pytest.mark.parametrize("argv, message", [
+    (("none", "--dense-below", "10"), "--dense-below, --dense-names, --warmup-steps and --ramp-steps need an hvd_compress"),
+    (("hvd-fp16", "--dense-names", "*embed*"), "--warmup-steps and --ramp-steps need an hvd_compress"),
+    (("none", "--ramp-steps", "5"), "--ramp-steps need an hvd_compress"),
+    (("topk", "--dense-names", " , "), "--dense-names takes comma-separated globs"),
+    (("topk", "--warmup-steps", "-1"), "--warmup-steps takes a non-negative"),
+    (("topk", "--ramp-steps", "-1"), "--ramp-steps takes a non-negative"),
+    (("int8", "--ramp-steps", "5"), "--ramp-steps: ramp_steps ramps a sparsifier's ratio: it needs TopK"),
+])
+def test_recipe_flags_refuse_horovod_builtins_and_bad_values(argv, message):
+    with pytest.raises(SystemExit, match=message):
+        _common.make_compression(_parse("--compression", *argv), _Hvd)
+
+
+def test_ramp_steps_flag_builds_dgcs_phases():
     comp, _ = _common.make_compression(_parse("--compression", "dgc", "--warmup-steps", "4", "--ramp-steps", "2"), _Hvd)
     assert [p.start for p in comp.plan_for("w", 10**4, (10**4,))] == [0, 4, 6, 8, 10, 12]
 
