@@ -86,6 +86,13 @@ more_seeds() {  # seeds 4-10, pooled with 1-3 (--add-seeds), where three seeds c
   run $F4 $S --schemes dgc $C $E --ramp-epochs 1  # Top-K's seeds 4-10 here were lost to a worker killed for memory
   run $K4 $S --schemes none $D
   run $K4 $S --schemes dgc $C --dense-below 1024 --warmup-epochs 1 --lr 0.02
+  # torch's transformer at 4 ranks: dense and every scheme with a 0.3 or 0.5 target (3 seeds left
+  # each within two standard errors of its line; the runs were done as seeds 4-6, then 7-10)
+  local T4="--frameworks torch --model transformer --ranks 4 --lr-warmup-epochs 0"
+  run $T4 $S --schemes none,int8,fp16,bf16 $D
+  run $T4 $S --schemes topk $C $E
+  run $T4 $S --schemes dgc $C $E --ramp-epochs 1
+  run $T4 $S --schemes powersgd --placement optimizer --error-feedback on $E
 }
 
 attention() {  # the TF transformer with torch's attention layout, at torch's and at Keras' initial scale

@@ -5,6 +5,7 @@ Nothing here trains; the tests import it without Horovod."""
 from __future__ import annotations
 
 import math
+from typing import NamedTuple, Optional, Union
 
 #: where SGD's momentum 0.9 lives: the optimizer, or the compressor (momentum-aware error feedback)
 PLACEMENTS = ("optimizer", "compressor")
@@ -293,14 +294,14 @@ def report(rows):
     out = []
     rows = [with_recipe(r) for r in rows]
 
-    def group(r):
-        return group_of(r) + (_optimizer(r),)
-    for g in sorted({group(r) for r in rows}, key=lambda g: (g[6] != "SGD", g[0] != "torch", g[1] != "cnn", g)):
-        sel = [r for r in rows if group(r) == g]
+    def table(r):  # (group, optimizer): SGD's tables first, then torch's, then the CNN's
+        return group_of(r), _optimizer(r)
+    for g, optimizer in sorted({table(r) for r in rows},
+                               key=lambda t: (t[1] != "SGD", t[0][0] != "torch", t[0][1] != "cnn", t)):
+        sel = [r for r in rows if table(r) == (g, optimizer)]
         base = next((r for r in sel if r["scheme"] == "none"), None)
-        optimizer = g[6]
         beta = "beta_1 0.9" if optimizer == "Adam" else "momentum 0.9"
-        out.append(f"\n**{group_title(g[:6])}" + (", Adam" if optimizer == "Adam" else "") + "**\n")
+        out.append(f"\n**{group_title(g)}" + (", Adam" if optimizer == "Adam" else "") + "**\n")
         out.append(f"| scheme | EF | {beta} in | lr (per rank) | ratio | dense <= | dense warmup (steps) | seeds "
                    "| final test accuracy | vs none | bytes vs fp32 |")
         out.append("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -313,14 +314,13 @@ def report(rows):
 
 def _recipe_panels(rows, group):
     """[(framework, title, curves)]: dense and each scheme of :data:`RECIPES` measured in ``group``."""
-    base = _recipe_row(rows, group, "none", False, "optimizer", None, 0, False, {})
+    base = _recipe_row(rows, group, DENSE)
     panels = []
-    for label, scheme, ef, placement, lr, dense_below, warmup, params, _ in RECIPES:
-        r = _recipe_row(rows, group, scheme, ef, placement, lr, dense_below, warmup, params)
-        if r is not None and base is not None and label != "TopK(0.01) without EF":
-            extra = [_recipe_row(rows, group, "topk", False, "optimizer", None, 0, False, {"ratio": 0.01})
-                     ] if scheme == "topk" else []
-            panels.append((group[0], label, [(base, "-", "black", "dense"), (r, "-", "tab:green", "recipe")]
+    for recipe in RECIPES:
+        r = _recipe_row(rows, group, recipe)
+        if r is not None and base is not None and recipe is not TOPK_WITHOUT_EF:
+            extra = [_recipe_row(rows, group, TOPK_WITHOUT_EF)] if recipe.scheme == "topk" else []
+            panels.append((group[0], recipe.label, [(base, "-", "black", "dense"), (r, "-", "tab:green", "recipe")]
                            + [(x, "--", "tab:red", "no EF") for x in extra if x is not None]))
     return panels
 
@@ -400,25 +400,39 @@ def plot_all(rows, outdir):
         plot(rows, os.path.join(outdir, name), model, ranks)
 
 
-#: the per-scheme recipes of docs/training.md: (label, scheme, error feedback, momentum placement,
-#: per-rank lr (None: the model's), tensors dense up to this many elements (an int, or per model),
-#: dense warmup or not,
-#: ratio / PowerSGD rank, tolerance vs none of issue 16 (None: no target))
+class Recipe(NamedTuple):
+    """One line of docs/training.md's recipe table: a scheme and how it trains."""
+    label: str
+    scheme: str
+    error_feedback: bool
+    placement: str                      # where momentum 0.9 lives: "optimizer" or "compressor"
+    lr: Optional[float]                 # per rank; None: the model's (MODEL_LR_PER_RANK)
+    dense_below: Union[int, dict]       # tensors of at most this many elements stay dense (or per model)
+    warmup: bool                        # a dense warmup or none
+    params: dict                        # ratio / PowerSGD rank; "ramp": the ratio ramp's epochs per model
+    tolerance: Optional[float] = None   # issue 16's target vs none (None: no target)
+
+
+#: the per-scheme recipes of docs/training.md, in the table's order
 RECIPES = [
-    ("Horovod fp16", "hvd-fp16", False, "optimizer", None, 0, False, {}, None),
-    ("Int8()", "int8", True, "optimizer", None, 0, False, {}, 0.3),
-    ("FP16()", "fp16", False, "optimizer", None, 0, False, {}, 0.3),
-    ("BF16()", "bf16", False, "optimizer", None, 0, False, {}, 0.3),
-    ("TopK(0.01)", "topk", True, "compressor", None, DENSE_BELOW_WITH_EMBEDDINGS, True, {"ratio": 0.01}, 0.5),
-    ("DGC(0.001)", "dgc", True, "compressor", None, DENSE_BELOW_WITH_EMBEDDINGS, True,
-     {"ratio": None, "ramp": RAMP_EPOCHS}, 0.5),
-    ("PowerSGD(4)", "powersgd", True, "optimizer", None, DENSE_BELOW_WITH_EMBEDDINGS, True, {"rank": 4}, 0.5),
-    ("EFSignSGD()", "efsignsgd", True, "compressor", None, 1024, True, {}, 1.0),
-    ("OneBit()", "onebit", True, "compressor", None, 1024, True, {}, 1.0),
-    ("SignSGD() (Signum)", "signsgd", False, "compressor", 0.001, 0, False, {}, 2.0),
-    ("RandomK(0.01)", "randomk", True, "compressor", 0.005, 1024, True, {"ratio": 0.01}, 1.0),
-    ("TopK(0.01) without EF", "topk", False, "optimizer", None, 0, False, {"ratio": 0.01}, None),
+    Recipe("Horovod fp16", "hvd-fp16", False, "optimizer", None, 0, False, {}),
+    Recipe("Int8()", "int8", True, "optimizer", None, 0, False, {}, 0.3),
+    Recipe("FP16()", "fp16", False, "optimizer", None, 0, False, {}, 0.3),
+    Recipe("BF16()", "bf16", False, "optimizer", None, 0, False, {}, 0.3),
+    Recipe("TopK(0.01)", "topk", True, "compressor", None, DENSE_BELOW_WITH_EMBEDDINGS, True, {"ratio": 0.01}, 0.5),
+    Recipe("DGC(0.001)", "dgc", True, "compressor", None, DENSE_BELOW_WITH_EMBEDDINGS, True,
+           {"ratio": None, "ramp": RAMP_EPOCHS}, 0.5),
+    Recipe("PowerSGD(4)", "powersgd", True, "optimizer", None, DENSE_BELOW_WITH_EMBEDDINGS, True, {"rank": 4}, 0.5),
+    Recipe("EFSignSGD()", "efsignsgd", True, "compressor", None, 1024, True, {}, 1.0),
+    Recipe("OneBit()", "onebit", True, "compressor", None, 1024, True, {}, 1.0),
+    Recipe("SignSGD() (Signum)", "signsgd", False, "compressor", 0.001, 0, False, {}, 2.0),
+    Recipe("RandomK(0.01)", "randomk", True, "compressor", 0.005, 1024, True, {"ratio": 0.01}, 1.0),
+    Recipe("TopK(0.01) without EF", "topk", False, "optimizer", None, 0, False, {"ratio": 0.01}),
 ]
+#: dense, the baseline of every column: SGD with momentum in the optimizer at the model's lr
+DENSE = Recipe("dense", "none", False, "optimizer", None, 0, False, {})
+#: Top-K without error feedback, drawn beside Top-K's recipe in the plots
+TOPK_WITHOUT_EF = RECIPES[-1]
 #: the columns of the recipe table, in order: (framework, model, ranks, epochs of lr warmup, epochs, attention).  TF's
 #: CNN at 4 ranks needs the gradual warmup: without it the rate scaled by 4 spikes the loss in
 #: the first epoch (dense: 96.37 +- 0.76 over 3 seeds; a compressed run lost a seed to chance level).
@@ -449,9 +463,10 @@ def _dense_below_text(dense_below):
     return f"dense <= {common} elements" + (f" ({other})" if other else "")
 
 
-def _recipe_row(rows, group, scheme, ef, placement, lr, dense_below, warmup, params):
-    """The row of this recipe in ``group`` measured over the most seeds, or None."""
-    dense_below = per_model(dense_below, group[1])
+def _recipe_row(rows, group, recipe):
+    """The row of ``recipe`` (a :class:`Recipe`) in ``group`` measured over the most seeds, or None."""
+    scheme, ef, placement, lr, params = recipe.scheme, recipe.error_feedback, recipe.placement, recipe.lr, recipe.params
+    dense_below, warmup = per_model(recipe.dense_below, group[1]), recipe.warmup
     fits = []
     for r in rows:
         rec = r.get("recipe") or {}
@@ -510,22 +525,23 @@ def recipe_table(rows, brief=False):
     lead = ["scheme"] if brief else ["scheme", "error feedback", "momentum 0.9 in", "recipe", "target"]
     out = ["| " + " | ".join(lead + heads) + " |",
            "|---|" + "---|" * (len(lead) - 2) + "---:|" * (len(heads) + (len(lead) > 1))]
-    dense = [_recipe_row(rows, g, "none", False, "optimizer", None, 0, False, {}) for g in RECIPE_GROUPS]
+    dense = [_recipe_row(rows, g, DENSE) for g in RECIPE_GROUPS]
     out.append("| dense (`none`) | " + ("" if brief else "- | optimizer | - | | ") + " | ".join(
         f"{d['final_test_accuracy']:.2f} ± {d.get('final_test_accuracy_std', 0):.2f}"
         + _seeds_note(len(d.get("seeds") or [])) if d else "not measured"
         for d in dense) + " |")
-    for label, scheme, ef, placement, lr, dense_below, warmup, params, tol in RECIPES:
-        recipe = [f"lr {lr:g}/rank" if lr else "the model's lr"]
-        if dense_below:
-            recipe.append(_dense_below_text(dense_below))
-        if warmup:
+    for rec in RECIPES:
+        tol = rec.tolerance
+        recipe = [f"lr {rec.lr:g}/rank" if rec.lr else "the model's lr"]
+        if rec.dense_below:
+            recipe.append(_dense_below_text(rec.dense_below))
+        if rec.warmup:
             recipe.append("dense warmup")
-        if params.get("ramp"):
-            recipe.append(_ramp_text(params["ramp"]))
+        if rec.params.get("ramp"):
+            recipe.append(_ramp_text(rec.params["ramp"]))
         cells = []
         for group, base in zip(RECIPE_GROUPS, dense):
-            r = _recipe_row(rows, group, scheme, ef, placement, lr, dense_below, warmup, params)
+            r = _recipe_row(rows, group, rec)
             if r is None or base is None:
                 cells.append("not measured")
                 continue
@@ -535,9 +551,10 @@ def recipe_table(rows, brief=False):
             cells.append(f"{r['final_test_accuracy']:.2f} ± {r.get('final_test_accuracy_std', 0):.2f} "
                          f"({_signed(d)}{se})" + mark + _seeds_note(len(r.get("seeds") or [])))
         if brief:
-            out.append(f"| `{label}` | " + " | ".join(cells) + " |")
+            out.append(f"| `{rec.label}` | " + " | ".join(cells) + " |")
             continue
-        out.append(f"| `{label}` | {'-' if scheme == 'hvd-fp16' else ('on' if ef else 'off')} | {placement} | "
+        ef = "-" if rec.scheme == "hvd-fp16" else ("on" if rec.error_feedback else "off")
+        out.append(f"| `{rec.label}` | {ef} | {rec.placement} | "
                    f"{', '.join(recipe)} | {'within ' + format(tol, 'g') if tol is not None else '-'} | "
                    + " | ".join(cells) + " |")
     return "\n".join(out)
