@@ -11,6 +11,7 @@
 #   bash scripts/convergence_recipes.sh extras            # Random-K's learning rate and ratio, Adam
 #   bash scripts/convergence_recipes.sh more-seeds        # seeds 4-10 for the cells 3 seeds could not settle
 #   bash scripts/convergence_recipes.sh attention         # TF transformer with torch's attention layout
+#   bash scripts/convergence_recipes.sh cnn-ramp          # DGC's ratio ramp on the CNN
 #   PYTHON=... OUTDIR=...                                   # another venv / results folder
 #
 # Each group trains (10 epochs, the transformer 20: convergence_rows.MODEL_EPOCHS), for 3 seeds,
@@ -53,6 +54,16 @@ group() {  # framework model ranks warmup-epochs [lr-warmup-epochs]
   run $A --schemes topk --placement optimizer --error-feedback off $LR
   run $A --schemes signsgd --placement compressor --error-feedback off --lr 0.001
   run $A --schemes randomk --placement compressor --error-feedback on $R --lr 0.005
+}
+
+cnn_ramp() {  # DGC on the CNN with the transformer's ratio ramp, 1 epoch a stage, in every CNN column (the rows
+  # without it are the table's).  Rule fixed before the runs, as for the transformer: DGC's CNN recipe
+  # takes the ramp if its mean paired gain over the four columns is above 0.
+  local R="--schemes dgc --placement compressor --error-feedback on --dense-below 1024 --warmup-epochs 1 --lr 0.02"
+  run --frameworks tensorflow --model cnn --ranks 4 --lr-warmup-epochs 1 --seeds 1,2,3,4,5,6,7,8,9,10 $R --ramp-epochs 1
+  run --frameworks torch --model cnn --ranks 2 --lr-warmup-epochs 0 $R --ramp-epochs 1
+  run --frameworks torch --model cnn --ranks 4 --lr-warmup-epochs 0 $R --ramp-epochs 1
+  run --frameworks tensorflow --model cnn --ranks 2 --lr-warmup-epochs 0 $R --ramp-epochs 1
 }
 
 extras() {  # torch CNN, 2 ranks: Random-K's learning rate and ratio; Adam
@@ -120,7 +131,7 @@ attention() {  # the TF transformer with torch's attention layout, at torch's an
 
 if [ $# -gt 0 ]; then
   for spec in "$@"; do
-    case "$spec" in extras) extras;; more-seeds) more_seeds;; attention) attention;; *) group $spec;; esac
+    case "$spec" in extras) extras;; more-seeds) more_seeds;; attention) attention;; cnn-ramp) cnn_ramp;; *) group $spec;; esac
   done
 else
   for spec in "torch cnn 2 1" "tensorflow cnn 2 1" "torch transformer 2 2" "torch cnn 4 1" \
