@@ -140,6 +140,7 @@ else
   done
   more_seeds
   attention
+  cnn_ramp
   extras
 fi
 "$PY" scripts/convergence.py --report plots --outdir "$OUT"

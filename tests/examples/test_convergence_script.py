@@ -254,10 +254,12 @@ def test_recipes_script_more_seeds_reproduces_every_row_measured_over_more_than_
     assert {len(seeds) for seeds in called.values()} == {6, 10}
     with open(os.path.join(REPO, "docs", "results", "convergence.json")) as f:
         rows = json.load(f)
-    # (seeds 11-15 of two TF rows are the attention group's, tested below)
+    # (seeds 11-15 of two TF rows are the attention group's, and the CNN's ramp rows the cnn-ramp
+    # group's, tested below)
     pooled = {(r["framework"], r["model"], r["ranks"], r["scheme"], bool(r["recipe"].get("ramp_steps"))):
               [s for s in r["seeds"] if s <= 10] for r in rows
               if len(r.get("seeds") or []) > 3 and not convergence_rows.attention_of(r)
+              and not (r["model"] == "cnn" and r["recipe"].get("ramp_steps"))
               and convergence_rows.epochs_of(r) == convergence_rows.MODEL_EPOCHS[r["model"]]}
     assert called == pooled
 
@@ -282,6 +284,19 @@ def test_recipes_script_attention_measures_every_row_of_torchs_attention_layout(
              and r["model"] == "transformer" and len(r.get("seeds") or []) == 15}
     assert keras == {(2, s): list(range(1, 16)) for s in ("none", "topk")}
     assert all(called[("", 2, s)] == list(range(11, 16)) for s in ("none", "topk"))
+
+
+def test_recipes_script_cnn_ramp_measures_every_ratio_ramp_row_of_the_cnn(tmp_path):
+    import json
+    runs = [c for c in _recipes_script_calls(tmp_path, "cnn-ramp") if "--report" not in c]
+    assert all(_call_flag(c, "schemes") == "dgc" and _call_flag(c, "ramp-epochs") == "1" for c in runs)
+    called = {(_call_flag(c, "frameworks"), int(_call_flag(c, "ranks")), float(_call_flag(c, "lr-warmup-epochs"))):
+              [int(s) for s in _call_flag(c, "seeds").split(",")] for c in runs}
+    with open(os.path.join(REPO, "docs", "results", "convergence.json")) as f:
+        rows = json.load(f)
+    measured = {(r["framework"], r["ranks"], float(convergence_rows.lr_warmup_of(r))): r["seeds"] for r in rows
+                if r["model"] == "cnn" and r["recipe"].get("ramp_steps")}
+    assert len(called) == 4 and called == measured
 
 
 def test_recipes_script_sends_the_transformers_embedding_dense_for_topk_dgc_and_powersgd(tmp_path):
