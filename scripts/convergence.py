@@ -47,7 +47,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from convergence_rows import (MODEL_EPOCHS, MODEL_LR_PER_RANK, PLACEMENTS, _finite, _flag, _mean, _std,  # noqa: E402
-                              check_expectations, merge_rows, plot_all, recipe_of, recipe_table, report, row_key)
+                              check_expectations, merge_rows, plot_all, ramp_gains, recipe_of, recipe_table, report,
+                              row_key)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(REPO, "examples")
@@ -374,10 +375,11 @@ def main():
     p.add_argument("--outdir", default=None, help="default docs/results (full) or out/convergence (--quick)")
     p.add_argument("--python", default=None, help="python of the venv (default: the one running this script)")
     p.add_argument("--no-plot", action="store_true")
-    p.add_argument("--report", nargs="?", const="tables", choices=["tables", "recipes", "summary", "plots"],
+    p.add_argument("--report", nargs="?", const="tables", choices=["tables", "recipes", "summary", "ramps", "plots"],
                    help="run nothing, read the outdir's convergence.json: 'tables' (the default) prints "
                         "docs/convergence.md's tables (recipe per row, mean ± spread over seeds, vs none), "
-                        "'recipes' docs/training.md's recipe table, 'summary' the README's, 'plots' redraws "
+                        "'recipes' docs/training.md's recipe table, 'summary' the README's, 'ramps' the ratio ramp's "
+                        "gain per column, 'plots' redraws "
                         "the .png files")
     # worker mode (internal)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -395,7 +397,7 @@ def main():
         if args.report == "plots":
             return plot_all(rows, args.outdir or os.path.join(REPO, "docs/results"))
         print(recipe_table(rows, brief=args.report == "summary") if args.report in ("recipes", "summary")
-              else report(rows))
+              else ramp_gains(rows) if args.report == "ramps" else report(rows))
         return None
     placements = args.placement.split(",")
     if any(pl not in PLACEMENTS for pl in placements):

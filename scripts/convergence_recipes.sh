@@ -98,7 +98,7 @@ more_seeds() {  # seeds 4-10 (torch's 4-rank transformer: 4-6), pooled with 1-3 
   run $K4 $S --schemes none $D
   run $K4 $S --schemes dgc $C --dense-below 1024 --warmup-epochs 1 --lr 0.02
   # torch's transformer at 4 ranks: dense and every scheme with a 0.3 or 0.5 target (3 seeds left
-  # each within two standard errors of its line), seeds 4-6 only: a run takes 150 to 290 s here
+  # each within two standard errors of its line), seeds 4-6 only: a run took 150 to 340 s here
   local T4="--frameworks torch --model transformer --ranks 4 --lr-warmup-epochs 0" S6="--seeds 4,5,6 --add-seeds"
   run $T4 $S6 --schemes none,int8,fp16,bf16 $D
   run $T4 $S6 --schemes topk $C $E

@@ -506,6 +506,38 @@ def versus_dense(row, base):
     return row["final_test_accuracy"] - base["final_test_accuracy"], se
 
 
+def ramp_gains(rows):
+    """Markdown: the ratio ramp's gain, per column of the recipe table where Top-K or DGC ran with
+    and without it (the recipe otherwise the table's): each row against dense, and the ramp's row
+    against the row without it, seed by seed over the seeds both have."""
+    rows = [r for r in map(with_recipe, rows) if _optimizer(r) == "SGD"]
+    out = ["| column | scheme | without the ramp | with it | gain (paired) | bytes vs fp32 without / with |",
+           "|---|---|---:|---:|---:|---:|"]
+    for group in RECIPE_GROUPS:
+        base = _recipe_row(rows, group, DENSE)
+        for rec in (r for r in RECIPES if r.scheme in ("topk", "dgc") and r.error_feedback):
+            plain = {k: v for k, v in rec.params.items() if k != "ramp"}
+            without = _recipe_row(rows, group, rec._replace(params=plain))
+            ramped = _recipe_row(rows, group, rec._replace(params=dict(plain, ramp={group[1]: 1})))
+            if base is None or without is None or ramped is None:
+                continue
+            cells = []
+            for r in (without, ramped):
+                d, se = versus_dense(r, base)
+                cells.append(f"{_signed(d)} ± {se:.2f}{_seeds_note(len(r.get('seeds') or []))}")
+            # the gain over the seeds both rows have: a seed fixes the initial weights and the data order
+            plain_acc = dict(zip(without.get("seeds") or [], without.get("final_test_accuracy_per_seed") or []))
+            diffs = [a - plain_acc[s] for s, a in zip(ramped.get("seeds") or [],
+                                                      ramped.get("final_test_accuracy_per_seed") or [])
+                     if s in plain_acc]
+            gain, se = _mean(diffs), _std(diffs) / math.sqrt(len(diffs))
+            whole = [f"{r.get('compression_ratio_whole_run') or 0:.1f}x" for r in (without, ramped)]
+            out.append(f"| {group_title(group)} | {rec.label} | {cells[0]} | {cells[1]} | {_signed(gain)} ± {se:.2f}"
+                       f"{_seeds_note(len(diffs))} "
+                       f"| {whole[0]} / {whole[1]} |")
+    return "\n".join(out)
+
+
 def _signed(d):
     """``d`` to two decimals with its sign, and never "-0.00" (a mean difference of -0.0001)."""
     return f"{round(d, 2) + 0.0:+.2f}"

@@ -68,6 +68,21 @@ def test_a_ratio_ramp_is_a_row_of_its_own_and_shown_in_the_per_row_tables():
     assert any("| 63 |" in l and "97.00%" in l for l in lines), lines
 
 
+def test_ramp_gains_pairs_the_ramp_with_the_row_without_it_over_their_common_seeds():
+    def with_acc(row, accs):
+        return dict(row, final_test_accuracy_per_seed=accs, final_test_accuracy=sum(accs) / len(accs))
+    base = with_acc(_row("none", 0, seeds=range(1, 7), ef=False, placement="optimizer"), [97.0] * 6)
+    flat = with_acc(_row("dgc", 0, dense_below=1024, warmup_steps=63), [96.0, 96.5, 97.0])
+    ramped = with_acc(_row("dgc", 0, seeds=range(1, 7), dense_below=1024, warmup_steps=63, ramp_steps=63),
+                      [96.5, 96.5, 97.5, 90.0, 90.0, 90.0])  # seeds 4-6 have no partner: left out of the gain
+    for r in (base, flat, ramped):
+        r["compression_ratio_whole_run"] = 1.0 if r is base else 9.5 if r is flat else 5.9
+    lines = convergence_rows.ramp_gains([base, flat, ramped]).splitlines()
+    assert len(lines) == 3, lines
+    assert lines[2] == ("| torch cnn 2 ranks | DGC(0.001) | -0.50 ± 0.29 | -3.58 ± 1.54 (6 seeds) | +0.33 ± 0.17 "
+                        "| 9.5x / 5.9x |"), lines[2]
+
+
 def test_a_recipe_is_a_row_of_its_own():
     bare, tuned = _row("topk", 97.0, ratio=0.01), _row("topk", 97.6, ratio=0.01, dense_below=1024, warmup_steps=63)
     assert convergence_rows.row_key(bare) != convergence_rows.row_key(tuned)
@@ -357,3 +372,4 @@ def test_the_docs_print_the_reports_of_the_committed_results():
     for path in ("docs/training.md", "docs/convergence.md"):
         assert convergence_rows.recipe_table(rows) in text(path), path
     assert convergence_rows.report(rows).strip("\n") in text("docs/convergence.md")
+    assert convergence_rows.ramp_gains(rows) in text("docs/convergence.md")
