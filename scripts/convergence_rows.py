@@ -488,6 +488,13 @@ def _recipe_row(rows, group, recipe):
     return max(fits, key=lambda r: len(r.get("seeds") or []), default=None)
 
 
+def _paired_differences(row, other):
+    """``row``'s accuracy minus ``other``'s, seed by seed, over the seeds both have (in ``row``'s order)."""
+    theirs = dict(zip(other.get("seeds") or [], other.get("final_test_accuracy_per_seed") or []))
+    return [a - theirs[s] for s, a in zip(row.get("seeds") or [], row.get("final_test_accuracy_per_seed") or [])
+            if s in theirs]
+
+
 def versus_dense(row, base):
     """(difference of means, its standard error) of ``row`` against dense (``base``).
 
@@ -497,9 +504,8 @@ def versus_dense(row, base):
     measured over more seeds (``--add-seeds``) is thus compared on the row's own seeds.
     Otherwise (one seed, or seeds dense lacks) the two means, with sqrt(s1^2/n1 + s2^2/n2)."""
     seeds, acc = row.get("seeds") or [], row.get("final_test_accuracy_per_seed") or []
-    dense = dict(zip(base.get("seeds") or [], base.get("final_test_accuracy_per_seed") or []))
-    if len(seeds) >= 2 and len(acc) == len(seeds) and all(s in dense for s in seeds):
-        diffs = [a - dense[s] for s, a in zip(seeds, acc)]
+    diffs = _paired_differences(row, base)
+    if len(seeds) >= 2 and len(acc) == len(seeds) and len(diffs) == len(seeds):
         return _mean(diffs), _std(diffs) / math.sqrt(len(diffs))
     se = math.sqrt(sum(r.get("final_test_accuracy_std", 0.0) ** 2 / max(len(r.get("seeds") or [1]), 1)
                        for r in (row, base)))
@@ -526,10 +532,7 @@ def ramp_gains(rows):
                 d, se = versus_dense(r, base)
                 cells.append(f"{_signed(d)} ± {se:.2f}{_seeds_note(len(r.get('seeds') or []))}")
             # the gain over the seeds both rows have: a seed fixes the initial weights and the data order
-            plain_acc = dict(zip(without.get("seeds") or [], without.get("final_test_accuracy_per_seed") or []))
-            diffs = [a - plain_acc[s] for s, a in zip(ramped.get("seeds") or [],
-                                                      ramped.get("final_test_accuracy_per_seed") or [])
-                     if s in plain_acc]
+            diffs = _paired_differences(ramped, without)
             gain, se = _mean(diffs), _std(diffs) / math.sqrt(len(diffs))
             whole = [f"{r.get('compression_ratio_whole_run') or 0:.1f}x" for r in (without, ramped)]
             out.append(f"| {group_title(group)} | {rec.label} | {cells[0]} | {cells[1]} | {_signed(gain)} ± {se:.2f}"
