@@ -11,7 +11,7 @@ PY="$VENV/bin/python"
 HVDRUN="$VENV/bin/horovodrun"
 OUT="${HVDC_TEST_OUT:-$REPO/out/tests}"
 export TF_USE_LEGACY_KERAS=1 TF_CPP_MIN_LOG_LEVEL=3 PYTHONUNBUFFERED=1 PYTHONHASHSEED=0
-NP3_FILES="${NP3_FILES:-test_torch_compression.py test_tf_compression.py test_two_phase_torch.py test_two_phase_tf.py test_auto_torch.py test_auto_tf.py}"
+NP3_FILES="${NP3_FILES:-test_torch_compression.py test_process_set_torch.py test_tf_compression.py test_two_phase_torch.py test_two_phase_tf.py test_auto_torch.py test_auto_tf.py}"
 CONTROLLERS="${HVDC_CONTROLLERS:-gloo mpi}"
 mkdir -p "$OUT"
 cd "$REPO"
