@@ -243,7 +243,8 @@ def train(args, compression=None, describe=None, quiet=False, data=None):
         return tf.reduce_sum(loss), correct
 
     nparams = sum(int(v.shape.num_elements()) for v in model.trainable_variables)
-    arch = f"MLP 784-{args.hidden}-10" if args.model == "mlp" else "CNN"
+    arch = {"mlp": f"MLP 784-{args.hidden}-10", "cnn": "CNN",
+            "transformer": f"row transformer ({args.attention} attention)"}[args.model]
     say(f"Model {arch} ({nparams} parameters), {size} ranks x batch {args.batch_size}, "
         f"lr {lr:g}, {args.epochs} epochs x {nb} steps; train {len(Xtr)}/rank, test {len(yte)}/rank")
     say(f"Compression: {describe}")

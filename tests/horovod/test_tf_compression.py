@@ -1,6 +1,6 @@
 """hvd_compress through the stock, unpatched Horovod TensorFlow 2 APIs.
 
-Runs under ``horovodrun -np 2`` and ``-np 3``, with Gloo and with MPI (see
+Runs under ``horovodrun -np 2`` with Gloo and with MPI, and ``-np 3`` with Gloo (see
 scripts/run_tests.sh), with tf_keras (``TF_USE_LEGACY_KERAS=1``).  Three entry
 points of Horovod 0.28.1 are driven:
 

@@ -1,7 +1,7 @@
 """The two-phase compressed allreduce (issue #8) through the stock ``hvd.DistributedGradientTape`` (TF2).
 
-Runs under ``horovodrun -np 2`` and ``-np 3`` (Gloo and MPI, scripts/run_tests.sh) and
-at 3 and 4 ranks on the emulated cluster (tests/testing/test_two_phase_cluster.py).
+Runs under ``horovodrun -np 2`` (Gloo and MPI) and ``-np 3`` (Gloo; scripts/run_tests.sh), and
+at 3 and 4 ranks (4 over MPI) on the emulated cluster (tests/testing/test_two_phase_cluster.py).
 Every rank injects a rank-specific deterministic gradient through the loss
 ``sum(v * G_rank)`` inside a ``tf.function`` and reads the gradients the
 ``DistributedGradientTape`` returns; every rank can compute every rank's ``G``, so each
