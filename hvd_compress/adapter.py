@@ -77,6 +77,14 @@ class AdapterBase:
         memory and flat tensor, or None: the eager scheme runs."""
         return None
 
+    def fused_momentum(self, memory, key, numel, x, ws, out):
+        """Momentum-aware error feedback's first half ahead of a fused codec
+        (:class:`~hvd_compress.MomentumMemory`): ``u = m u + x`` into the stored
+        velocity of ``key`` (kept finite) and the direction ``d`` returned
+        (``u``, or ``x + m u`` with Nesterov).  The codec then compresses
+        ``d + residual``, as the eager path does."""
+        raise NotImplementedError
+
     def workspace(self, key):
         """Scratch buffers of one parameter, reused from step to step."""
         return self.params.of(key).workspace

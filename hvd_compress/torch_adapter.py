@@ -145,6 +145,10 @@ class TorchAdapter(AdapterBase):
         from .kernels.torch_cpu import codec_for
         return codec_for(scheme, memory, x)
 
+    def fused_momentum(self, memory, key, numel, x, ws, out):
+        from .kernels.torch_cpu import apply_momentum
+        return apply_momentum(x, self.get_memory("momentum", key, numel, x), memory, ws, out)
+
     def get_state(self, key, name, init):
         scheme_state = self.params.of(key).scheme
         if name not in scheme_state:

@@ -35,6 +35,7 @@ void hvdc_sign_encode(const float *x, float *r, i64 n, int mode, uint8_t *bits, 
 void hvdc_sign_decode_sum(int nr, const uint8_t *const *bits, const float *scales, i64 n, int mode, float s,
                           int scaled, float *out);
 void hvdc_half_encode(const float *x, float *r, i64 n, int dtype, uint16_t *out);
+void hvdc_momentum(const float *x, float *u, i64 n, float m, int nesterov, float *d);
 void hvdc_bf16_decode_sum(int nr, const uint16_t *const *hs, i64 n, float s, int scaled, float *out);
 i64 hvdc_compensate_select(const float *x, float *r, i64 n, float thr, int strict, int nan_large,
                            i64 *cand, float *cand_val, i64 cap);
@@ -164,6 +165,19 @@ REGISTER_OP("HvdcHalfEncode")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext *c) { return VectorFromAttr(c, 0, "n"); });
 
+// Momentum-aware error feedback's first pass: u = m u + x in the velocity
+// variable (kept finite), d = u or x + m u (Nesterov) out; a codec then
+// compresses d + residual.
+REGISTER_OP("HvdcMomentum")
+    .Input("x: float")
+    .Input("u: resource")
+    .Output("d: float")
+    .Attr("n: int >= 0")
+    .Attr("m: float")
+    .Attr("nesterov: bool")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext *c) { return VectorFromAttr(c, 0, "n"); });
+
 REGISTER_OP("HvdcBf16DecodeSum")
     .Input("hs: N * int16")
     .Input("s: float")
@@ -183,10 +197,11 @@ absl::Status CheckVector(const Tensor &t, i64 n, const char *what) {
 
 // The residual variable of input `index`, locked by the caller, its buffer
 // owned by the variable alone (copied first where something else aliases it).
-absl::Status ResidualForUpdate(OpKernelContext *ctx, Var *var, i64 n, float **out) {
+absl::Status ResidualForUpdate(OpKernelContext *ctx, Var *var, i64 n, float **out,
+                               const char *what = "residual") {
   Tensor *t = var->tensor();
   if (!t->IsInitialized() || t->dtype() != DT_FLOAT || t->NumElements() != n)
-    return errors::InvalidArgument("the residual variable must be float32 of ", n, " elements");
+    return errors::InvalidArgument("the ", what, " variable must be float32 of ", n, " elements");
   if (var->copy_on_read_mode.load() || !t->RefCountIsOne()) {
     Tensor copy;
     TF_RETURN_IF_ERROR(ctx->allocate_temp(DT_FLOAT, t->shape(), &copy));
@@ -489,6 +504,32 @@ class HalfEncodeOp : public OpKernel {
   bool bf16_;
 };
 
+class MomentumOp : public OpKernel {
+ public:
+  explicit MomentumOp(OpKernelConstruction *c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("n", &n_));
+    OP_REQUIRES_OK(c, c->GetAttr("m", &m_));
+    OP_REQUIRES_OK(c, c->GetAttr("nesterov", &nesterov_));
+  }
+  void Compute(OpKernelContext *ctx) override {
+    const Tensor &x = ctx->input(0);
+    OP_REQUIRES_OK(ctx, CheckVector(x, n_, "x"));
+    Tensor *d = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n_}), &d));
+    core::RefCountPtr<Var> var;
+    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 1), &var));
+    mutex_lock ml(*var->mu());
+    float *u = nullptr;
+    OP_REQUIRES_OK(ctx, ResidualForUpdate(ctx, var.get(), n_, &u, "velocity"));
+    hvdc_momentum(x.flat<float>().data(), u, n_, m_, nesterov_ ? 1 : 0, d->flat<float>().data());
+  }
+
+ private:
+  int64_t n_;
+  float m_;
+  bool nesterov_;
+};
+
 class Bf16DecodeSumOp : public OpKernel {
  public:
   explicit Bf16DecodeSumOp(OpKernelConstruction *c) : OpKernel(c) {
@@ -517,6 +558,7 @@ REGISTER_KERNEL_BUILDER(Name("HvdcSignEncode").Device(DEVICE_CPU), SignEncodeOp)
 REGISTER_KERNEL_BUILDER(Name("HvdcSignDecodeSum").Device(DEVICE_CPU), SignDecodeSumOp);
 REGISTER_KERNEL_BUILDER(Name("HvdcHalfEncode").Device(DEVICE_CPU), HalfEncodeOp);
 REGISTER_KERNEL_BUILDER(Name("HvdcBf16DecodeSum").Device(DEVICE_CPU), Bf16DecodeSumOp);
+REGISTER_KERNEL_BUILDER(Name("HvdcMomentum").Device(DEVICE_CPU), MomentumOp);
 REGISTER_KERNEL_BUILDER(Name("HvdcInt8Encode").Device(DEVICE_CPU), Int8EncodeOp);
 REGISTER_KERNEL_BUILDER(Name("HvdcInt8DecodeSum").Device(DEVICE_CPU), Int8DecodeSumOp);
 REGISTER_KERNEL_BUILDER(Name("HvdcTopKEncode").Device(DEVICE_CPU), TopKEncodeOp);

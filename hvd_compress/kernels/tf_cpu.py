@@ -13,9 +13,11 @@ scheme's names, dtypes and bytes; tests/unit/test_kernels_tf.py holds the two
 paths to the same results.
 
 Fused here: Int8 (any block size), Top-K (``values=None``), SignSGD,
-EFSignSGD, BF16, and FP16 with error feedback (without, TF's cast is one pass
-already), with or without plain error feedback.  Every other scheme, memory
-or device runs the eager code.
+EFSignSGD, BF16, and FP16 with error feedback or momentum (without either,
+TF's cast is one pass already), with plain error feedback, none, or
+momentum-aware error feedback (:class:`~hvd_compress.MomentumMemory`: the
+adapter's ``fused_momentum`` forms the direction first, in two elementwise
+ops).  Every other scheme, memory (DGC's) or device runs the eager code.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import tensorflow as tf
 
 from ..backend import ceil_div
 from ..coding import _ef_low_bits, index_code_nbytes
-from ..memory import ResidualMemory
+from ..memory import MomentumMemory, ResidualMemory
 from ..schemes.casts import BF16, FP16
 from ..schemes.quantization import EFSignSGD, Int8, SignSGD
 from ..schemes.sparsification import TopK
@@ -157,14 +159,13 @@ def _on_cpu(x):
 def codec_for(scheme, memory, x, adapter):
     """The fused TF codec of ``scheme`` for the flat float32 tensor ``x``, or
     None where the eager path runs: kernels off or unbuilt, not a CPU float32
-    tensor of a static size below 2**31, a memory other than plain error
-    feedback, a scheme not fused here (see the module's docstring), a Top-K
+    tensor of a static size below 2**31, DGC's memory, a scheme not fused here (see the module's docstring), a Top-K
     with a ``values=`` quantizer or keeping more than an eighth of the elements."""
     n = x.shape[0] if x.shape.rank == 1 else None
     if n is None or x.dtype != tf.float32 or n >= 2**31 or not _on_cpu(x):
         return None
-    if memory is not None and type(memory) is not ResidualMemory:
-        return None
+    if memory is not None and type(memory) not in (ResidualMemory, MomentumMemory):
+        return None  # DGC's memory masks its momentum by what was sent: the eager path
     make = _maker(scheme, memory, n)
     ops = load() if make is not None else None
     return make(ops, adapter) if ops is not None else None

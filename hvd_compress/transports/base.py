@@ -164,8 +164,7 @@ def fused_encode(adapter, codec, x, context, memory, key, numel, out):
     where the memory keeps a velocity, then the codec on ``d + residual``."""
     ws = adapter.workspace(key)
     if memory is not None and "momentum" in memory.names:
-        from ..kernels.torch_cpu import apply_momentum
-        x = apply_momentum(x, adapter.get_memory("momentum", key, numel, x), memory, ws, out)
+        x = adapter.fused_momentum(memory, key, numel, x, ws, out)
     keeps_residual = memory is not None and "residual" in memory.names
     residual = adapter.get_memory("residual", key, numel, x) if keeps_residual else None
     return codec.encode(x, residual, ws, context)
