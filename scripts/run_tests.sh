@@ -37,11 +37,29 @@ PYEOF
 )
   if [ "$mode" = check-only ]; then
     if [ $((f + e)) -gt 0 ] || [ "$t" = 0 ]; then failed=$((failed+1)); failures+=("$label ($((f+e)) failed, $t tests)"); fi
+    if [ $((f + e)) -gt 0 ]; then add_failure_lines "$xml"; fi
     return
   fi
   passed=$((passed + t - f - e - s)); failed=$((failed + f + e)); skipped=$((skipped + s))
   if [ "$t" = 0 ]; then failed=$((failed+1)); failures+=("$label (no tests collected)"); fi
-  if [ $((f + e)) -gt 0 ]; then failures+=("$label ($((f+e)) failed)"); fi
+  if [ $((f + e)) -gt 0 ]; then failures+=("$label ($((f+e)) failed)"); add_failure_lines "$xml"; fi
+}
+
+add_failure_lines() { # junit xml -> the first failing tests and the first line of each message, under the
+  # summary's FAILED line: CI keeps only the tail of the log, and stop 25's tail named the
+  # failing launch but not why it failed
+  local line
+  while IFS= read -r line; do failures+=("    $line"); done < <("$PY" - "$1" <<'PYEOF'
+import sys, xml.etree.ElementTree as ET
+bad = [(c, r) for c in ET.parse(sys.argv[1]).getroot().iter("testcase")
+       for r in list(c) if r.tag in ("failure", "error")]
+for case, result in bad[:3]:
+    message = (result.get("message") or result.text or "").strip().splitlines() or [""]
+    print(f"{case.get('name')}: {message[0][:300]}")
+if len(bad) > 3:
+    print(f"... and {len(bad) - 3} more")
+PYEOF
+)
 }
 
 record_exit() { # label rc: a non-zero exit is a failure; 5 (no tests collected) also counts as a failed test
@@ -117,7 +135,9 @@ done
 
 if [ ${#crashes[@]} -gt 0 ]; then echo; printf '%s\n' "${crashes[@]}"; fi
 echo
-if [ ${#failures[@]} -gt 0 ]; then printf 'FAILED: %s\n' "${failures[@]}"; fi
+for entry in "${failures[@]}"; do # an indented entry says why the FAILED line above it failed
+  case "$entry" in "    "*) printf '%s\n' "$entry";; *) printf 'FAILED: %s\n' "$entry";; esac
+done
 [ -n "${HVDC_CI_START:-}" ] && echo "wall time since CI start (set-up included): $(( $(date +%s) - HVDC_CI_START )) s"
 echo "total: $passed passed, $failed failed, $skipped skipped"
 [ $failed -eq 0 ] && [ ${#failures[@]} -eq 0 ] && [ $passed -gt 0 ]
