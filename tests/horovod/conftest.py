@@ -43,9 +43,12 @@ def pytest_sessionfinish(session, exitstatus):
         hvd = sys.modules.get(module)
         if hvd is None or not hvd.is_initialized() or hvd.size() < 2:
             continue
-        if zeros == "torch":
-            import torch
-            hvd.allreduce(torch.zeros(1), name="tests.session_end")
-        else:
-            import tensorflow as tf
-            hvd.allreduce(tf.zeros([1]), name="tests.session_end")
+        try:
+            if zeros == "torch":
+                import torch
+                hvd.allreduce(torch.zeros(1), name="tests.session_end")
+            else:
+                import tensorflow as tf
+                hvd.allreduce(tf.zeros([1]), name="tests.session_end")
+        except Exception as e:  # Horovod already shut down (a failed test): nothing to wait for
+            print(f"rank {RANK}: no wait at the end of the session: {type(e).__name__}: {e}")
