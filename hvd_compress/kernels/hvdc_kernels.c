@@ -50,6 +50,23 @@ static double compensate_l1(const float *x, float *r, i64 n, int want_l1) {
         }
         l1 += want_l1 ? (double)_mm512_reduce_add_ps(part) : 0.0;
     }
+#else
+    /* The same blocks without AVX-512: eight float partial sums the compiler keeps in one
+     * vector register (AVX2 here), where one double accumulator is a serial chain of adds
+     * (4 cycles each: 5.6 ms of a 4M-element encode on this 3 GHz AMD EPYC). */
+    while (i + 8 <= n) {
+        float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        i64 end = i + 4096 <= n ? i + 4096 : n - (n - i) % 8;
+        if (r) {
+            for (; i < end; i += 8)
+                for (int k = 0; k < 8; k++) { float a = x[i + k] + r[i + k]; r[i + k] = a; part[k] += fabsf(a); }
+        } else {
+            for (; i < end; i += 8)
+                for (int k = 0; k < 8; k++) part[k] += fabsf(x[i + k]);
+        }
+        float block = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+        l1 += want_l1 ? (double)block : 0.0;
+    }
 #endif
     for (; i < n; i++) {
         float a = r ? x[i] + r[i] : x[i];
@@ -197,6 +214,19 @@ void hvdc_sign_encode(const float *x, float *r, i64 n, int mode, uint8_t *bits, 
             _mm512_storeu_ps(r + i0, _mm512_maskz_mov_ps(fin, e));
         }
     }
+#else
+    /* Whole bytes, branch-free so the compiler vectorises them: the sign is data, and a
+     * branch on it is mispredicted half the time. */
+    for (; i0 + 8 <= n; i0 += 8) {
+        unsigned byte = 0;
+        for (int k = 0; k < 8; k++) byte |= (unsigned)(acc[i0 + k] >= 0.0f) << k;
+        bits[i0 / 8] = (uint8_t)byte;
+        if (r)
+            for (int k = 0; k < 8; k++) {
+                float a = acc[i0 + k], e = a - (a >= 0.0f ? scale : -scale);
+                r[i0 + k] = (e - e) == 0.0f ? e : 0.0f;
+            }
+    }
 #endif
     for (; i0 < n; i0 += 8) {
         i64 hi = i0 + 8 < n ? i0 + 8 : n;
@@ -220,6 +250,20 @@ static void sign_accumulate(const uint8_t *bits, float value, i64 n, int first, 
         uint16_t m16; memcpy(&m16, bits + i0 / 8, 2);
         __m512 d = _mm512_mask_blend_ps((__mmask16)m16, neg, pos);
         _mm512_storeu_ps(out + i0, first ? d : _mm512_add_ps(_mm512_loadu_ps(out + i0), d));
+    }
+#else
+    /* +-value is value with its sign bit set where the bit is 0: an xor, no branch on the
+     * data (a branch there is mispredicted half the time: 18.6 ms for 4M elements). */
+    uint32_t vbits; memcpy(&vbits, &value, 4);
+    for (; i0 + 8 <= n; i0 += 8) {
+        uint32_t b = bits[i0 >> 3];
+        float d[8];
+        for (int k = 0; k < 8; k++) {
+            uint32_t u = vbits ^ ((((b >> k) & 1u) ^ 1u) << 31);
+            memcpy(&d[k], &u, 4);
+        }
+        if (first) for (int k = 0; k < 8; k++) out[i0 + k] = d[k];
+        else for (int k = 0; k < 8; k++) out[i0 + k] += d[k];
     }
 #endif
     for (i64 i = i0; i < n; i++) {
