@@ -34,6 +34,9 @@ void hvdc_int8_decode_sum(int nr, const int8_t *const *qs, const float *const *s
 void hvdc_sign_encode(const float *x, float *r, i64 n, int mode, uint8_t *bits, float *scale_out);
 void hvdc_sign_decode_sum(int nr, const uint8_t *const *bits, const float *scales, i64 n, int mode, float s,
                           int scaled, float *out);
+void hvdc_onebit_encode(const float *x, float *r, i64 n, uint8_t *bits, float *means);
+void hvdc_onebit_decode_sum(int nr, const uint8_t *const *bits, const float *means, i64 n, float s, int scaled,
+                            float *out);
 void hvdc_half_encode(const float *x, float *r, i64 n, int dtype, uint16_t *out);
 void hvdc_momentum(const float *x, float *u, i64 n, float m, int nesterov, float *d);
 void hvdc_bf16_decode_sum(int nr, const uint16_t *const *hs, i64 n, float s, int scaled, float *out);
@@ -134,13 +137,15 @@ REGISTER_OP("HvdcSignEncode")
     .Output("scale: float")
     .Attr("M: int >= 0")
     .Attr("n: int >= 0")
-    .Attr("mode: int")
+    .Attr("mode: int")  // 0: SignSGD, 1: EFSignSGD (scale: one float), 2: OneBit (scale: its two means)
     .SetIsStateful()
     .SetShapeFn([](InferenceContext *c) {
       int64_t n;
+      int mode;
       TF_RETURN_IF_ERROR(c->GetAttr("n", &n));
+      TF_RETURN_IF_ERROR(c->GetAttr("mode", &mode));
       c->set_output(0, c->Vector((n + 7) / 8));
-      c->set_output(1, c->Vector(1));
+      c->set_output(1, c->Vector(mode == 2 ? 2 : 1));
       return absl::OkStatus();
     });
 
@@ -436,10 +441,13 @@ class SignEncodeOp : public OpKernel {
     OP_REQUIRES_OK(ctx, CheckVector(x, n_, "x"));
     Tensor *bits = nullptr, *scale = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({(n_ + 7) / 8}), &bits));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({1}), &scale));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({mode_ == 2 ? 2 : 1}), &scale));
     const float *xp = x.flat<float>().data();
     WithResidual(ctx, m_, n_, [&](float *r) {
-      hvdc_sign_encode(xp, r, n_, mode_, bits->flat<uint8_t>().data(), scale->flat<float>().data());
+      if (mode_ == 2)
+        hvdc_onebit_encode(xp, r, n_, bits->flat<uint8_t>().data(), scale->flat<float>().data());
+      else
+        hvdc_sign_encode(xp, r, n_, mode_, bits->flat<uint8_t>().data(), scale->flat<float>().data());
     });
   }
 
@@ -463,14 +471,20 @@ class SignDecodeSumOp : public OpKernel {
     std::vector<float> sv;
     for (int j = 0; j < bits.size(); j++) {
       OP_REQUIRES_OK(ctx, CheckVector(bits[j], (n_ + 7) / 8, "bits"));
-      OP_REQUIRES(ctx, scales[j].NumElements() >= 1, errors::InvalidArgument("scale of rank ", j, " is empty"));
+      const int want = mode_ == 2 ? 2 : 1;
+      OP_REQUIRES(ctx, scales[j].NumElements() >= want,
+                  errors::InvalidArgument("scale of rank ", j, " has ", scales[j].NumElements(), " values, not ", want));
       bp.push_back(bits[j].flat<uint8_t>().data());
-      sv.push_back(scales[j].flat<float>()(0));
+      for (int v = 0; v < want; v++) sv.push_back(scales[j].flat<float>()(v));
     }
     Tensor *out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n_}), &out));
-    hvdc_sign_decode_sum(bits.size(), bp.data(), sv.data(), n_, mode_, ScaleInput(ctx, 2 * bits.size()), scaled_,
-                         out->flat<float>().data());
+    if (mode_ == 2)
+      hvdc_onebit_decode_sum(bits.size(), bp.data(), sv.data(), n_, ScaleInput(ctx, 2 * bits.size()), scaled_,
+                             out->flat<float>().data());
+    else
+      hvdc_sign_decode_sum(bits.size(), bp.data(), sv.data(), n_, mode_, ScaleInput(ctx, 2 * bits.size()), scaled_,
+                           out->flat<float>().data());
   }
 
  private:

@@ -40,6 +40,8 @@ SIGNATURES = {
     "hvdc_int8_decode_sum": ((ctypes.c_int, ptr, ptr, i64, i64, f32, ctypes.c_int, ptr), None),
     "hvdc_sign_encode": ((ptr, ptr, i64, ctypes.c_int, ptr, ptr), None),
     "hvdc_sign_decode_sum": ((ctypes.c_int, ptr, ptr, i64, ctypes.c_int, f32, ctypes.c_int, ptr), None),
+    "hvdc_onebit_encode": ((ptr, ptr, i64, ptr, ptr), None),
+    "hvdc_onebit_decode_sum": ((ctypes.c_int, ptr, ptr, i64, f32, ctypes.c_int, ptr), None),
     "hvdc_half_encode": ((ptr, ptr, i64, ctypes.c_int, ptr), None),
     "hvdc_bf16_decode_sum": ((ctypes.c_int, ptr, i64, f32, ctypes.c_int, ptr), None),
     "hvdc_compensate_select": ((ptr, ptr, i64, f32, ctypes.c_int, ctypes.c_int, ptr, ptr, i64), i64),

@@ -13,7 +13,7 @@ scheme's names, dtypes and bytes; tests/unit/test_kernels_tf.py holds the two
 paths to the same results.
 
 Fused here: Int8 (any block size), Top-K (``values=None``), SignSGD,
-EFSignSGD, BF16, and FP16 with error feedback or momentum (without either,
+EFSignSGD, OneBit, BF16, and FP16 with error feedback or momentum (without either,
 TF's cast is one pass already), with plain error feedback, none, or
 momentum-aware error feedback (:class:`~hvd_compress.MomentumMemory`: the
 adapter's ``fused_momentum`` forms the direction first, in two elementwise
@@ -27,7 +27,7 @@ from ..backend import ceil_div
 from ..coding import _ef_low_bits, index_code_nbytes
 from ..memory import MomentumMemory, ResidualMemory
 from ..schemes.casts import BF16, FP16
-from ..schemes.quantization import EFSignSGD, Int8, SignSGD
+from ..schemes.quantization import EFSignSGD, Int8, OneBit, SignSGD
 from ..schemes.sparsification import TopK
 from .tf_native import load
 
@@ -99,20 +99,25 @@ class TopKCodec(TFCodec):
 
 
 class SignCodec(TFCodec):
-    """SignSGD (mode 0: a majority vote) and EFSignSGD (mode 1: scaled signs)."""
+    """SignSGD (mode 0: a majority vote), EFSignSGD (mode 1: scaled signs) and OneBit
+    (mode 2: each side of zero sent as its mean)."""
+
+    #: the payload part that carries the scales, by mode
+    SCALE_PART = {0: None, 1: "scale", 2: "means"}
 
     def __init__(self, ops, adapter, scheme, mode):
         super().__init__(ops, adapter, scheme)
         self.mode = mode
+        self.part = self.SCALE_PART[mode]
 
     def encode(self, x, r, ws, ctx):
         bits, scale = self.ops.hvdc_sign_encode(x=x, r=self.residual_handles(r, ctx), n=int(x.shape[0]),
                                                 mode=self.mode)
-        return {"bits": bits, "scale": scale} if self.mode else {"bits": bits}
+        return {"bits": bits, self.part: scale} if self.part else {"bits": bits}
 
     def aggregate(self, payloads, numel, local, scale, out, ws):
         s, scaled = _scale_args(scale)
-        scales = [p["scale"] if self.mode else tf.ones([1]) for p in payloads]
+        scales = [tf.reshape(p[self.part], [-1]) if self.part else tf.ones([1]) for p in payloads]
         return self.ops.hvdc_sign_decode_sum(bits=[p["bits"] for p in payloads], scales=scales, s=s, n=numel,
                                              mode=self.mode, scaled=scaled)
 
@@ -181,8 +186,8 @@ def _maker(scheme, memory, n):
         return lambda ops, adapter: TopKCodec(ops, adapter, scheme)
     if cls is FP16 and memory is None:
         return None  # TF's own cast is one pass already
-    if cls in (SignSGD, EFSignSGD):
-        return lambda ops, adapter: SignCodec(ops, adapter, scheme, int(cls is EFSignSGD))
+    if cls in (SignSGD, EFSignSGD, OneBit):
+        return lambda ops, adapter: SignCodec(ops, adapter, scheme, {SignSGD: 0, EFSignSGD: 1, OneBit: 2}[cls])
     if cls in (FP16, BF16):
         return lambda ops, adapter: HalfCodec(ops, adapter, scheme, cls is BF16)
     return (lambda ops, adapter: Int8Codec(ops, adapter, scheme)) if cls is Int8 else None

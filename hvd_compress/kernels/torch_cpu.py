@@ -21,7 +21,7 @@ from ..backend import backend_for, ceil_div
 from ..coding import _ef_low_bits, index_code_nbytes
 from ..memory import MomentumMemory, ResidualMemory
 from ..schemes.casts import BF16, FP16
-from ..schemes.quantization import EFSignSGD, Int8, SignSGD
+from ..schemes.quantization import EFSignSGD, Int8, OneBit, SignSGD
 from ..schemes.sparsification import DGC, TopK, Threshold, _k_for
 from .native import load
 
@@ -109,6 +109,24 @@ class SignCodec(Codec):
         scales = torch.stack([p["scale"][0] for p in payloads]).contiguous() if self.mode else None
         self.lib.hvdc_sign_decode_sum(len(bits), _ptrs(bits), _p(scales), numel, self.mode,
                                       *_scale_args(scale), _p(out))
+        return out
+
+
+class OneBitCodec(Codec):
+    """OneBit (1-bit SGD): sign bits and the two means, one per side of zero."""
+
+    def encode(self, x, r, ws, ctx):
+        n = x.numel()
+        bits = buffer(ws, "bits", ceil_div(n, 8), torch.uint8)
+        means = buffer(ws, "means", 2, torch.float32)
+        self.lib.hvdc_onebit_encode(_p(x), _p(r), n, _p(bits), _p(means))
+        return {"bits": bits, "means": means}
+
+    def aggregate(self, payloads, numel, local, scale, out, ws):
+        out = output(ws, out, numel)
+        bits = [p["bits"] for p in payloads]
+        means = torch.cat([p["means"].reshape(2) for p in payloads]).contiguous()
+        self.lib.hvdc_onebit_decode_sum(len(bits), _ptrs(bits), _p(means), numel, *_scale_args(scale), _p(out))
         return out
 
 
@@ -329,7 +347,7 @@ class DGCCodec(SparseCodec):
         return float(thr), max(1024, 2 * _k_for(s.ratio, n) + 1024)
 
 
-FUSED = {Int8: Int8Codec, TopK: TopKCodec, Threshold: ThresholdCodec, DGC: DGCCodec}
+FUSED = {Int8: Int8Codec, TopK: TopKCodec, Threshold: ThresholdCodec, DGC: DGCCodec, OneBit: OneBitCodec}
 
 
 def codec_for(scheme, memory, x):

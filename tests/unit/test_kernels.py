@@ -30,6 +30,7 @@ SCHEMES = {
     "int8-b1": lambda: hc.schemes.Int8(block_size=1),
     "signsgd": lambda: hc.schemes.SignSGD(),
     "efsignsgd": lambda: hc.schemes.EFSignSGD(),
+    "onebit": lambda: hc.schemes.OneBit(),
     "fp16": lambda: hc.schemes.FP16(),
     "bf16": lambda: hc.schemes.BF16(),
     "topk1%": lambda: hc.schemes.TopK(0.01),
@@ -70,10 +71,18 @@ def _same(a, b):
                                                                      else a, b.view(torch.uint8))
 
 
-#: payload parts that are reductions over the tensor (EFSignSGD's l1 scale): the
-#: kernel sums in double, torch in float32 in its own order, so they agree to
-#: rounding, not bit for bit; the element-wise rest is checked given the fused value
-REDUCTIONS = {"efsignsgd": "scale"}
+#: payload parts that are reductions over the tensor (EFSignSGD's l1 scale, OneBit's
+#: two means): the kernel sums in double, torch in float32 in its own order, so they
+#: agree to rounding, not bit for bit; the element-wise rest is checked given the fused value
+REDUCTIONS = {"efsignsgd": "scale", "onebit": "means"}
+
+
+def _sent_given(name, acc, reduced):
+    """What the scheme sends for ``acc`` given the kernel's reduction: its eager formula."""
+    if name == "efsignsgd":
+        return torch.where(acc >= 0, 1.0, -1.0) * reduced[0]
+    pos = (acc >= 0).float()
+    return pos * reduced[0] + (1.0 - pos) * reduced[1]
 
 
 def _assert_payloads_equal(pe, pf, raw_topk, reduction=None):
@@ -114,11 +123,11 @@ def _run_steps(name, n, ranks, steps, seed, ef, scale):
             pe, res_e[rank] = _eager_step(scheme, x, res_e[rank], ctx)
             pf = codec.encode(x, res_f[rank], ws[rank], ctx)
             _assert_payloads_equal(pe, pf, raw_topk, REDUCTIONS.get(name))
-            if name in REDUCTIONS:  # the eager math, given the fused scale
-                pe = {**pe, "scale": pf["scale"].clone()}
+            if name in REDUCTIONS:  # the eager math, given the fused reduction
+                part = REDUCTIONS[name]
+                pe = {**pe, part: pf[part].clone()}
                 if ef:
-                    signs = torch.where(acc >= 0, 1.0, -1.0)
-                    res_e[rank] = finite_or_zero(B, acc - signs * pf["scale"][0])
+                    res_e[rank] = finite_or_zero(B, acc - _sent_given(name, acc, pf[part]))
             if ef:
                 assert _same(res_e[rank], res_f[rank]), f"residual of rank {rank} at step {step}"
             pes.append(pe)
@@ -153,7 +162,8 @@ def test_fused_equals_eager(name, n, ranks, seed, ef, scale):
     _run_steps(name, n, ranks, steps=3, seed=seed, ef=ef, scale=scale)
 
 
-@pytest.mark.parametrize("name", ["int8", "efsignsgd", "topk1%", "topk-ef", "topk-int8", "dgc", "threshold", "bf16"])
+@pytest.mark.parametrize("name", ["int8", "efsignsgd", "onebit", "topk1%", "topk-ef", "topk-int8", "dgc", "threshold",
+                                  "bf16"])
 def test_fused_equals_eager_large(name):  # noqa: D103
     """Sizes where the Top-K sample is strided and the vector loops dominate."""
     _run_steps(name, (1 << 18) + 77, ranks=2, steps=3, seed=5, ef=True, scale=0.5)
@@ -198,7 +208,7 @@ def test_non_finite_values_are_sent_never_kept():
     n = 4096
     x = torch.randn(n)
     x[[3, 100, 2000]] = torch.tensor([math.nan, math.inf, -math.inf])
-    for name in ("int8", "efsignsgd", "topk1%", "dgc", "threshold", "bf16", "fp16"):
+    for name in ("int8", "efsignsgd", "onebit", "topk1%", "dgc", "threshold", "bf16", "fp16"):
         scheme = SCHEMES[name]()
         r = torch.zeros(n)
         codec_for(scheme, ResidualMemory(), x).encode(x, r, {}, _ctx(n))
@@ -253,7 +263,7 @@ def test_profiler_sees_large_allocations():
     assert _large_allocations(lambda: x * 2.0)
 
 
-@pytest.mark.parametrize("spec", ["TopK(0.01)", "Int8()", "EFSignSGD()", "SignSGD()", "FP16()", "BF16()",
+@pytest.mark.parametrize("spec", ["TopK(0.01)", "Int8()", "EFSignSGD()", "SignSGD()", "OneBit()", "FP16()", "BF16()",
                                   "DGC(0.01)", "TopK(0.01, values=Int8())", "Int8(block_size=4096)"])
 def test_hot_path_allocates_no_large_buffer_after_warmup(spec):
     """compress + decompress through the real adapter flow (one-rank

@@ -32,13 +32,14 @@ SCHEMES = {
     "topk-ef": lambda: hc.schemes.TopK(0.05, index_coding="elias_fano"),
     "signsgd": lambda: hc.schemes.SignSGD(),
     "efsignsgd": lambda: hc.schemes.EFSignSGD(),
+    "onebit": lambda: hc.schemes.OneBit(),
     "fp16": lambda: hc.schemes.FP16(),
     "bf16": lambda: hc.schemes.BF16(),
 }
-#: payload parts that are reductions over the tensor (EFSignSGD's l1 scale): the
-#: kernel sums in double, TF in float32 in its own order, so they agree to
-#: rounding, not bit for bit; the element-wise rest is checked given the fused value
-REDUCTIONS = {"efsignsgd": "scale"}
+#: payload parts that are reductions over the tensor (EFSignSGD's l1 scale, OneBit's
+#: two means): the kernel sums in double, TF in float32 in its own order, so they agree
+#: to rounding, not bit for bit; the element-wise rest is checked given the fused value
+REDUCTIONS = {"efsignsgd": "scale", "onebit": "means"}
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True, max_examples=8)
 
 
@@ -80,11 +81,16 @@ def _assert_payloads_equal(pe, pf, raw_topk, reduction=None):
         assert _bytes(pe[part]) == _bytes(pf[part]), part
 
 
-def _given_fused_scale(pe, pf, acc, ef):
-    """EFSignSGD's eager payload and residual, with the fused scale."""
-    pe = {**pe, "scale": pf["scale"]}
-    signs = tf.where(acc >= 0, 1.0, -1.0)
-    return pe, (finite_or_zero(B, acc - signs * pf["scale"][0]) if ef else None)
+def _given_fused_scale(name, pe, pf, acc, ef):
+    """The eager payload and residual of EFSignSGD or OneBit, with the fused reduction."""
+    part = REDUCTIONS[name]
+    pe = {**pe, part: pf[part]}
+    if name == "efsignsgd":
+        sent = tf.where(acc >= 0, 1.0, -1.0) * pf[part][0]
+    else:
+        pos = tf.cast(acc >= 0, tf.float32)
+        sent = pos * pf[part][0] + (1.0 - pos) * pf[part][1]
+    return pe, (finite_or_zero(B, acc - sent) if ef else None)
 
 
 def _encoder(codec, residual, n, ctx):
@@ -131,7 +137,7 @@ def _run_steps(name, n, ranks, steps, seed, ef, scale):
             pf = encoders[rank](x)
             _assert_payloads_equal(pe, pf, raw_topk, REDUCTIONS.get(name))
             if name in REDUCTIONS:
-                pe, new_residual = _given_fused_scale(pe, pf, acc, ef)
+                pe, new_residual = _given_fused_scale(name, pe, pf, acc, ef)
             if ef:
                 res_e[rank] = new_residual
                 got = store.vars[f"w{rank}"]
@@ -170,7 +176,8 @@ def test_fused_equals_eager(name, n, ranks, seed, ef, scale):
     _run_steps(name, n, ranks, steps=3, seed=seed, ef=ef, scale=scale)
 
 
-@pytest.mark.parametrize("name", ["int8", "int8-b100", "topk1%", "topk-ef", "signsgd", "efsignsgd", "bf16", "fp16"])
+@pytest.mark.parametrize("name", ["int8", "int8-b100", "topk1%", "topk-ef", "signsgd", "efsignsgd", "onebit", "bf16",
+                                  "fp16"])
 def test_fused_equals_eager_large(name):
     """Sizes where the Top-K sample is strided and the vector loops dominate."""
     _run_steps(name, (1 << 18) + 77, ranks=2, steps=3, seed=5, ef=True, scale=0.5)
@@ -210,7 +217,8 @@ def test_topk_exact_up_to_ties(case):
                                   "SignSGD()", "BF16()", "FP16(error_feedback=True)",
                                   # momentum-aware error feedback (MomentumMemory), and momentum without it
                                   "TopK(0.01, momentum=0.9)", "Int8(momentum=0.9, nesterov=True)",
-                                  "EFSignSGD(momentum=0.9)", "SignSGD(momentum=0.9)", "FP16(momentum=0.9)"])
+                                  "EFSignSGD(momentum=0.9)", "SignSGD(momentum=0.9)", "FP16(momentum=0.9)",
+                                  "OneBit()", "OneBit(momentum=0.9)"])
 def test_adapter_flow_fused_equals_eager(spec, monkeypatch):
     """compress + decompress through the TF adapter in a tf.function (one-rank
     collectives), kernels on and off (HVDC_KERNELS=0): the same gradients and
@@ -237,8 +245,8 @@ def test_adapter_flow_fused_equals_eager(spec, monkeypatch):
         graph_ops = {op.type for op in step.get_concrete_function(grads[0]).graph.get_operations()}
         assert any(t.startswith("Hvdc") for t in graph_ops) == (kernels == "1"), graph_ops
     (fo, fr, fv), (eo, er, ev) = results["1"], results["0"]
-    if spec.startswith("EFSignSGD"):
-        # its scale, mean |acc|, is summed in another order by the kernel (as in test_fused_equals_eager):
+    if spec.startswith(("EFSignSGD", "OneBit")):
+        # its scale, mean |acc| (OneBit: the two means), is summed in another order by the kernel (as in test_fused_equals_eager):
         # equal to an ulp or so; the velocity, which does not depend on it, stays bit for bit
         for a, b in zip(fo + [fr], eo + [er]):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
@@ -265,7 +273,7 @@ def test_codec_is_off_where_it_does_not_apply(monkeypatch):
     assert codec_for(hc.schemes.Int8(), None, x, _Residuals()) is None
 
 
-@pytest.mark.parametrize("name", ["int8", "topk1%", "efsignsgd", "bf16"])
+@pytest.mark.parametrize("name", ["int8", "topk1%", "efsignsgd", "onebit", "bf16"])
 def test_non_finite_values_never_reach_the_residual(name):
     """NaN and +-Inf in the gradient: sent (as an uncompressed gradient would
     be), never kept in the residual, which stays finite."""
