@@ -468,6 +468,29 @@ i64 hvdc_compensate_select(const float *x, float *r, i64 n, float thr, int stric
             }
         }
     }
+#else
+    /* The same shape without AVX-512: sixteen elements at a time in branch-free code the
+     * compiler vectorises (acc, its store, the taken mask), then only the set bits one by
+     * one.  Per element, the branch on "taken" below ran at 6.3 ms for 4M elements. */
+    const int ge = !strict;
+    for (; i + 16 <= n; i += 16) {
+        float av[16];
+        unsigned take = 0;
+        for (int k = 0; k < 16; k++) {
+            float a = r ? x[i + k] + r[i + k] : x[i + k];
+            int nan = a != a;
+            float m = (nan_large & nan) ? INFINITY : fabsf(a);
+            take |= (unsigned)((m > thr) | (ge & (m == thr))) << k;
+            av[k] = a;
+        }
+        if (r)
+            for (int k = 0; k < 16; k++) r[i + k] = (av[k] != av[k] && !nan_large) ? 0.0f : av[k];
+        while (take) {
+            int t = __builtin_ctz(take); take &= take - 1;
+            if (c < cap) { cand[c] = i + t; cand_val[c] = av[t]; }
+            c++;
+        }
+    }
 #endif
     for (; i < n; i++) {
         float a = r ? x[i] + r[i] : x[i];
