@@ -193,6 +193,32 @@ void hvdc_int8_decode_sum(int nr, const int8_t *const *qs, const float *const *s
 
 /* ---- the sign family ------------------------------------------------------ */
 
+/* From i0 (a multiple of 8) on: bits = (acc >= 0) and, with r, the residual
+ * acc - (bit ? vpos : vneg), non-finite -> 0.  Whole bytes are branch-free so the
+ * compiler vectorises them: the sign is data, and a branch on it is mispredicted half
+ * the time.  The sign family's path without AVX-512, and OneBit's on every CPU. */
+static void sign_bits_residual(const float *acc, float *r, i64 i0, i64 n, float vpos, float vneg, uint8_t *bits) {
+    for (; i0 + 8 <= n; i0 += 8) {
+        unsigned byte = 0;
+        for (int k = 0; k < 8; k++) byte |= (unsigned)(acc[i0 + k] >= 0.0f) << k;
+        bits[i0 / 8] = (uint8_t)byte;
+        if (r)
+            for (int k = 0; k < 8; k++) {
+                float a = acc[i0 + k], e = a - (a >= 0.0f ? vpos : vneg);
+                r[i0 + k] = (e - e) == 0.0f ? e : 0.0f;
+            }
+    }
+    if (i0 < n) {
+        uint8_t byte = 0;
+        for (i64 i = i0; i < n; i++) {
+            float a = acc[i];
+            byte |= (uint8_t)((a >= 0.0f) << (i - i0));
+            if (r) r[i] = keep_finite(a - (a >= 0.0f ? vpos : vneg));
+        }
+        bits[i0 / 8] = byte;
+    }
+}
+
 /* bits = (acc >= 0); mode 0 (SignSGD): sent = +-1; mode 1 (EFSignSGD): sent =
  * +-scale with scale = sum|acc| / n, written to *scale_out. */
 void hvdc_sign_encode(const float *x, float *r, i64 n, int mode, uint8_t *bits, float *scale_out) {
@@ -214,31 +240,8 @@ void hvdc_sign_encode(const float *x, float *r, i64 n, int mode, uint8_t *bits, 
             _mm512_storeu_ps(r + i0, _mm512_maskz_mov_ps(fin, e));
         }
     }
-#else
-    /* Whole bytes, branch-free so the compiler vectorises them: the sign is data, and a
-     * branch on it is mispredicted half the time. */
-    for (; i0 + 8 <= n; i0 += 8) {
-        unsigned byte = 0;
-        for (int k = 0; k < 8; k++) byte |= (unsigned)(acc[i0 + k] >= 0.0f) << k;
-        bits[i0 / 8] = (uint8_t)byte;
-        if (r)
-            for (int k = 0; k < 8; k++) {
-                float a = acc[i0 + k], e = a - (a >= 0.0f ? scale : -scale);
-                r[i0 + k] = (e - e) == 0.0f ? e : 0.0f;
-            }
-    }
 #endif
-    for (; i0 < n; i0 += 8) {
-        i64 hi = i0 + 8 < n ? i0 + 8 : n;
-        uint8_t byte = 0;
-        for (i64 i = i0; i < hi; i++) {
-            float a = acc[i];
-            int bit = a >= 0.0f;
-            byte |= (uint8_t)(bit << (i - i0));
-            if (r) r[i] = keep_finite(a - (bit ? scale : -scale));
-        }
-        bits[i0 / 8] = byte;
-    }
+    sign_bits_residual(acc, r, i0, n, scale, -scale, bits);
 }
 
 /* rank j's decoded signs, +-value, added onto out (first: written) */
@@ -332,27 +335,7 @@ void hvdc_onebit_encode(const float *x, float *r, i64 n, uint8_t *bits, float *m
     float npos = (float)cnt, nneg = (float)n - npos;
     float m0 = (float)sp / (npos > 1.0f ? npos : 1.0f), m1 = (float)sn / (nneg > 1.0f ? nneg : 1.0f);
     means[0] = m0; means[1] = m1;
-    const float *acc = r ? r : x;
-    i64 i0 = 0;
-    for (; i0 + 8 <= n; i0 += 8) {
-        unsigned byte = 0;
-        for (int k = 0; k < 8; k++) byte |= (unsigned)(acc[i0 + k] >= 0.0f) << k;
-        bits[i0 / 8] = (uint8_t)byte;
-        if (r)
-            for (int k = 0; k < 8; k++) {
-                float a = acc[i0 + k], e = a - (a >= 0.0f ? m0 : m1);
-                r[i0 + k] = (e - e) == 0.0f ? e : 0.0f;
-            }
-    }
-    if (i0 < n) {
-        uint8_t byte = 0;
-        for (i64 i = i0; i < n; i++) {
-            float a = acc[i], p = a >= 0.0f ? 1.0f : 0.0f;
-            byte |= (uint8_t)((a >= 0.0f) << (i - i0));
-            if (r) r[i] = keep_finite(a - (p * m0 + (1.0f - p) * m1));
-        }
-        bits[i0 / 8] = byte;
-    }
+    sign_bits_residual(r ? r : x, r, 0, n, m0, m1, bits);
 }
 
 /* out = sum_j (p * means[2j] + (1 - p) * means[2j + 1]) [* s], ranks in order, chunk by chunk */
