@@ -314,10 +314,12 @@ def test_recipes_script_cnn_ramp_measures_every_ratio_ramp_row_of_the_cnn(tmp_pa
     assert len(called) == 4 and called == measured
 
 
-def test_recipes_script_longer_measures_every_40_epoch_row(tmp_path):
+@pytest.mark.parametrize("group, epochs, cells", [("longer", 40, 9), ("longest", 80, 3)])
+def test_recipes_script_long_groups_measure_every_row_of_their_length(tmp_path, group, epochs, cells):
+    """``longer`` ran every 40-epoch row of convergence.json, ``longest`` every 80-epoch row."""
     import json
-    runs = [c for c in _recipes_script_calls(tmp_path, "longer") if "--report" not in c]
-    assert all(_call_flag(c, "epochs") == "40" and _call_flag(c, "model") == "transformer" for c in runs)
+    runs = [c for c in _recipes_script_calls(tmp_path, group) if "--report" not in c]
+    assert all(_call_flag(c, "epochs") == str(epochs) and _call_flag(c, "model") == "transformer" for c in runs)
     # the run's seeds are the script's default, 1-3 (a --seeds of the line would follow it and win)
     called = {(_call_flag(c, "frameworks"), int(_call_flag(c, "ranks")), scheme, "--ramp-epochs" in c):
               [int(s) for s in _call_flag(c, "seeds").split(",")] for c in runs
@@ -325,8 +327,8 @@ def test_recipes_script_longer_measures_every_40_epoch_row(tmp_path):
     with open(os.path.join(REPO, "docs", "results", "convergence.json")) as f:
         rows = json.load(f)
     measured = {(r["framework"], r["ranks"], r["scheme"], bool(r["recipe"].get("ramp_steps"))): r["seeds"]
-                for r in rows if convergence_rows.epochs_of(r) == 40}
-    assert len(called) == 9 and called == measured
+                for r in rows if convergence_rows.epochs_of(r) == epochs}
+    assert len(called) == cells and called == measured
 
 
 def test_recipes_script_sends_the_transformers_embedding_dense_for_topk_dgc_and_powersgd(tmp_path):
