@@ -18,7 +18,7 @@
  */
 #include <math.h>
 #include <stdint.h>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 #include <stdlib.h>
@@ -451,8 +451,31 @@ i64 hvdc_compensate_select(const float *x, float *r, i64 n, float thr, int stric
             }
         }
     }
+#elif defined(__AVX2__)
+    /* The AVX-512 loop above in AVX2: the taken mask by movemask, 8 lanes */
+    const __m256 vthr = _mm256_set1_ps(thr), inf8 = _mm256_set1_ps(INFINITY);
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    for (; i + 8 <= n; i += 8) {
+        __m256 a = _mm256_loadu_ps(x + i);
+        if (r) a = _mm256_add_ps(a, _mm256_loadu_ps(r + i));
+        __m256 nan = _mm256_cmp_ps(a, a, _CMP_UNORD_Q);
+        __m256 m = _mm256_and_ps(a, absmask);
+        if (nan_large) m = _mm256_blendv_ps(m, inf8, nan);
+        unsigned take = (unsigned)_mm256_movemask_ps(strict ? _mm256_cmp_ps(m, vthr, _CMP_GT_OQ)
+                                                            : _mm256_cmp_ps(m, vthr, _CMP_GE_OQ));
+        if (r) _mm256_storeu_ps(r + i, nan_large ? a : _mm256_andnot_ps(nan, a));  /* NaN -> +0 */
+        if (take) {
+            float av[8];
+            _mm256_storeu_ps(av, a);
+            while (take) {
+                int t = __builtin_ctz(take); take &= take - 1;
+                if (c < cap) { cand[c] = i + t; cand_val[c] = av[t]; }
+                c++;
+            }
+        }
+    }
 #else
-    /* The same shape without AVX-512: sixteen elements at a time in branch-free code the
+    /* Neither AVX-512 nor AVX2: sixteen elements at a time in branch-free code the
      * compiler vectorises (acc, its store, the taken mask), then only the set bits one by
      * one.  Per element, the branch on "taken" below ran at 6.3 ms for 4M elements. */
     const int ge = !strict;

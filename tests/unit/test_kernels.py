@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import hvd_compress as hc
 from hvd_compress.backend import backend_for
 from hvd_compress.kernels import native
-from hvd_compress.kernels.torch_cpu import codec_for
+from hvd_compress.kernels.torch_cpu import _p, _ptrs, codec_for
 from hvd_compress.memory import ResidualMemory, finite_or_zero
 from hvd_compress.schemes.base import EncodeContext
 
@@ -332,3 +332,73 @@ def test_adapter_flow_fused_equals_eager(spec, owned, monkeypatch):
             assert _same(fk[name][key], ek[name][key]), (name, key)
     if not owned:  # the caller's tensor is left as it was
         assert all(torch.equal(g, copy) for g, copy in fin)
+
+
+# --- the source's other vector paths ---------------------------------------------------------------------
+def _library(path):
+    import ctypes
+    lib = ctypes.CDLL(str(path))
+    for name, (args, res) in native.SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, res
+    return lib
+
+
+def _portable_library(tmp_path):
+    """The kernels built for this CPU with its vector extensions switched off (flags after
+    -march=native win): the plain-C paths a CPU without AVX2 or AVX-512 runs."""
+    import subprocess
+    cc = native.compiler()
+    if cc is None:
+        pytest.skip("no C compiler")
+    out = tmp_path / "portable.so"
+    subprocess.run([cc, *native.FLAGS, "-mno-avx512f", "-mno-avx2", str(native.SOURCE), "-o", str(out), "-lm"],
+                   check=True, capture_output=True)
+    return _library(out)
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 23, 4096 + 13, (1 << 16) + 5])
+def test_plain_c_paths_equal_this_cpus_vector_paths(tmp_path, n):
+    """Each kernel with a path per instruction set (AVX-512, AVX2, plain C) gives the same
+    results from the plain path as from the one this CPU runs: candidates, residuals, sign
+    bits, OneBit's means and the decodes, with NaN and +-Inf in the input.  The scales are
+    sums whose lanes may differ (16 under AVX-512, 8 otherwise): compared to 1e-6."""
+    import ctypes
+    here, plain = native.load(), _portable_library(tmp_path)
+    assert here is not None
+    gen = torch.Generator().manual_seed(n)
+    x = torch.randn(n, generator=gen)
+    x[torch.randint(0, n, (3,), generator=gen)] = torch.tensor([math.nan, math.inf, -math.inf])
+    r0 = torch.randn(n, generator=gen) * 0.1
+
+    def run(lib):
+        out = {}
+        for strict, nan_large in ((0, 0), (1, 1)):
+            r = r0.clone()
+            cand, val = torch.zeros(n, dtype=torch.int64), torch.zeros(n)
+            c = lib.hvdc_compensate_select(_p(x), _p(r), n, ctypes.c_float(1.5), strict, nan_large,
+                                           _p(cand), _p(val), n)
+            out[f"select{strict}"] = (r, cand[:c].clone(), val[:c].clone())
+        for mode in (0, 1):
+            r, bits, scale = r0.clone(), torch.zeros((n + 7) // 8, dtype=torch.uint8), torch.zeros(1)
+            lib.hvdc_sign_encode(_p(x), _p(r), n, mode, _p(bits), _p(scale))
+            dec, scales = torch.empty(n), torch.cat([scale, scale * 2])  # kept alive across the call
+            lib.hvdc_sign_decode_sum(2, _ptrs([bits, bits]), _p(scales), n, mode, ctypes.c_float(0.5), 1, _p(dec))
+            out[f"sign{mode}"] = (r, bits, scale, dec)
+        y = torch.randn(n, generator=torch.Generator().manual_seed(n + 1))  # finite: OneBit's means stay finite
+        r, bits, means = r0.clone(), torch.zeros((n + 7) // 8, dtype=torch.uint8), torch.zeros(2)
+        lib.hvdc_onebit_encode(_p(y), _p(r), n, _p(bits), _p(means))
+        dec = torch.empty(n)
+        lib.hvdc_onebit_decode_sum(1, _ptrs([bits]), _p(means), n, ctypes.c_float(1.0), 0, _p(dec))
+        out["onebit"] = (r, bits, means, dec)
+        return out
+
+    want, got = run(here), run(plain)
+    for key in want:
+        for a, b in zip(want[key], got[key]):
+            if a.dtype == torch.float32 and a.numel() <= 2:  # a scale or OneBit's means
+                torch.testing.assert_close(b, a, rtol=1e-6, atol=0, equal_nan=True)
+            elif key in ("sign1", "onebit") and a.dtype == torch.float32:
+                torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, equal_nan=True)  # depends on the scale
+            else:
+                assert _same(a, b), key
