@@ -200,6 +200,29 @@ absl::Status CheckVector(const Tensor &t, i64 n, const char *what) {
   return absl::OkStatus();
 }
 
+// An op's dense float output, kept across calls.  A fresh allocation of a large output
+// faults in every page on each call: glibc serves allocations above 32 MB with a new mmap,
+// and at 16M elements (64 MB) that was 40 ms of a Top-K decode whose work takes 5.  The
+// kept buffer is reused only while nothing else holds the last call's output (its
+// reference count is one, as TF's own forwarding of inputs checks); otherwise a new one is
+// allocated and kept, so a caller that keeps a result never sees it overwritten.  Every
+// kernel that writes through it writes all n elements.
+class KeptOutput {
+ public:
+  absl::Status Allocate(OpKernelContext *ctx, int index, i64 n, Tensor **out) {
+    mutex_lock l(mu_);
+    if (!kept_.IsInitialized() || kept_.NumElements() != n || !kept_.RefCountIsOne())
+      TF_RETURN_IF_ERROR(ctx->allocate_temp(DT_FLOAT, TensorShape({n}), &kept_));
+    ctx->set_output(index, kept_);
+    *out = ctx->mutable_output(index);
+    return absl::OkStatus();
+  }
+
+ private:
+  mutex mu_;
+  Tensor kept_;
+};
+
 // The residual variable of input `index`, locked by the caller, its buffer
 // owned by the variable alone (copied first where something else aliases it).
 absl::Status ResidualForUpdate(OpKernelContext *ctx, Var *var, i64 n, float **out,
@@ -292,12 +315,13 @@ class Int8DecodeSumOp : public OpKernel {
       sp.push_back(scales[j].flat<float>().data());
     }
     Tensor *out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n_}), &out));
+    OP_REQUIRES_OK(ctx, kept_out_.Allocate(ctx, 0, n_, &out));
     hvdc_int8_decode_sum(qs.size(), qp.data(), sp.data(), n_, block_, ScaleInput(ctx, 2 * qs.size()), scaled_,
                          out->flat<float>().data());
   }
 
  private:
+  KeptOutput kept_out_;
   int64_t n_, block_;
   bool scaled_;
 };
@@ -406,12 +430,13 @@ class SparseSumOp : public OpKernel {
     }
     std::vector<i64> ks(nr, k_);
     Tensor *out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n_}), &out));
+    OP_REQUIRES_OK(ctx, kept_out_.Allocate(ctx, 0, n_, &out));
     hvdc_sparse_sum(nr, ip.data(), vp.data(), ks.data(), n_, ScaleInput(ctx, 2 * nr), scaled_,
                     out->flat<float>().data());
   }
 
  private:
+  KeptOutput kept_out_;
   void SortPairs(i64 *idx, float *val) {
     std::vector<i64> order(k_);
     std::iota(order.begin(), order.end(), 0);
@@ -478,7 +503,7 @@ class SignDecodeSumOp : public OpKernel {
       for (int v = 0; v < want; v++) sv.push_back(scales[j].flat<float>()(v));
     }
     Tensor *out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n_}), &out));
+    OP_REQUIRES_OK(ctx, kept_out_.Allocate(ctx, 0, n_, &out));
     if (mode_ == 2)
       hvdc_onebit_decode_sum(bits.size(), bp.data(), sv.data(), n_, ScaleInput(ctx, 2 * bits.size()), scaled_,
                              out->flat<float>().data());
@@ -488,6 +513,7 @@ class SignDecodeSumOp : public OpKernel {
   }
 
  private:
+  KeptOutput kept_out_;
   int mode_;
   int64_t n_;
   bool scaled_;
@@ -529,7 +555,7 @@ class MomentumOp : public OpKernel {
     const Tensor &x = ctx->input(0);
     OP_REQUIRES_OK(ctx, CheckVector(x, n_, "x"));
     Tensor *d = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n_}), &d));
+    OP_REQUIRES_OK(ctx, kept_out_.Allocate(ctx, 0, n_, &d));
     core::RefCountPtr<Var> var;
     OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 1), &var));
     mutex_lock ml(*var->mu());
@@ -539,6 +565,7 @@ class MomentumOp : public OpKernel {
   }
 
  private:
+  KeptOutput kept_out_;
   int64_t n_;
   float m_;
   bool nesterov_;
@@ -559,11 +586,12 @@ class Bf16DecodeSumOp : public OpKernel {
       hp.push_back(reinterpret_cast<const uint16_t *>(hs[j].tensor_data().data()));
     }
     Tensor *out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n_}), &out));
+    OP_REQUIRES_OK(ctx, kept_out_.Allocate(ctx, 0, n_, &out));
     hvdc_bf16_decode_sum(hs.size(), hp.data(), n_, ScaleInput(ctx, hs.size()), scaled_, out->flat<float>().data());
   }
 
  private:
+  KeptOutput kept_out_;
   int64_t n_;
   bool scaled_;
 };

@@ -307,3 +307,37 @@ def test_auto_times_what_the_step_runs(scheme, fused, kernels, monkeypatch):
     assert np.all(np.isfinite(result.numpy()))
     graph_ops = {op.type for op in fn.get_concrete_function(x, tf.zeros_like(x)).graph.get_operations()}
     assert any(t.startswith("Hvdc") for t in graph_ops) == (fused and kernels == "1"), graph_ops
+
+
+def _address(t):
+    """The tensor's buffer (by DLPack, which shares it; numpy() may copy)."""
+    import torch.utils.dlpack
+    return torch.utils.dlpack.from_dlpack(tf.experimental.dlpack.to_dlpack(t)).data_ptr()
+
+
+@pytest.mark.parametrize("name", ["int8", "topk1%", "efsignsgd", "bf16"])
+def test_decode_output_is_reused_only_when_nobody_holds_it(name):
+    """A decode keeps its output buffer across calls (a fresh 64 MB output faulted in every
+    page on each call), but a result the caller still holds is never overwritten: the next
+    call then writes a new buffer."""
+    n = 50_000
+    scheme = SCHEMES[name]()
+    codec = codec_for(scheme, None, tf.zeros([n]), _Residuals())
+    xs = [tf.constant(np.random.default_rng(i).standard_normal(n, dtype=np.float32)) for i in range(3)]
+    payloads = [_encoder(codec, None, n, _ctx(n, 1, 0, 1))(x) for x in xs]
+
+    @tf.function
+    def decode(p):
+        return codec.aggregate([p], n, {}, tf.constant(1.0), None, {})
+    held = decode(payloads[0])
+    held_values = held.numpy().copy()
+    other = decode(payloads[1])  # `held` is still referenced: a new buffer
+    assert _address(other) != _address(held)
+    np.testing.assert_array_equal(held.numpy(), held_values)
+    address = _address(other)
+    del other
+    # a tensor of the same size now: a freed output buffer would be handed to it, a kept one is not
+    blocker = tf.random.normal([n])
+    again = decode(payloads[2])  # nothing holds the last output: the same buffer again
+    assert _address(again) == address != _address(blocker)
+    np.testing.assert_array_equal(held.numpy(), held_values)
