@@ -421,6 +421,19 @@ void hvdc_bf16_decode_sum(int nr, const uint16_t *const *hs, i64 n, float s, int
 
 static inline float magnitude(float a, int nan_large) { return (a != a) ? (nan_large ? INFINITY : a) : fabsf(a); }
 
+/* the set bits of `take` (lanes of a block starting at element `base`, values in av)
+ * appended as candidates; returns the new count, which may exceed cap (then only
+ * counted: the caller retries with room) */
+static inline i64 append_taken(unsigned take, const float *av, i64 base, i64 *cand, float *cand_val, i64 c,
+                               i64 cap) {
+    while (take) {
+        int t = __builtin_ctz(take); take &= take - 1;
+        if (c < cap) { cand[c] = base + t; cand_val[c] = av[t]; }
+        c++;
+    }
+    return c;
+}
+
 /* acc = x + r into r (r != NULL), and the indices where |acc| >= thr (> thr
  * when strict) into cand and their acc values into cand_val, up to cap of
  * them; returns how many there are.
@@ -444,11 +457,7 @@ i64 hvdc_compensate_select(const float *x, float *r, i64 n, float thr, int stric
         if (take) {
             float av[16];
             _mm512_storeu_ps(av, a);
-            while (take) {
-                int t = __builtin_ctz(take); take &= take - 1;
-                if (c < cap) { cand[c] = i + t; cand_val[c] = av[t]; }
-                c++;
-            }
+            c = append_taken(take, av, i, cand, cand_val, c, cap);
         }
     }
 #elif defined(__AVX2__)
@@ -467,11 +476,7 @@ i64 hvdc_compensate_select(const float *x, float *r, i64 n, float thr, int stric
         if (take) {
             float av[8];
             _mm256_storeu_ps(av, a);
-            while (take) {
-                int t = __builtin_ctz(take); take &= take - 1;
-                if (c < cap) { cand[c] = i + t; cand_val[c] = av[t]; }
-                c++;
-            }
+            c = append_taken(take, av, i, cand, cand_val, c, cap);
         }
     }
 #else
@@ -491,11 +496,7 @@ i64 hvdc_compensate_select(const float *x, float *r, i64 n, float thr, int stric
         }
         if (r)
             for (int k = 0; k < 16; k++) r[i + k] = (av[k] != av[k] && !nan_large) ? 0.0f : av[k];
-        while (take) {
-            int t = __builtin_ctz(take); take &= take - 1;
-            if (c < cap) { cand[c] = i + t; cand_val[c] = av[t]; }
-            c++;
-        }
+        c = append_taken(take, av, i, cand, cand_val, c, cap);
     }
 #endif
     for (; i < n; i++) {
