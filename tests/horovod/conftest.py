@@ -39,16 +39,21 @@ def pytest_sessionfinish(session, exitstatus):
     set's ranks fail every test still running with "Process set provided does not
     exist" (CI stop 25: ranks 0 and 1 of the np=3 MPI launch failed 9 of 9).  One
     collective on the global set holds each rank here until all have arrived."""
-    for module, zeros in (("horovod.torch", "torch"), ("horovod.tensorflow", "tensorflow")):
+    for module, zeros in (("horovod.torch", _torch_zeros), ("horovod.tensorflow", _tf_zeros)):
         hvd = sys.modules.get(module)
         if hvd is None or not hvd.is_initialized() or hvd.size() < 2:
             continue
         try:
-            if zeros == "torch":
-                import torch
-                hvd.allreduce(torch.zeros(1), name="tests.session_end")
-            else:
-                import tensorflow as tf
-                hvd.allreduce(tf.zeros([1]), name="tests.session_end")
+            hvd.allreduce(zeros(), name="tests.session_end")
         except Exception as e:  # Horovod already shut down (a failed test): nothing to wait for
             print(f"rank {RANK}: no wait at the end of the session: {type(e).__name__}: {e}")
+
+
+def _torch_zeros():
+    import torch
+    return torch.zeros(1)
+
+
+def _tf_zeros():
+    import tensorflow as tf
+    return tf.zeros([1])
