@@ -61,7 +61,7 @@ class MomentumMemory:
     **Why this form and not EF21-SGDM** (Fatkhullin, Tyurin, Richtárik,
     "Momentum Provably Improves Error Feedback!", NeurIPS 2023): both put the
     momentum before the compressor, which is what cures the failure measured in
-    docs/convergence.md (the optimizer's momentum multiplying every late
+    docs/results/convergence.md (the optimizer's momentum multiplying every late
     release of the residual by up to 1/(1-m)).  EF21-SGDM however sends
     compressed *differences* to a running estimate that every rank must add
     after the exchange, a state on the receiving side that no Horovod
@@ -69,7 +69,7 @@ class MomentumMemory:
     with every scheme and transport unchanged, and with a lossless compressor
     it *is* torch's ``SGD(momentum=m, nesterov=...)`` step for step (tested),
     so the learning rate tuned for momentum SGD carries over unchanged.
-    docs/training.md has the measured recipes.
+    docs/guide/schemes.md has the measured recipes.
 
     **Use.**  ``hvd_compress.TopK(0.01, momentum=0.9)`` (every factory takes
     ``momentum=`` and ``nesterov=``) with the optimizer's own momentum set to 0:
@@ -81,7 +81,7 @@ class MomentumMemory:
 
     Tuning: ``m`` as for SGD (0.9).  A scheme whose residual is large (Random-K
     at 1%, the sign family) gains most; for Top-K at 1% the optimizer's momentum
-    already works and the two placements measure alike (docs/convergence.md).
+    already works and the two placements measure alike (docs/results/convergence.md).
     """
 
     def __init__(self, momentum=0.9, nesterov=False, error_feedback=True):

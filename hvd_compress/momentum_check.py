@@ -6,7 +6,7 @@ release by up to ``1 / (1 - m)``.  Top-K keeps a small residual and trains
 under SGD momentum 0.9, but the sign family and Random-K keep a residual as
 large as many steps of gradient: with SGD momentum 0.9 in the optimizer, EFSignSGD
 with error feedback fell to chance level for one seed in three, OneBit lost 5 points
-and Random-K diverged (docs/convergence.md), while with the momentum in the compressor
+and Random-K diverged (docs/results/convergence.md), while with the momentum in the compressor
 EFSignSGD and OneBit train to within 1.2 points of dense.  The fix is to put the momentum in the
 compressor (``hvd_compress.EFSignSGD(momentum=0.9)``, see
 :class:`hvd_compress.MomentumMemory`) and set the optimizer's momentum to 0.
@@ -25,7 +25,7 @@ Also at construction: QSGD with error feedback on.  Error feedback assumes a
 contractive compressor (``||C(x) - x|| < ||x||``, Stich et al. 2018;
 Karimireddy et al. 2019); QSGD is unbiased but not contractive (its variance
 can exceed ``||x||^2``), and with error feedback it measured 68.4% against 97.0%
-without (docs/convergence.md).
+without (docs/results/convergence.md).
 """
 from __future__ import annotations
 
@@ -91,9 +91,9 @@ def momentum_problems(comp, optimizer_name, momentum):
                 f"momentum {momentum:g}. Error feedback releases held-back gradient on later steps and the "
                 f"optimizer's momentum multiplies each late release by up to 1/(1-{momentum:g}) = "
                 f"{1 / (1 - momentum):.0f}; with SGD momentum 0.9 the sign schemes and Random-K lost from 5 points "
-                f"(OneBit) to chance level (Random-K; EFSignSGD for one seed in three, docs/convergence.md). Fix: put the momentum in the compressor, "
+                f"(OneBit) to chance level (Random-K; EFSignSGD for one seed in three, docs/results/convergence.md). Fix: put the momentum in the compressor, "
                 f"hvd_compress.{scheme.name}(..., momentum={momentum:g}), and set the optimizer's momentum to 0 "
-                f"(docs/training.md, 'Momentum placement')"
+                f"(docs/guide/schemes.md, 'Momentum placement')"
                 + (". Random-K keeps about 1/ratio steps of gradient in its residual and did not train with either "
                    "placement at 1%; TopK at the same ratio did" if scheme.name == "RandomK" else ""))
     return out
@@ -121,7 +121,7 @@ def check_construction(comp):
             warnings.warn(
                 "hvd_compress: QSGD with error feedback on. Error feedback assumes a contractive compressor "
                 "(||C(x) - x|| < ||x||); QSGD is unbiased but not contractive, and with error feedback it trained "
-                "to 68.4% against 97.0% without (docs/convergence.md). Leave error_feedback at QSGD's default "
+                "to 68.4% against 97.0% without (docs/results/convergence.md). Leave error_feedback at QSGD's default "
                 "(off), or use a contractive scheme such as TopK or Int8 with error feedback",
                 RecipeWarning, stacklevel=4)
             return

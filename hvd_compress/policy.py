@@ -226,7 +226,7 @@ def with_ratio(compression, ratio):
 
 
 def recipe(compression, dense_below=1024, warmup_steps=0, dense_names=None, ramp_steps=0):
-    """The recipe measured in docs/training.md around one scheme: tensors of at
+    """The recipe measured in docs/guide/schemes.md around one scheme: tensors of at
     most ``dense_below`` elements, and those whose name matches ``dense_names``
     (globs or ``re:`` patterns, as :class:`Rule` takes them), are sent dense at
     every step, and every tensor is sent dense for its first ``warmup_steps``
@@ -241,13 +241,13 @@ def recipe(compression, dense_below=1024, warmup_steps=0, dense_names=None, ramp
     ``ramp_steps``: after the dense warmup, a sparsifier (TopK, DGC, RandomK) keeps
     25%, 6.25%, ... for ``ramp_steps`` communications each, then its own ratio
     (:func:`ramp_ratios`; DGC's "warm-up training").  Why: from dense straight to 1%,
-    error feedback suddenly holds back 99% of each tensor (docs/training.md).
+    error feedback suddenly holds back 99% of each tensor (docs/guide/schemes.md).
 
     ``dense_names``: the input layers (embeddings, positions) every token passes
     through.  A sparsifier sends a few of their values a step and error feedback
     holds the rest back; sending the transformer's 1792-element embedding and
     positions dense took Top-K(0.01) from 1.00 points below dense to 0.47 above
-    (docs/training.md).  Names reach the policy through Horovod's stock optimizers
+    (docs/guide/schemes.md).  Names reach the policy through Horovod's stock optimizers
     and ``DistributedGradientTape`` (torch: with ``named_parameters=``); check the
     match with ``recipe(...).describe(model.named_parameters())``.
 

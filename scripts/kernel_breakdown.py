@@ -77,7 +77,7 @@ PHASES = {"hvdc_compensate_select": "selection", "hvdc_sample_magnitudes": "sele
 
 
 def markdown(rows, build_s=None):
-    """The table docs/benchmarks.md shows."""
+    """The table docs/results/benchmarks.md shows."""
     head = ("| scheme | x copy | passes over memory | selection | quantize / cast | packing | decode | "
             "Python and torch ops | an unshaped e2e step outside compute (codec + collectives) |")
     out = [head, "|---|---:|---|---:|---:|---:|---:|---:|---:|"]

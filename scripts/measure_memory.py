@@ -33,7 +33,7 @@ weight (256 MiB).  Background threads (Horovod's, Gloo's) count: they are part
 of the process.
 
 Results go to ``--out`` as JSON (per scheme: per-rank phase tables, the max over
-ranks) and a table is printed; docs/reliability.md quotes them.
+ranks) and a table is printed; docs/design/reliability.md quotes them.
 """
 from __future__ import annotations
 

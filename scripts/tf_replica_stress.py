@@ -5,7 +5,7 @@ after every step the weights of every replica are gathered and compared bit for 
     horovodrun -np 3 -H localhost:3 --gloo python scripts/tf_replica_stress.py [--steps 120] [--schemes A,B]
 
 Prints, on rank 0, the first step at which each scheme's replicas differed (an
-empty dict when none did) and exits 1 if any did.  docs/reliability.md quotes what
+empty dict when none did) and exits 1 if any did.  docs/design/reliability.md quotes what
 it measured with the fixed aggregate and with the old chain of adds put back.
 """
 import argparse

@@ -248,7 +248,7 @@ def _int8_bytes(n, cfg):
 #: the dense schemes, by name: ``(sent(x, cfg, draw), nbytes(n, cfg))`` -- the float32
 #: contribution of flat float32 ``x`` (``draw(n)``: the scheme's U[0,1) draws), and the
 #: bytes of its parts for ``n`` elements (no placeholder).  A new element-wise scheme is
-#: one entry here plus its name in ALLGATHER or ALLREDUCE (docs/adding_a_scheme.md); as a
+#: one entry here plus its name in ALLGATHER or ALLREDUCE (docs/design/adding_a_scheme.md); as a
 #: sparsifier's ``values=`` it is then checked too.
 DENSE = {
     "NoCompression": (lambda x, cfg, draw: x.copy(), lambda n, cfg: 4 * n),

@@ -1,4 +1,4 @@
-"""Security of the multi-node set-up (docs/security.md): no key material in the
+"""Security of the multi-node set-up (docs/guide/security.md): no key material in the
 repository or its history, keys generated at run time with 0600 permissions,
 a key-only ssh client configuration.
 

@@ -2,7 +2,7 @@
 
 Every module of this package is imported here, and each scheme class records
 itself with :func:`~hvd_compress.schemes.base.register`, so a new scheme is one
-class in one new file (docs/adding_a_scheme.md): it appears here, as
+class in one new file (docs/design/adding_a_scheme.md): it appears here, as
 ``hvd_compress.<Name>`` and in every catalogue without further edits.
 """
 import importlib as _importlib

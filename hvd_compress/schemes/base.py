@@ -193,7 +193,7 @@ def register(name=None, *, kind, examples, horovod=None, bench=None, table=None,
     ``hvd_compress.<name>``, ``hvd-compress bench``, scripts/scheme_table.py,
     the GPU check and the test catalogues all read :data:`REGISTRY`, so a new
     scheme is this decorator on one class plus its math in tests/reference.py
-    (docs/adding_a_scheme.md walks through it)."""
+    (docs/design/adding_a_scheme.md walks through it)."""
     if kind not in _KINDS:
         raise ValueError(f"kind must be one of {_KINDS}; got {kind!r}")
     if compare not in _COMPARE:

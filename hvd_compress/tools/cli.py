@@ -6,7 +6,7 @@
     hvd-compress advise --worked-example
     hvd-compress advise --validate docs/results/e2e.json
 
-See docs/benchmarks.md.
+See docs/results/benchmarks.md.
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def build_parser():
     m.add_argument("--png", default=None, help="plot (default: the JSON path with .png)")
     m.add_argument("--allocators", default="default",
                    help="comma list of glibc malloc settings to repeat the run under: default, no-mmap "
-                        "(MALLOC_MMAP_MAX_=0; see docs/benchmarks.md) (default %(default)s)")
+                        "(MALLOC_MMAP_MAX_=0; see docs/results/benchmarks.md) (default %(default)s)")
     m.add_argument("--quiet", action="store_true", help="no progress lines")
 
     e = bsub.add_parser("e2e", help="training steps under horovodrun on the emulated cluster (root)",
@@ -75,7 +75,7 @@ def build_parser():
     e.add_argument("--png", default=None, help="step-time plot (default: the JSON path with .png; the wire "
                    "plot gets _wire.png)")
     e.add_argument("--allocator", default="default", help="glibc malloc settings of every rank: default or "
-                   "no-mmap (MALLOC_MMAP_MAX_=0; see docs/benchmarks.md) (default %(default)s)")
+                   "no-mmap (MALLOC_MMAP_MAX_=0; see docs/results/benchmarks.md) (default %(default)s)")
     e.add_argument("--quiet", action="store_true")
 
     a = sub.add_parser("advise", help="predict per-step communication + compression cost; recommend per tensor",

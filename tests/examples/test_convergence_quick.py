@@ -12,7 +12,7 @@ error feedback and TopK(0.01) without.  The checks cannot pass by accident:
   error-feedback run (same seed, same data order: the runs are deterministic).
 
 On this recipe the measured numbers are dense 97.4%, TopK+EF 95.9%, TopK
-without EF 95.1% (see docs/convergence.md; the full 10-epoch, 3-seed run
+without EF 95.1% (see docs/results/convergence.md; the full 10-epoch, 3-seed run
 is where the 1-point expectation is checked).
 """
 import json

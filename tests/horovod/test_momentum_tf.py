@@ -10,7 +10,7 @@ Horovod TensorFlow 2 APIs under horovodrun, and the recipe warnings.
   EFSignSGD with error feedback under ``SGD(momentum=0.9)`` warns once, and the
   recommended placement trains without a warning.
 * ``DistributedGradientTape`` never sees the optimizer: nothing is warned there
-  (documented in docs/training.md).
+  (documented in docs/guide/schemes.md).
 """
 import os
 

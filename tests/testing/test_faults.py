@@ -11,7 +11,7 @@ from host 1, with Gloo and with MPI.  Once both ranks have trained a few steps:
 * **rank killed** -- ``kill -9`` of the worker python on host 2.
 
 The bound (``EXIT_BOUND_S``) holds with these settings, which the test passes and
-docs/reliability.md recommends:
+docs/design/reliability.md recommends:
 
 * Gloo: ``HOROVOD_GLOO_TIMEOUT_SECONDS=20`` -- every Gloo send/recv times out
   after 20 s ("Timed out waiting 20000ms for recv operation to complete"); the

@@ -1,4 +1,4 @@
-"""docs/adding_a_scheme.md, run: its example scheme (the first code block) and
+"""docs/design/adding_a_scheme.md, run: its example scheme (the first code block) and
 its numpy reference (the second) go through the unit harness of
 tests/unit/test_schemes.py on both frameworks, also as a sparsifier's
 ``values=``; and, dropped as one file into a copy of the package, the scheme
@@ -19,12 +19,12 @@ import unit_helpers
 from hvd_compress import schemes as S
 
 REPO = Path(__file__).resolve().parents[2]
-DOC = REPO / "docs" / "adding_a_scheme.md"
+DOC = REPO / "docs" / "design" / "adding_a_scheme.md"
 
 
 def _blocks():
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
-    assert len(blocks) == 2, "docs/adding_a_scheme.md: expected the scheme and its reference as two python blocks"
+    assert len(blocks) == 2, "docs/design/adding_a_scheme.md: expected the scheme and its reference as two python blocks"
     return blocks
 
 

@@ -10,7 +10,7 @@ What is checked here (torch and TF backends):
 * sorted indices above 2**31 survive the raw and the Elias-Fano codes
   (Elias-Fano's buffers are O(k), not O(numel), so this runs in a few MB).
 
-What is *not* run anywhere (documented in docs/reliability.md): a full step on a
+What is *not* run anywhere (documented in docs/design/reliability.md): a full step on a
 tensor of more than 2**31 elements -- a dense fp32 copy is 8 GiB and a step holds
 several (gradient, residual, aggregate).
 """

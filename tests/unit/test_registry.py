@@ -19,7 +19,7 @@ REGS = list(S.REGISTRY.values())
 IDS = [r.name for r in REGS]
 
 #: schemes that tests/reference.py has no math for, and what checks them instead;
-#: a new scheme does not belong here: give it a reference (docs/adding_a_scheme.md)
+#: a new scheme does not belong here: give it a reference (docs/design/adding_a_scheme.md)
 NO_REFERENCE = {
     "PowerSGD": "conservation of the aggregate plus residuals (tests/horovod/*_compression.py)",
     "Lossless": "exactness and the byte count of shuffle + zstd (tests/horovod/*_compression.py)",
@@ -42,7 +42,7 @@ def test_public_factory_and_class(reg):
 @pytest.mark.parametrize("reg", REGS, ids=IDS)
 def test_reference_exists(reg):
     assert reg.name in R.SCHEMES or reg.name in NO_REFERENCE, (
-        f"{reg.name} has no math in tests/reference.py (see docs/adding_a_scheme.md)")
+        f"{reg.name} has no math in tests/reference.py (see docs/design/adding_a_scheme.md)")
     assert not (reg.name in R.SCHEMES and reg.name in NO_REFERENCE), "stale NO_REFERENCE entry"
 
 

@@ -9,5 +9,5 @@
 * :mod:`hvd_compress.tools.bench.specs` -- scheme specs such as ``"TopK(0.01)"``.
 * :mod:`hvd_compress.tools.bench.report` -- progress lines, tables and JSON helpers.
 
-See docs/benchmarks.md for what exactly each number means.
+See docs/results/benchmarks.md for what exactly each number means.
 """
