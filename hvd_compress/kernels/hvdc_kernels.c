@@ -8,14 +8,12 @@
  * for scales) accumulate in double, so they may differ from the eager sum in
  * the last bits.
  *
- * Conventions: n is the element count; a residual pointer r may be NULL
- * (no error feedback: the input x is compressed as it is).  With r, the
- * compensated gradient acc = x + r is written into r first (in place), and r
- * ends as the new residual acc - sent.  Bit streams are little-endian: bit j
- * of byte i is element 8 i + j, as hvd_compress.coding.pack_bits writes them.
- * Single-threaded: one Horovod rank per core is the common CPU layout, and
+ * The exported functions, their conventions and the enums they take are declared
+ * once, in hvdc_kernels.h.  Single-threaded: one Horovod rank per core is the common CPU layout, and
  * the passes are bound by memory bandwidth, not arithmetic.
  */
+#include "hvdc_kernels.h"
+
 #include <math.h>
 #include <stdint.h>
 #if defined(__AVX512F__) || defined(__AVX2__)
@@ -23,8 +21,6 @@
 #endif
 #include <stdlib.h>
 #include <string.h>
-
-typedef int64_t i64;
 
 static inline int is_finite(float v) { return (v - v) == 0.0f; }  /* false for NaN and +-Inf */
 static inline float keep_finite(float v) { return is_finite(v) ? v : 0.0f; }
@@ -219,11 +215,12 @@ static void sign_bits_residual(const float *acc, float *r, i64 i0, i64 n, float 
     }
 }
 
-/* bits = (acc >= 0); mode 0 (SignSGD): sent = +-1; mode 1 (EFSignSGD): sent =
- * +-scale with scale = sum|acc| / n, written to *scale_out. */
-void hvdc_sign_encode(const float *x, float *r, i64 n, int mode, uint8_t *bits, float *scale_out) {
-    double l1 = compensate_l1(x, r, n, mode == 1);
-    float scale = mode == 1 ? (float)l1 / (float)n : 1.0f;
+/* bits = (acc >= 0); SignSGD: sent = +-1; EFSignSGD: sent = +-scale with
+ * scale = sum|acc| / n, written to *scale_out. */
+void hvdc_sign_encode(const float *x, float *r, i64 n, enum hvdc_sign_mode mode, uint8_t *bits, float *scale_out) {
+    const int scaled_signs = mode == HVDC_SIGN_EFSIGNSGD;
+    double l1 = compensate_l1(x, r, n, scaled_signs);
+    float scale = scaled_signs ? (float)l1 / (float)n : 1.0f;
     if (scale_out) *scale_out = scale;
     const float *acc = r ? r : x;
     i64 i0 = 0;
@@ -275,16 +272,17 @@ static void sign_accumulate(const uint8_t *bits, float value, i64 n, int first, 
     }
 }
 
-/* mode 0: out = sign(sum_j (+-1)); mode 1: out = (sum_j (+-scale_j)) [* s] */
-void hvdc_sign_decode_sum(int nr, const uint8_t *const *bits, const float *scales, i64 n, int mode,
+/* SignSGD: out = sign(sum_j (+-1)); EFSignSGD: out = (sum_j (+-scale_j)) [* s] */
+void hvdc_sign_decode_sum(int nr, const uint8_t *const *bits, const float *scales, i64 n, enum hvdc_sign_mode mode,
                           float s, int scaled, float *out) {
+    const int vote = mode == HVDC_SIGN_SIGNSGD;
     const i64 chunk = 4096;  /* the ranks are summed chunk by chunk, while out stays in cache */
     for (i64 lo = 0; lo < n; lo += chunk) {
         i64 len = lo + chunk < n ? chunk : n - lo;
         for (int j = 0; j < nr; j++)
-            sign_accumulate(bits[j] + lo / 8, mode == 1 ? scales[j] : 1.0f, len, j == 0, out + lo);
+            sign_accumulate(bits[j] + lo / 8, vote ? 1.0f : scales[j], len, j == 0, out + lo);
         float *o = out + lo;
-        if (mode == 0) for (i64 i = 0; i < len; i++) o[i] = (float)((o[i] > 0.0f) - (o[i] < 0.0f));
+        if (vote) for (i64 i = 0; i < len; i++) o[i] = (float)((o[i] > 0.0f) - (o[i] < 0.0f));
         if (scaled) for (i64 i = 0; i < len; i++) o[i] *= s;
     }
 }
@@ -367,7 +365,6 @@ static inline uint16_t to_bf16(float f) {  /* round half to even; every NaN beco
 }
 static inline float from_bf16(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
 
-/* dtype 0: IEEE half; 1: bfloat16.  sent = the value cast back to float. */
 /* one loop per case, without branches or memcpy inside, so each vectorises */
 static void fp16_encode(const float *x, float *r, i64 n, _Float16 *out) {
     i64 i = 0;
@@ -400,9 +397,9 @@ static void bf16_encode(const float *x, float *r, i64 n, uint16_t *out) {
     }
 }
 
-/* dtype 0: IEEE half; 1: bfloat16.  sent = the value cast back to float. */
-void hvdc_half_encode(const float *x, float *r, i64 n, int dtype, uint16_t *out) {
-    if (dtype == 0)
+/* sent = the value cast back to float */
+void hvdc_half_encode(const float *x, float *r, i64 n, enum hvdc_half_dtype dtype, uint16_t *out) {
+    if (dtype == HVDC_HALF_FP16)
         fp16_encode(x, r, n, (_Float16 *)out);
     else
         bf16_encode(x, r, n, out);
@@ -435,12 +432,14 @@ static inline i64 append_taken(unsigned take, const float *av, i64 base, i64 *ca
 }
 
 /* acc = x + r into r (r != NULL), and the indices where |acc| >= thr (> thr
- * when strict) into cand and their acc values into cand_val, up to cap of
+ * with HVDC_ABOVE) into cand and their acc values into cand_val, up to cap of
  * them; returns how many there are.
- * nan_large: a NaN counts as the largest magnitude (torch.topk's order) and
- * is a candidate; otherwise it never is, and its residual becomes 0 here. */
-i64 hvdc_compensate_select(const float *x, float *r, i64 n, float thr, int strict, int nan_large,
-                           i64 *cand, float *cand_val, i64 cap) {
+ * HVDC_NAN_LARGEST: a NaN counts as the largest magnitude (torch.topk's order)
+ * and is a candidate; with HVDC_NAN_DROPPED it never is, and its residual
+ * becomes 0 here. */
+i64 hvdc_compensate_select(const float *x, float *r, i64 n, float thr, enum hvdc_threshold_rule rule,
+                           enum hvdc_nan_rule nan_rule, i64 *cand, float *cand_val, i64 cap) {
+    const int strict = rule == HVDC_ABOVE, nan_large = nan_rule == HVDC_NAN_LARGEST;
     i64 c = 0, i = 0;
 #if defined(__AVX512F__)
     /* a vectorised pass forms acc and a mask of the taken elements; only the
@@ -511,7 +510,9 @@ i64 hvdc_compensate_select(const float *x, float *r, i64 n, float thr, int stric
 
 /* |acc| at every stride-th element (ceil(n / stride) of them): the sample
  * a top-k threshold is estimated from, before acc is formed */
-void hvdc_sample_magnitudes(const float *x, const float *r, i64 n, i64 stride, int nan_large, float *out) {
+void hvdc_sample_magnitudes(const float *x, const float *r, i64 n, i64 stride, enum hvdc_nan_rule nan_rule,
+                            float *out) {
+    const int nan_large = nan_rule == HVDC_NAN_LARGEST;
     for (i64 i = 0, j = 0; i < n; i += stride, j++) out[j] = magnitude(r ? x[i] + r[i] : x[i], nan_large);
 }
 
@@ -534,8 +535,9 @@ float hvdc_kth_largest(float *v, i64 m, i64 k) {
 /* From c candidates (ascending indices, with their values), the k (<= c)
  * with the largest magnitudes, ties taken in index order: their indices
  * (ascending) into out and values into out_val.  tmp holds c floats. */
-void hvdc_topk_fixup(const i64 *cand, const float *cand_val, i64 c, i64 k, int nan_large, i64 *out,
-                     float *out_val, float *tmp) {
+void hvdc_topk_fixup(const i64 *cand, const float *cand_val, i64 c, i64 k, enum hvdc_nan_rule nan_rule,
+                     i64 *out, float *out_val, float *tmp) {
+    const int nan_large = nan_rule == HVDC_NAN_LARGEST;
     if (k >= c) {
         memcpy(out, cand, (size_t)c * sizeof(i64));
         memcpy(out_val, cand_val, (size_t)c * sizeof(float));
@@ -560,15 +562,16 @@ void hvdc_clear_sent(float *acc, const i64 *idx, i64 k, const i64 *cand, const f
     for (i64 j = 0; j < k; j++) acc[idx[j]] = 0.0f;
 }
 
-/* ---- index codes (hvd_compress.coding): 0 raw int32, 1 bitmap, 2 Elias-Fano ---- */
+/* ---- index codes (hvd_compress.coding): raw int32, bitmap, Elias-Fano ---- */
 
 static inline void set_bit(uint8_t *b, i64 pos) { b[pos >> 3] |= (uint8_t)(1u << (pos & 7)); }
 
 /* idx ascending and distinct; out holds the code's byte count (zeroed here) */
-void hvdc_index_encode(const i64 *idx, i64 k, i64 n, int code, int low, uint8_t *out, i64 nbytes) {
-    if (code == 0) { int32_t *o = (int32_t *)out; for (i64 j = 0; j < k; j++) o[j] = (int32_t)idx[j]; return; }
+void hvdc_index_encode(const i64 *idx, i64 k, i64 n, enum hvdc_index_code code, int low, uint8_t *out,
+                       i64 nbytes) {
+    if (code == HVDC_CODE_RAW) { int32_t *o = (int32_t *)out; for (i64 j = 0; j < k; j++) o[j] = (int32_t)idx[j]; return; }
     memset(out, 0, (size_t)nbytes);
-    if (code == 1) { for (i64 j = 0; j < k; j++) set_bit(out, idx[j]); return; }
+    if (code == HVDC_CODE_BITMAP) { for (i64 j = 0; j < k; j++) set_bit(out, idx[j]); return; }
     i64 low_nbytes = (k * low + 7) / 8;
     uint8_t *high = out + low_nbytes;
     uint64_t mask = low ? ((uint64_t)1 << low) - 1 : 0;
@@ -583,22 +586,22 @@ void hvdc_index_encode(const i64 *idx, i64 k, i64 n, int code, int low, uint8_t 
 }
 
 /* inverse of hvdc_index_encode: k ascending indices into out */
-void hvdc_index_decode(const uint8_t *in, i64 k, i64 n, int code, int low, i64 *out) {
-    if (code == 0) { const int32_t *p = (const int32_t *)in; for (i64 j = 0; j < k; j++) out[j] = p[j]; return; }
+void hvdc_index_decode(const uint8_t *in, i64 k, i64 n, enum hvdc_index_code code, int low, i64 *out) {
+    if (code == HVDC_CODE_RAW) { const int32_t *p = (const int32_t *)in; for (i64 j = 0; j < k; j++) out[j] = p[j]; return; }
     const uint8_t *bits = in;
     i64 len = n, shift_low = 0;
-    if (code == 2) { bits = in + (k * low + 7) / 8; len = k + (n >> low) + 1; shift_low = low; }
+    if (code == HVDC_CODE_ELIAS_FANO) { bits = in + (k * low + 7) / 8; len = k + (n >> low) + 1; shift_low = low; }
     i64 j = 0;
     for (i64 byte = 0; byte * 8 < len && j < k; byte++) {
         unsigned v = bits[byte];
         while (v && j < k) {
             int t = __builtin_ctz(v); v &= v - 1;
             i64 pos = byte * 8 + t;
-            out[j] = code == 1 ? pos : ((pos - j) << shift_low);
+            out[j] = code == HVDC_CODE_BITMAP ? pos : ((pos - j) << shift_low);
             j++;
         }
     }
-    if (code == 2 && low) {  /* little-endian bit reader */
+    if (code == HVDC_CODE_ELIAS_FANO && low) {  /* little-endian bit reader */
         uint64_t acc = 0, mask = ((uint64_t)1 << low) - 1; int filled = 0; i64 byte = 0;
         for (i64 jj = 0; jj < k; jj++) {
             while (filled < low) { acc |= (uint64_t)in[byte++] << filled; filled += 8; }

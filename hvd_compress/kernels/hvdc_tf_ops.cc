@@ -25,34 +25,7 @@
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
-typedef int64_t i64;
-
-extern "C" {
-void hvdc_int8_encode_rcp(const float *x, float *r, i64 n, i64 block, int8_t *q, float *scales);
-void hvdc_int8_decode_sum(int nr, const int8_t *const *qs, const float *const *scales, i64 n, i64 block,
-                          float s, int scaled, float *out);
-void hvdc_sign_encode(const float *x, float *r, i64 n, int mode, uint8_t *bits, float *scale_out);
-void hvdc_sign_decode_sum(int nr, const uint8_t *const *bits, const float *scales, i64 n, int mode, float s,
-                          int scaled, float *out);
-void hvdc_onebit_encode(const float *x, float *r, i64 n, uint8_t *bits, float *means);
-void hvdc_onebit_decode_sum(int nr, const uint8_t *const *bits, const float *means, i64 n, float s, int scaled,
-                            float *out);
-void hvdc_half_encode(const float *x, float *r, i64 n, int dtype, uint16_t *out);
-void hvdc_momentum(const float *x, float *u, i64 n, float m, int nesterov, float *d);
-void hvdc_bf16_decode_sum(int nr, const uint16_t *const *hs, i64 n, float s, int scaled, float *out);
-i64 hvdc_compensate_select(const float *x, float *r, i64 n, float thr, int strict, int nan_large,
-                           i64 *cand, float *cand_val, i64 cap);
-void hvdc_sample_magnitudes(const float *x, const float *r, i64 n, i64 stride, int nan_large, float *out);
-float hvdc_kth_largest(float *v, i64 m, i64 k);
-void hvdc_topk_fixup(const i64 *cand, const float *cand_val, i64 c, i64 k, int nan_large, i64 *out,
-                     float *out_val, float *tmp);
-void hvdc_clear_sent(float *acc, const i64 *idx, i64 k, const i64 *cand, const float *cand_val, i64 c);
-void hvdc_index_encode(const i64 *idx, i64 k, i64 n, int code, int low, uint8_t *out, i64 nbytes);
-void hvdc_index_decode(const uint8_t *in, i64 k, i64 n, int code, int low, i64 *out);
-int hvdc_is_ascending(const i64 *idx, i64 k);
-void hvdc_sparse_sum(int nr, const i64 *const *idx, const float *const *vals, const i64 *ks, i64 n,
-                     float s, int scaled, float *out);
-}
+#include "hvdc_kernels.h"  // the C kernels' prototypes and enums
 
 namespace {
 
@@ -104,14 +77,14 @@ REGISTER_OP("HvdcTopKEncode")
     .Attr("k: int >= 1")
     .Attr("stride: int >= 1")
     .Attr("want: int >= 1")
-    .Attr("code: int")
+    .Attr("code: int")  // enum hvdc_index_code
     .Attr("low: int")
     .Attr("nbytes: int")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext *c) {
       int code;
       TF_RETURN_IF_ERROR(c->GetAttr("code", &code));
-      TF_RETURN_IF_ERROR(VectorFromAttr(c, 0, code == 0 ? "k" : "nbytes"));  // raw: k int32
+      TF_RETURN_IF_ERROR(VectorFromAttr(c, 0, code == HVDC_CODE_RAW ? "k" : "nbytes"));  // raw: k int32
       return VectorFromAttr(c, 1, "k");
     });
 
@@ -137,7 +110,7 @@ REGISTER_OP("HvdcSignEncode")
     .Output("scale: float")
     .Attr("M: int >= 0")
     .Attr("n: int >= 0")
-    .Attr("mode: int")  // 0: SignSGD, 1: EFSignSGD (scale: one float), 2: OneBit (scale: its two means)
+    .Attr("mode: int")  // enum hvdc_sign_mode; the scale output: one float, OneBit's two means
     .SetIsStateful()
     .SetShapeFn([](InferenceContext *c) {
       int64_t n;
@@ -145,7 +118,7 @@ REGISTER_OP("HvdcSignEncode")
       TF_RETURN_IF_ERROR(c->GetAttr("n", &n));
       TF_RETURN_IF_ERROR(c->GetAttr("mode", &mode));
       c->set_output(0, c->Vector((n + 7) / 8));
-      c->set_output(1, c->Vector(mode == 2 ? 2 : 1));
+      c->set_output(1, c->Vector(mode == HVDC_SIGN_ONEBIT ? 2 : 1));
       return absl::OkStatus();
     });
 
@@ -268,6 +241,26 @@ T *Alloc(OpKernelContext *ctx, Tensor *holder, DataType dt, i64 len) {
 
 float ScaleInput(OpKernelContext *ctx, int index) { return ctx->input(index).scalar<float>()(); }
 
+// The int attribute `name` as one of the enum's values first..last, or an error naming them.
+template <typename Enum>
+absl::Status GetEnumAttr(OpKernelConstruction *c, const char *name, Enum first, Enum last, Enum *out) {
+  int v;
+  TF_RETURN_IF_ERROR(c->GetAttr(name, &v));
+  if (v < static_cast<int>(first) || v > static_cast<int>(last))
+    return errors::InvalidArgument("attribute ", name, " must be in [", static_cast<int>(first), ", ",
+                                   static_cast<int>(last), "] (hvdc_kernels.h); got ", v);
+  *out = static_cast<Enum>(v);
+  return absl::OkStatus();
+}
+
+absl::Status GetCodeAttr(OpKernelConstruction *c, hvdc_index_code *out) {
+  return GetEnumAttr(c, "code", HVDC_CODE_RAW, HVDC_CODE_ELIAS_FANO, out);
+}
+
+absl::Status GetModeAttr(OpKernelConstruction *c, hvdc_sign_mode *out) {
+  return GetEnumAttr(c, "mode", HVDC_SIGN_SIGNSGD, HVDC_SIGN_ONEBIT, out);
+}
+
 // ---- Int8 ------------------------------------------------------------------------------------
 class Int8EncodeOp : public OpKernel {
  public:
@@ -336,7 +329,7 @@ class TopKEncodeOp : public OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("want", &want_));
     OP_REQUIRES_OK(c, c->GetAttr("nbytes", &nbytes_));
     OP_REQUIRES_OK(c, c->GetAttr("M", &m_));
-    OP_REQUIRES_OK(c, c->GetAttr("code", &code_));
+    OP_REQUIRES_OK(c, GetCodeAttr(c, &code_));
     OP_REQUIRES_OK(c, c->GetAttr("low", &low_));
   }
   void Compute(OpKernelContext *ctx) override {
@@ -353,13 +346,13 @@ class TopKEncodeOp : public OpKernel {
     const i64 m = (n_ + stride_ - 1) / stride_;
     float *sample = Alloc<float>(ctx, &sample_t, DT_FLOAT, m);
     if (!sample) return;
-    hvdc_sample_magnitudes(x, r, n_, stride_, 1, sample);
+    hvdc_sample_magnitudes(x, r, n_, stride_, HVDC_NAN_LARGEST, sample);
     float thr = hvdc_kth_largest(sample, m, std::min(want_, m));
-    i64 cap = 3 * k_ + 1024;
+    i64 cap = HVDC_TOPK_ROOM_PER_K * k_ + HVDC_TOPK_ROOM_SLACK;
     i64 *cand = Alloc<i64>(ctx, &cand_t, DT_INT64, cap);
     float *cval = Alloc<float>(ctx, &cval_t, DT_FLOAT, cap);
     if (!cand || !cval) return;
-    i64 c = hvdc_compensate_select(x, r, n_, thr, 0, 1, cand, cval, cap);
+    i64 c = hvdc_compensate_select(x, r, n_, thr, HVDC_AT_LEAST, HVDC_NAN_LARGEST, cand, cval, cap);
     const float *acc = r ? r : x;
     for (int lowered = 0;; lowered++) {
       if (c > cap) {  // more candidates than room: collect again from acc, with room
@@ -367,27 +360,28 @@ class TopKEncodeOp : public OpKernel {
         cand = Alloc<i64>(ctx, &cand_t, DT_INT64, cap);
         cval = Alloc<float>(ctx, &cval_t, DT_FLOAT, cap);
         if (!cand || !cval) return;
-        c = hvdc_compensate_select(acc, nullptr, n_, thr, 0, 1, cand, cval, cap);
+        c = hvdc_compensate_select(acc, nullptr, n_, thr, HVDC_AT_LEAST, HVDC_NAN_LARGEST, cand, cval, cap);
       }
       if (c >= k_) break;
       // the sample overshot (fewer than k candidates): a lower threshold, one more
-      // read of acc (as the torch codec); after 3 tries every element is a candidate
-      thr = lowered < 3 ? thr / 4.0f : -INFINITY;
-      c = hvdc_compensate_select(acc, nullptr, n_, thr, 0, 1, cand, cval, cap);
+      // read of acc (as the torch codec); after that many tries every element is a candidate
+      thr = lowered < HVDC_TOPK_LOWERINGS ? thr / 4.0f : -INFINITY;
+      c = hvdc_compensate_select(acc, nullptr, n_, thr, HVDC_AT_LEAST, HVDC_NAN_LARGEST, cand, cval, cap);
     }
     Tensor *idx_out = nullptr, *val_out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({code_ == 0 ? k_ : nbytes_}), &idx_out));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({code_ == HVDC_CODE_RAW ? k_ : nbytes_}), &idx_out));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({k_}), &val_out));
     i64 *kept = Alloc<i64>(ctx, &kept_t, DT_INT64, k_);
     float *tmp = Alloc<float>(ctx, &tmp_t, DT_FLOAT, c);
     if (!kept || !tmp) return;
-    hvdc_topk_fixup(cand, cval, c, k_, 1, kept, val_out->flat<float>().data(), tmp);
+    hvdc_topk_fixup(cand, cval, c, k_, HVDC_NAN_LARGEST, kept, val_out->flat<float>().data(), tmp);
     if (r) hvdc_clear_sent(r, kept, k_, cand, cval, c);
     auto *coded = reinterpret_cast<uint8_t *>(const_cast<char *>(idx_out->tensor_data().data()));
     hvdc_index_encode(kept, k_, n_, code_, low_, coded, nbytes_);
   }
 
-  int m_, code_, low_;
+  int m_, low_;
+  hvdc_index_code code_;
   int64_t n_, k_, stride_, want_, nbytes_;
 };
 
@@ -396,7 +390,7 @@ class SparseSumOp : public OpKernel {
   explicit SparseSumOp(OpKernelConstruction *c) : OpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("n", &n_));
     OP_REQUIRES_OK(c, c->GetAttr("k", &k_));
-    OP_REQUIRES_OK(c, c->GetAttr("code", &code_));
+    OP_REQUIRES_OK(c, GetCodeAttr(c, &code_));
     OP_REQUIRES_OK(c, c->GetAttr("low", &low_));
     OP_REQUIRES_OK(c, c->GetAttr("nbytes", &nbytes_));
     OP_REQUIRES_OK(c, c->GetAttr("scaled", &scaled_));
@@ -448,7 +442,8 @@ class SparseSumOp : public OpKernel {
     std::copy(v2.begin(), v2.end(), val);
   }
 
-  int code_, low_;
+  int low_;
+  hvdc_index_code code_;
   int64_t n_, k_, nbytes_;
   bool scaled_;
 };
@@ -459,17 +454,17 @@ class SignEncodeOp : public OpKernel {
   explicit SignEncodeOp(OpKernelConstruction *c) : OpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("M", &m_));
     OP_REQUIRES_OK(c, c->GetAttr("n", &n_));
-    OP_REQUIRES_OK(c, c->GetAttr("mode", &mode_));
+    OP_REQUIRES_OK(c, GetModeAttr(c, &mode_));
   }
   void Compute(OpKernelContext *ctx) override {
     const Tensor &x = ctx->input(0);
     OP_REQUIRES_OK(ctx, CheckVector(x, n_, "x"));
     Tensor *bits = nullptr, *scale = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({(n_ + 7) / 8}), &bits));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({mode_ == 2 ? 2 : 1}), &scale));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({mode_ == HVDC_SIGN_ONEBIT ? 2 : 1}), &scale));
     const float *xp = x.flat<float>().data();
     WithResidual(ctx, m_, n_, [&](float *r) {
-      if (mode_ == 2)
+      if (mode_ == HVDC_SIGN_ONEBIT)
         hvdc_onebit_encode(xp, r, n_, bits->flat<uint8_t>().data(), scale->flat<float>().data());
       else
         hvdc_sign_encode(xp, r, n_, mode_, bits->flat<uint8_t>().data(), scale->flat<float>().data());
@@ -477,7 +472,8 @@ class SignEncodeOp : public OpKernel {
   }
 
  private:
-  int m_, mode_;
+  int m_;
+  hvdc_sign_mode mode_;
   int64_t n_;
 };
 
@@ -485,7 +481,7 @@ class SignDecodeSumOp : public OpKernel {
  public:
   explicit SignDecodeSumOp(OpKernelConstruction *c) : OpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("n", &n_));
-    OP_REQUIRES_OK(c, c->GetAttr("mode", &mode_));
+    OP_REQUIRES_OK(c, GetModeAttr(c, &mode_));
     OP_REQUIRES_OK(c, c->GetAttr("scaled", &scaled_));
   }
   void Compute(OpKernelContext *ctx) override {
@@ -496,7 +492,7 @@ class SignDecodeSumOp : public OpKernel {
     std::vector<float> sv;
     for (int j = 0; j < bits.size(); j++) {
       OP_REQUIRES_OK(ctx, CheckVector(bits[j], (n_ + 7) / 8, "bits"));
-      const int want = mode_ == 2 ? 2 : 1;
+      const int want = mode_ == HVDC_SIGN_ONEBIT ? 2 : 1;
       OP_REQUIRES(ctx, scales[j].NumElements() >= want,
                   errors::InvalidArgument("scale of rank ", j, " has ", scales[j].NumElements(), " values, not ", want));
       bp.push_back(bits[j].flat<uint8_t>().data());
@@ -504,7 +500,7 @@ class SignDecodeSumOp : public OpKernel {
     }
     Tensor *out = nullptr;
     OP_REQUIRES_OK(ctx, kept_out_.Allocate(ctx, 0, n_, &out));
-    if (mode_ == 2)
+    if (mode_ == HVDC_SIGN_ONEBIT)
       hvdc_onebit_decode_sum(bits.size(), bp.data(), sv.data(), n_, ScaleInput(ctx, 2 * bits.size()), scaled_,
                              out->flat<float>().data());
     else
@@ -514,7 +510,7 @@ class SignDecodeSumOp : public OpKernel {
 
  private:
   KeptOutput kept_out_;
-  int mode_;
+  hvdc_sign_mode mode_;
   int64_t n_;
   bool scaled_;
 };
@@ -535,7 +531,7 @@ class HalfEncodeOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n_}), &h));
     const float *xp = x.flat<float>().data();
     auto *hp = reinterpret_cast<uint16_t *>(const_cast<char *>(h->tensor_data().data()));
-    WithResidual(ctx, m_, n_, [&](float *r) { hvdc_half_encode(xp, r, n_, bf16_ ? 1 : 0, hp); });
+    WithResidual(ctx, m_, n_, [&](float *r) { hvdc_half_encode(xp, r, n_, bf16_ ? HVDC_HALF_BF16 : HVDC_HALF_FP16, hp); });
   }
 
  private:

@@ -2,8 +2,9 @@
 
 The shared object is compiled on first use (about a second) into
 ``$HVDC_KERNEL_CACHE`` (default ``~/.cache/hvd_compress/kernels``), under a
-name that hashes the source, the flags, the compiler's version and the CPU
-model, so a changed source or another machine type builds its own copy, and
+name that hashes the source and its headers, the flags, the compiler's version
+and the CPU model, so a changed source or header, or another machine type,
+builds its own copy, and
 concurrent ranks never see a half-written file (built under a temporary name,
 then renamed).  ``scripts/install.sh`` builds it ahead of time
 (``python -m hvd_compress.kernels``).
@@ -22,6 +23,8 @@ import warnings
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("hvdc_kernels.c")
+#: the headers SOURCE includes (hvdc_kernels.h declares every exported function)
+HEADERS = (Path(__file__).with_name("hvdc_kernels.h"),)
 #: -O3 vectorises the loops; -march=native uses this CPU's vector width and
 #: F16C conversions; no -ffast-math and no contraction into FMAs: NaN and Inf
 #: handling, rounding and the order of the
@@ -32,27 +35,31 @@ _lock = threading.Lock()
 _lib = None
 _failed = None
 
-i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
-#: name -> (argument types, return type)
+i64, f32, ptr, c_int = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int
+#: a C enum of hvdc_kernels.h (its values: .constants)
+enum = ctypes.c_int
+#: name -> (argument types, return type): the prototypes of hvdc_kernels.h, in its
+#: order (tests/unit/test_kernels_header.py fails where one differs)
 SIGNATURES = {
-    "hvdc_momentum": ((ptr, ptr, i64, f32, ctypes.c_int, ptr), None),
+    "hvdc_momentum": ((ptr, ptr, i64, f32, c_int, ptr), None),
     "hvdc_int8_encode": ((ptr, ptr, i64, i64, ptr, ptr), None),
-    "hvdc_int8_decode_sum": ((ctypes.c_int, ptr, ptr, i64, i64, f32, ctypes.c_int, ptr), None),
-    "hvdc_sign_encode": ((ptr, ptr, i64, ctypes.c_int, ptr, ptr), None),
-    "hvdc_sign_decode_sum": ((ctypes.c_int, ptr, ptr, i64, ctypes.c_int, f32, ctypes.c_int, ptr), None),
+    "hvdc_int8_encode_rcp": ((ptr, ptr, i64, i64, ptr, ptr), None),
+    "hvdc_int8_decode_sum": ((c_int, ptr, ptr, i64, i64, f32, c_int, ptr), None),
+    "hvdc_sign_encode": ((ptr, ptr, i64, enum, ptr, ptr), None),
+    "hvdc_sign_decode_sum": ((c_int, ptr, ptr, i64, enum, f32, c_int, ptr), None),
     "hvdc_onebit_encode": ((ptr, ptr, i64, ptr, ptr), None),
-    "hvdc_onebit_decode_sum": ((ctypes.c_int, ptr, ptr, i64, f32, ctypes.c_int, ptr), None),
-    "hvdc_half_encode": ((ptr, ptr, i64, ctypes.c_int, ptr), None),
-    "hvdc_bf16_decode_sum": ((ctypes.c_int, ptr, i64, f32, ctypes.c_int, ptr), None),
-    "hvdc_compensate_select": ((ptr, ptr, i64, f32, ctypes.c_int, ctypes.c_int, ptr, ptr, i64), i64),
-    "hvdc_sample_magnitudes": ((ptr, ptr, i64, i64, ctypes.c_int, ptr), None),
+    "hvdc_onebit_decode_sum": ((c_int, ptr, ptr, i64, f32, c_int, ptr), None),
+    "hvdc_half_encode": ((ptr, ptr, i64, enum, ptr), None),
+    "hvdc_bf16_decode_sum": ((c_int, ptr, i64, f32, c_int, ptr), None),
+    "hvdc_compensate_select": ((ptr, ptr, i64, f32, enum, enum, ptr, ptr, i64), i64),
+    "hvdc_sample_magnitudes": ((ptr, ptr, i64, i64, enum, ptr), None),
     "hvdc_kth_largest": ((ptr, i64, i64), f32),
-    "hvdc_topk_fixup": ((ptr, ptr, i64, i64, ctypes.c_int, ptr, ptr, ptr), None),
+    "hvdc_topk_fixup": ((ptr, ptr, i64, i64, enum, ptr, ptr, ptr), None),
     "hvdc_clear_sent": ((ptr, ptr, i64, ptr, ptr, i64), None),
-    "hvdc_index_encode": ((ptr, i64, i64, ctypes.c_int, ctypes.c_int, ptr, i64), None),
-    "hvdc_index_decode": ((ptr, i64, i64, ctypes.c_int, ctypes.c_int, ptr), None),
-    "hvdc_is_ascending": ((ptr, i64), ctypes.c_int),
-    "hvdc_sparse_sum": ((ctypes.c_int, ptr, ptr, ptr, i64, f32, ctypes.c_int, ptr), None),
+    "hvdc_index_encode": ((ptr, i64, i64, enum, c_int, ptr, i64), None),
+    "hvdc_index_decode": ((ptr, i64, i64, enum, c_int, ptr), None),
+    "hvdc_is_ascending": ((ptr, i64), c_int),
+    "hvdc_sparse_sum": ((c_int, ptr, ptr, ptr, i64, f32, c_int, ptr), None),
 }
 
 
@@ -84,10 +91,20 @@ def cache_dir():
     return Path(os.environ.get("HVDC_KERNEL_CACHE") or Path.home() / ".cache" / "hvd_compress" / "kernels")
 
 
+def source_bytes():
+    """The C source and its headers, as bytes (what a build's cache name hashes)."""
+    return tuple(p.read_bytes() for p in (SOURCE, *HEADERS))
+
+
+def include_flags():
+    """The -I flag for the directory of the headers."""
+    return ("-I", str(SOURCE.parent))
+
+
 def library_path(cc):
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
     h = hashlib.blake2b(digest_size=8)
-    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), repr(version).encode(), _cpu_model().encode(),
+    for part in (*source_bytes(), " ".join(FLAGS).encode(), repr(version).encode(), _cpu_model().encode(),
                  platform.machine().encode()):
         h.update(part)
     return cache_dir() / f"hvdc_kernels-{h.hexdigest()}.so"
@@ -105,7 +122,8 @@ def build(cc=None):
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
     os.close(fd)
     try:
-        done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True)
+        done = subprocess.run([cc, *FLAGS, *include_flags(), str(SOURCE), "-o", tmp, "-lm"], capture_output=True,
+                              text=True)
         if done.returncode != 0:
             raise RuntimeError(f"compiling {SOURCE.name} failed:\n{done.stderr[-2000:]}")
         os.replace(tmp, path)  # atomic: a concurrent rank sees the whole file or none

@@ -29,9 +29,9 @@ from ..memory import MomentumMemory, ResidualMemory
 from ..schemes.casts import BF16, FP16
 from ..schemes.quantization import EFSignSGD, Int8, OneBit, SignSGD
 from ..schemes.sparsification import TopK
+from .constants import SignMode
+from .plan import CODES, fits_fused, fused_topk_plan, fuses_topk
 from .tf_native import load
-
-CODES = {"raw": 0, "bitmap": 1, "elias_fano": 2}
 
 
 def _scale_args(scale):
@@ -87,7 +87,8 @@ class TopKCodec(TFCodec):
         k, code, nbytes, low = self._code(n)
         stride, want = fused_topk_plan(n, k)
         idx, val = self.ops.hvdc_top_k_encode(x=x, r=self.residual_handles(r, ctx), T=_idx_dtype(code), n=n, k=k,
-                                              stride=stride, want=want, code=CODES[code], low=low, nbytes=nbytes)
+                                              stride=stride, want=want, code=int(CODES[code]), low=low,
+                                              nbytes=nbytes)
         return {"idx": idx, "val": val}
 
     def aggregate(self, payloads, numel, local, scale, out, ws):
@@ -95,15 +96,15 @@ class TopKCodec(TFCodec):
         s, scaled = _scale_args(scale)
         idxs = [tf.cast(p["idx"], _idx_dtype(code)) for p in payloads]
         return self.ops.hvdc_sparse_sum(idxs=idxs, vals=[p["val"] for p in payloads], s=s, n=numel, k=k,
-                                        code=CODES[code], low=low, nbytes=nbytes, scaled=scaled)
+                                        code=int(CODES[code]), low=low, nbytes=nbytes, scaled=scaled)
 
 
 class SignCodec(TFCodec):
-    """SignSGD (mode 0: a majority vote), EFSignSGD (mode 1: scaled signs) and OneBit
-    (mode 2: each side of zero sent as its mean)."""
+    """SignSGD (a majority vote), EFSignSGD (scaled signs) and OneBit (each side of
+    zero sent as its mean), by their :class:`.SignMode`."""
 
     #: the payload part that carries the scales, by mode
-    SCALE_PART = {0: None, 1: "scale", 2: "means"}
+    SCALE_PART = {SignMode.SIGNSGD: None, SignMode.EFSIGNSGD: "scale", SignMode.ONEBIT: "means"}
 
     def __init__(self, ops, adapter, scheme, mode):
         super().__init__(ops, adapter, scheme)
@@ -112,14 +113,14 @@ class SignCodec(TFCodec):
 
     def encode(self, x, r, ws, ctx):
         bits, scale = self.ops.hvdc_sign_encode(x=x, r=self.residual_handles(r, ctx), n=int(x.shape[0]),
-                                                mode=self.mode)
+                                                mode=int(self.mode))
         return {"bits": bits, self.part: scale} if self.part else {"bits": bits}
 
     def aggregate(self, payloads, numel, local, scale, out, ws):
         s, scaled = _scale_args(scale)
         scales = [tf.reshape(p[self.part], [-1]) if self.part else tf.ones([1]) for p in payloads]
         return self.ops.hvdc_sign_decode_sum(bits=[p["bits"] for p in payloads], scales=scales, s=s, n=numel,
-                                             mode=self.mode, scaled=scaled)
+                                             mode=int(self.mode), scaled=scaled)
 
 
 class HalfCodec(TFCodec):
@@ -146,15 +147,6 @@ def _idx_dtype(code):
     return tf.int32 if code == "raw" else tf.uint8
 
 
-def fused_topk_plan(n, k):
-    """``(stride, want)``: the sample and its rank that the threshold comes
-    from, as :func:`hvd_compress.kernels.torch_cpu.fused_topk_plan` (which
-    this module cannot import: it needs torch)."""
-    stride = max(1, n // 65536) | 1  # odd: not every sample in the same columns of a power-of-two row
-    m = ceil_div(n, stride)
-    return stride, min(m, max(1, int(2.0 * k * m / n) + 8))
-
-
 def _on_cpu(x):
     """Placed on the CPU, or unplaced where TF has no GPU (the ops are CPU kernels)."""
     device = (x.device or "").upper()
@@ -167,7 +159,7 @@ def codec_for(scheme, memory, x, adapter):
     tensor of a static size below 2**31, DGC's memory, a scheme not fused here (see the module's docstring), a Top-K
     with a ``values=`` quantizer or keeping more than an eighth of the elements."""
     n = x.shape[0] if x.shape.rank == 1 else None
-    if n is None or x.dtype != tf.float32 or n >= 2**31 or not _on_cpu(x):
+    if n is None or x.dtype != tf.float32 or not fits_fused(n) or not _on_cpu(x):
         return None
     if memory is not None and type(memory) not in (ResidualMemory, MomentumMemory):
         return None  # DGC's memory masks its momentum by what was sent: the eager path
@@ -181,13 +173,14 @@ def _maker(scheme, memory, n):
     cls = type(scheme)
     if cls is TopK:
         k = scheme.fixed_k(n)
-        if scheme.values is not None or not (0 < k and 8 * k <= n):
+        if scheme.values is not None or not fuses_topk(n, k):
             return None
         return lambda ops, adapter: TopKCodec(ops, adapter, scheme)
     if cls is FP16 and memory is None:
         return None  # TF's own cast is one pass already
     if cls in (SignSGD, EFSignSGD, OneBit):
-        return lambda ops, adapter: SignCodec(ops, adapter, scheme, {SignSGD: 0, EFSignSGD: 1, OneBit: 2}[cls])
+        mode = {SignSGD: SignMode.SIGNSGD, EFSignSGD: SignMode.EFSIGNSGD, OneBit: SignMode.ONEBIT}[cls]
+        return lambda ops, adapter: SignCodec(ops, adapter, scheme, mode)
     if cls in (FP16, BF16):
         return lambda ops, adapter: HalfCodec(ops, adapter, scheme, cls is BF16)
     return (lambda ops, adapter: Int8Codec(ops, adapter, scheme)) if cls is Int8 else None

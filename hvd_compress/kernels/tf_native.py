@@ -1,10 +1,12 @@
 """Build and load the TensorFlow op library ``hvdc_tf_ops.cc`` + ``hvdc_kernels.c``.
 
+Both include ``hvdc_kernels.h``, the one declaration of the C functions the ops call.
+
 The C kernels are compiled with the C compiler and the flags of
 :mod:`.native` (the same code the torch codecs run), the ops with the C++
 compiler and TensorFlow's own compile and link flags, and both are linked
 into one shared object loaded by ``tf.load_op_library``.  It is cached next
-to the C library, under a name that hashes both sources, the flags, the
+to the C library, under a name that hashes both sources and the headers, the flags, the
 compilers' versions, the TensorFlow version and the CPU model; it is built
 under a temporary name and then renamed, so concurrent ranks never load a
 half-written file.  ``python -m hvd_compress.kernels`` builds it ahead of time.
@@ -47,7 +49,7 @@ def library_path(cc, cxx, tf_flags):
     h = hashlib.blake2b(digest_size=8)
     versions = [subprocess.run([c, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
                 for c in (cc, cxx)]
-    for part in (native.SOURCE.read_bytes(), SOURCE.read_bytes(), repr((C_FLAGS, CXX_FLAGS, tf_flags)).encode(),
+    for part in (*native.source_bytes(), SOURCE.read_bytes(), repr((C_FLAGS, CXX_FLAGS, tf_flags)).encode(),
                  repr(versions).encode(), native.library_path(cc).name.encode()):  # the latter: the CPU model
         h.update(part)
     return native.cache_dir() / f"hvdc_tf_ops-{h.hexdigest()}.so"
@@ -72,8 +74,9 @@ def build(cc=None, cxx=None):
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         obj, so = os.path.join(tmp, "hvdc_kernels.o"), os.path.join(tmp, "ops.so")
-        _run([cc, *C_FLAGS, str(native.SOURCE), "-o", obj], native.SOURCE.name)
-        _run([cxx, *CXX_FLAGS, *compile_flags, str(SOURCE), obj, "-o", so, *link_flags, "-lm"], SOURCE.name)
+        _run([cc, *C_FLAGS, *native.include_flags(), str(native.SOURCE), "-o", obj], native.SOURCE.name)
+        _run([cxx, *CXX_FLAGS, *compile_flags, *native.include_flags(), str(SOURCE), obj, "-o", so, *link_flags,
+              "-lm"], SOURCE.name)
         os.replace(so, path)  # atomic: a concurrent rank sees the whole file or none
     return path
 

@@ -23,9 +23,9 @@ from ..memory import MomentumMemory, ResidualMemory
 from ..schemes.casts import BF16, FP16
 from ..schemes.quantization import EFSignSGD, Int8, OneBit, SignSGD
 from ..schemes.sparsification import DGC, TopK, Threshold, _k_for
+from .constants import HalfDtype, NanRule, SignMode, ThresholdRule, TopKPlan
 from .native import load
-
-CODES = {"raw": 0, "bitmap": 1, "elias_fano": 2}
+from .plan import CODES, fits_fused, fused_topk_plan, fuses_topk, topk_candidate_room
 
 
 def _p(t):
@@ -90,7 +90,7 @@ class Int8Codec(Codec):
 
 
 class SignCodec(Codec):
-    """SignSGD (mode 0: a majority vote) and EFSignSGD (mode 1: scaled signs)."""
+    """SignSGD (a majority vote) and EFSignSGD (scaled signs), by their :class:`.SignMode`."""
 
     def __init__(self, lib, scheme, mode):
         super().__init__(lib, scheme)
@@ -99,14 +99,16 @@ class SignCodec(Codec):
     def encode(self, x, r, ws, ctx):
         n = x.numel()
         bits = buffer(ws, "bits", ceil_div(n, 8), torch.uint8)
-        scale = buffer(ws, "scale", 1, torch.float32) if self.mode else None
+        scaled = self.mode == SignMode.EFSIGNSGD
+        scale = buffer(ws, "scale", 1, torch.float32) if scaled else None
         self.lib.hvdc_sign_encode(_p(x), _p(r), n, self.mode, _p(bits), _p(scale))
-        return {"bits": bits, "scale": scale} if self.mode else {"bits": bits}
+        return {"bits": bits, "scale": scale} if scaled else {"bits": bits}
 
     def aggregate(self, payloads, numel, local, scale, out, ws):
         out = output(ws, out, numel)
         bits = [p["bits"] for p in payloads]
-        scales = torch.stack([p["scale"][0] for p in payloads]).contiguous() if self.mode else None
+        scales = (torch.stack([p["scale"][0] for p in payloads]).contiguous() if self.mode == SignMode.EFSIGNSGD
+                  else None)
         self.lib.hvdc_sign_decode_sum(len(bits), _ptrs(bits), _p(scales), numel, self.mode,
                                       *_scale_args(scale), _p(out))
         return out
@@ -135,16 +137,17 @@ class HalfCodec(Codec):
 
     def __init__(self, lib, scheme, dtype):
         super().__init__(lib, scheme)
-        self.dtype = dtype  # 0: float16, 1: bfloat16
+        self.dtype = dtype  # a HalfDtype
 
     def encode(self, x, r, ws, ctx):
         n = x.numel()
-        h = buffer(ws, "half", n, torch.float16 if self.dtype == 0 else torch.int16)
-        if r is None and self.dtype == 0:
+        fp16 = self.dtype == HalfDtype.FP16
+        h = buffer(ws, "half", n, torch.float16 if fp16 else torch.int16)
+        if r is None and fp16:
             h.copy_(x)  # torch's own vectorised conversion, round half to even
         else:
             self.lib.hvdc_half_encode(_p(x), _p(r), n, self.dtype, _p(h))
-        return {"reduce": h} if self.dtype == 0 else {"bits": h}
+        return {"reduce": h} if fp16 else {"bits": h}
 
     def decode_reduced(self, reduced, numel, out, ws):
         out = output(ws, out, numel)
@@ -162,7 +165,7 @@ class SparseCodec(Codec):
     """Top-K, Threshold and DGC: one pass that forms ``acc = x + r`` in place and
     collects the candidates above a threshold, then an exact selection among
     the candidates only (Top-K), gathering, and the index code."""
-    nan_large = 0
+    nan_rule = NanRule.DROPPED
 
     def threshold(self, x, r, ws, ctx):
         raise NotImplementedError
@@ -171,8 +174,8 @@ class SparseCodec(Codec):
         n = x.numel()
         thr, cap = self.threshold(x, r, ws, ctx)
         cand, cval = buffer(ws, "cand", cap, torch.int64), buffer(ws, "cand_val", cap, torch.float32)
-        c = self.lib.hvdc_compensate_select(_p(x), _p(r), n, ctx_float(thr), 0, self.nan_large, _p(cand),
-                                            _p(cval), cap)
+        c = self.lib.hvdc_compensate_select(_p(x), _p(r), n, ctx_float(thr), ThresholdRule.AT_LEAST, self.nan_rule,
+                                            _p(cand), _p(cval), cap)
         acc = r if r is not None else x
         for _ in range(self.retries + 1):
             if c > cap:  # more candidates than room: collect again from acc, with room
@@ -180,8 +183,8 @@ class SparseCodec(Codec):
                     break
                 cap = c
                 cand, cval = buffer(ws, "cand", c, torch.int64), buffer(ws, "cand_val", c, torch.float32)
-                self.lib.hvdc_compensate_select(_p(acc), None, n, ctx_float(thr), 0, self.nan_large, _p(cand),
-                                                _p(cval), c)
+                self.lib.hvdc_compensate_select(_p(acc), None, n, ctx_float(thr), ThresholdRule.AT_LEAST,
+                                                self.nan_rule, _p(cand), _p(cval), c)
             kept = self.select(cand[:c], cval[:c], n, ws)
             if kept is not None:
                 idx, vals = kept
@@ -190,12 +193,12 @@ class SparseCodec(Codec):
                 return self.pack(acc, idx, vals, r is not None, ws, ctx)
             # the sample overshot (fewer than k candidates): a lower threshold, one more read of acc
             thr = thr / 4.0
-            c = self.lib.hvdc_compensate_select(_p(acc), None, n, ctx_float(thr), 0, self.nan_large, _p(cand),
-                                                _p(cval), cap)
+            c = self.lib.hvdc_compensate_select(_p(acc), None, n, ctx_float(thr), ThresholdRule.AT_LEAST,
+                                                self.nan_rule, _p(cand), _p(cval), cap)
         return self.encode_eager(acc, r is not None, ctx)
 
     #: times a threshold that left too few candidates is lowered before the eager selection runs
-    retries = 3
+    retries = TopKPlan.LOWERINGS
 
     def max_candidates(self, n):
         """The most candidate indices kept in the workspace (beyond it: the eager path)."""
@@ -281,7 +284,7 @@ def ctx_float(v):
 
 
 class TopKCodec(SparseCodec):
-    nan_large = 1  # torch.topk orders NaN above everything: it is sent, never kept
+    nan_rule = NanRule.LARGEST  # torch.topk orders NaN above everything: it is sent, never kept
 
     def max_candidates(self, n):
         return n // 4  # a threshold this low has met ties or zeros: the eager selection handles them
@@ -291,10 +294,9 @@ class TopKCodec(SparseCodec):
         k = self.scheme.fixed_k(n)
         stride, want = fused_topk_plan(n, k)
         sample = buffer(ws, "sample", ceil_div(n, stride), torch.float32)
-        self.lib.hvdc_sample_magnitudes(_p(x), _p(r), n, stride, 1, _p(sample))
+        self.lib.hvdc_sample_magnitudes(_p(x), _p(r), n, stride, self.nan_rule, _p(sample))
         thr = self.lib.hvdc_kth_largest(_p(sample), sample.numel(), want)
-        # room for the ~2k candidates aimed at; the buffer grows where a step needs more
-        return thr, 3 * k + 1024
+        return thr, topk_candidate_room(k)
 
     def select(self, cand, cval, n, ws):
         k = self.scheme.fixed_k(n)
@@ -303,25 +305,8 @@ class TopKCodec(SparseCodec):
             return None
         idx, vals = buffer(ws, "kept", k, torch.int64), buffer(ws, "val", k, torch.float32)
         tmp = buffer(ws, "tmp", c, torch.float32)
-        self.lib.hvdc_topk_fixup(_p(cand), _p(cval), c, k, 1, _p(idx), _p(vals), _p(tmp))
+        self.lib.hvdc_topk_fixup(_p(cand), _p(cval), c, k, self.nan_rule, _p(idx), _p(vals), _p(tmp))
         return idx, vals
-
-
-def fused_topk_plan(n, k):
-    """``(stride, want)``: sample every ``stride``-th magnitude (at most about
-    65536 of them) and take the ``want``-th largest as the threshold, aiming
-    at about 2k candidates (the exact selection then looks at those only)."""
-    # an odd stride: a power-of-two row length would otherwise put every sample
-    # in the same few columns of a weight gradient
-    stride = max(1, n // 65536) | 1
-    m = ceil_div(n, stride)
-    return stride, min(m, max(1, int(2.0 * k * m / n) + 8))
-
-
-def fuses_topk(n, k):
-    """Fused Top-K keeps up to a few k candidate indices per tensor: worth it
-    (and small next to the gradient) up to an eighth of the elements."""
-    return 0 < k and 8 * k <= n
 
 
 class ThresholdCodec(SparseCodec):
@@ -354,7 +339,7 @@ def codec_for(scheme, memory, x):
     """The fused codec of ``scheme`` for the flat float32 tensor ``x``, or None
     where the eager path runs: kernels off or unbuilt, not a CPU float32
     tensor, DGC's memory, or more elements than int32 offsets cover."""
-    if not (isinstance(x, torch.Tensor) and x.dtype == torch.float32 and x.is_contiguous() and x.numel() < 2**31
+    if not (isinstance(x, torch.Tensor) and x.dtype == torch.float32 and x.is_contiguous() and fits_fused(x.numel())
             and backend_for(x).host_reads_are_free(x)):  # CPU memory (and not the CUDA stand-in of the sync test)
         return None
     if memory is not None and type(memory) not in (ResidualMemory, MomentumMemory):
@@ -368,11 +353,11 @@ def codec_for(scheme, memory, x):
     if cls in FUSED:
         return FUSED[cls](lib, scheme)
     if cls is SignSGD:
-        return SignCodec(lib, scheme, 0)
+        return SignCodec(lib, scheme, SignMode.SIGNSGD)
     if cls is EFSignSGD:
-        return SignCodec(lib, scheme, 1)
+        return SignCodec(lib, scheme, SignMode.EFSIGNSGD)
     if cls is FP16:
-        return HalfCodec(lib, scheme, 0)
+        return HalfCodec(lib, scheme, HalfDtype.FP16)
     if cls is BF16:
-        return HalfCodec(lib, scheme, 1)
+        return HalfCodec(lib, scheme, HalfDtype.BF16)
     return None

@@ -1,0 +1,132 @@
+/* hvd_compress's fused CPU kernels: the one declaration of every exported function and
+ * of the named values they take.
+ *
+ * Included by hvdc_kernels.c (the definitions) and hvdc_tf_ops.cc (the TensorFlow ops
+ * that call them), so a compiler holds both to these prototypes.  The Python side
+ * mirrors it: the ctypes signatures in hvd_compress/kernels/native.py (SIGNATURES) and
+ * the enums in hvd_compress/kernels/constants.py; tests/unit/test_kernels_header.py
+ * parses this file and fails where either drifts from it.
+ *
+ * Conventions: n is the element count; a residual pointer r may be NULL (no error
+ * feedback: the input x is compressed as it is).  With r, the compensated gradient
+ * acc = x + r is written into r first (in place), and r ends as the new residual
+ * acc - sent.  Bit streams are little-endian: bit j of byte i is element 8 i + j, as
+ * hvd_compress.coding.pack_bits writes them.  A decode over nr ranks sums them in rank
+ * order and, where `scaled` is nonzero, multiplies the sum by s.
+ *
+ * Keep to one declaration per line group ending in ");" and to the types below
+ * (i64, int, float, the enums, and pointers): the test's parser reads only those.
+ */
+#ifndef HVDC_KERNELS_H
+#define HVDC_KERNELS_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef int64_t i64;
+
+/* hvdc_sign_encode's mode, and the TF sign ops' (which also run OneBit) */
+enum hvdc_sign_mode {
+    HVDC_SIGN_SIGNSGD = 0,   /* sent = +-1; the decode is a majority vote */
+    HVDC_SIGN_EFSIGNSGD = 1, /* sent = +-scale, scale = sum|acc| / n */
+    HVDC_SIGN_ONEBIT = 2     /* sent = the mean of acc on its side of zero (hvdc_onebit_encode) */
+};
+
+/* hvdc_half_encode's 16-bit float */
+enum hvdc_half_dtype {
+    HVDC_HALF_FP16 = 0, /* IEEE half */
+    HVDC_HALF_BF16 = 1  /* bfloat16, round half to even, every NaN 0x7FC0 */
+};
+
+/* the index codes of hvd_compress.coding (INDEX_CODES, in this order) */
+enum hvdc_index_code {
+    HVDC_CODE_RAW = 0,       /* int32 indices */
+    HVDC_CODE_BITMAP = 1,    /* one bit per element */
+    HVDC_CODE_ELIAS_FANO = 2 /* low bits packed, then the unary high parts */
+};
+
+/* where a NaN magnitude stands in a selection */
+enum hvdc_nan_rule {
+    HVDC_NAN_DROPPED = 0, /* never selected, and its residual becomes 0 (Threshold, DGC) */
+    HVDC_NAN_LARGEST = 1  /* the largest magnitude, so always selected (torch.topk's order: Top-K) */
+};
+
+/* how a magnitude is compared with the threshold of a selection */
+enum hvdc_threshold_rule {
+    HVDC_AT_LEAST = 0, /* |acc| >= thr */
+    HVDC_ABOVE = 1     /* |acc| > thr */
+};
+
+/* Top-K's candidate room: the threshold aims at about 2k candidates, room is kept for
+ * HVDC_TOPK_ROOM_PER_K * k + HVDC_TOPK_ROOM_SLACK; a threshold that left fewer than k
+ * is lowered (divided by 4) up to HVDC_TOPK_LOWERINGS times. */
+enum hvdc_topk_plan { HVDC_TOPK_ROOM_PER_K = 3, HVDC_TOPK_ROOM_SLACK = 1024, HVDC_TOPK_LOWERINGS = 3 };
+
+/* ---- momentum-aware error feedback ---- */
+/* u = m u + x (kept only where finite); d = u, or x + m u with nesterov, into d (may be x) */
+void hvdc_momentum(const float *x, float *u, i64 n, float m, int nesterov, float *d);
+
+/* ---- Int8: q = clip(rint(acc / scale), -127, 127), scale = max|acc| / 127 per block ---- */
+void hvdc_int8_encode(const float *x, float *r, i64 n, i64 block, int8_t *q, float *scales);
+/* the same with scale = max|acc| * (1 / 127), the bits of TF's traced graph */
+void hvdc_int8_encode_rcp(const float *x, float *r, i64 n, i64 block, int8_t *q, float *scales);
+/* out = sum_j q_j * scale_j [* s] */
+void hvdc_int8_decode_sum(int nr, const int8_t *const *qs, const float *const *scales, i64 n, i64 block,
+                          float s, int scaled, float *out);
+
+/* ---- the sign family ---- */
+/* bits = (acc >= 0); EFSignSGD's scale into *scale_out (1 for SignSGD; scale_out may be NULL) */
+void hvdc_sign_encode(const float *x, float *r, i64 n, enum hvdc_sign_mode mode, uint8_t *bits,
+                      float *scale_out);
+/* SignSGD: out = sign(sum_j +-1); EFSignSGD: out = sum_j +-scales[j] [* s] */
+void hvdc_sign_decode_sum(int nr, const uint8_t *const *bits, const float *scales, i64 n,
+                          enum hvdc_sign_mode mode, float s, int scaled, float *out);
+/* bits = (acc >= 0); means[0], means[1]: the mean of acc over the set and the clear bits */
+void hvdc_onebit_encode(const float *x, float *r, i64 n, uint8_t *bits, float *means);
+/* out = sum_j (p * means[2j] + (1 - p) * means[2j + 1]) [* s] */
+void hvdc_onebit_decode_sum(int nr, const uint8_t *const *bits, const float *means, i64 n, float s, int scaled,
+                            float *out);
+
+/* ---- 16-bit floats ---- */
+/* out = acc as dtype (its 16 bits); sent = that value cast back to float */
+void hvdc_half_encode(const float *x, float *r, i64 n, enum hvdc_half_dtype dtype, uint16_t *out);
+/* out = sum_j float(hs_j) [* s], the payloads bfloat16 */
+void hvdc_bf16_decode_sum(int nr, const uint16_t *const *hs, i64 n, float s, int scaled, float *out);
+
+/* ---- sparsification ---- */
+/* acc into r, and the indices where |acc| passes thr (and their acc values) into cand and
+ * cand_val, up to cap of them; returns how many pass (more than cap: only counted) */
+i64 hvdc_compensate_select(const float *x, float *r, i64 n, float thr, enum hvdc_threshold_rule rule,
+                           enum hvdc_nan_rule nan_rule, i64 *cand, float *cand_val, i64 cap);
+/* |acc| at every stride-th element (ceil(n / stride) of them) into out */
+void hvdc_sample_magnitudes(const float *x, const float *r, i64 n, i64 stride, enum hvdc_nan_rule nan_rule,
+                            float *out);
+/* the k-th largest of v[0..m) (1 <= k <= m); v is permuted */
+float hvdc_kth_largest(float *v, i64 m, i64 k);
+/* the k (<= c) candidates of largest magnitude, ties in index order, into out / out_val;
+ * tmp holds c floats */
+void hvdc_topk_fixup(const i64 *cand, const float *cand_val, i64 c, i64 k, enum hvdc_nan_rule nan_rule,
+                     i64 *out, float *out_val, float *tmp);
+/* the residual at the k sent indices becomes 0, and at the non-finite candidates */
+void hvdc_clear_sent(float *acc, const i64 *idx, i64 k, const i64 *cand, const float *cand_val, i64 c);
+
+/* ---- index codes ---- */
+/* idx ascending and distinct into out (nbytes of it); low: Elias-Fano's low bit count */
+void hvdc_index_encode(const i64 *idx, i64 k, i64 n, enum hvdc_index_code code, int low, uint8_t *out,
+                       i64 nbytes);
+/* the inverse: k ascending indices into out */
+void hvdc_index_decode(const uint8_t *in, i64 k, i64 n, enum hvdc_index_code code, int low, i64 *out);
+/* whether idx[0..k) is strictly ascending */
+int hvdc_is_ascending(const i64 *idx, i64 k);
+/* out = 0, then each rank's values added at its indices (ascending within a rank), in rank order [* s] */
+void hvdc_sparse_sum(int nr, const i64 *const *idx, const float *const *vals, const i64 *ks, i64 n, float s,
+                     int scaled, float *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* HVDC_KERNELS_H */
