@@ -83,7 +83,7 @@ class RowPositions(tf.keras.layers.Layer):
 
 #: the transformer's attention layers (``--attention``).  They differ in the scale of the initial
 #: weights: Keras' glorot over MultiHeadAttention's 3-D kernels (64x4x16) draws q, k and v 2.2x
-#: smaller than torch's xavier over one 192x64 matrix.  docs/guide/schemes.md measures what it does.
+#: smaller than torch's xavier over one 192x64 matrix.  docs/results/convergence.md measures what it does.
 ATTENTIONS = {
     "keras": "Keras' MultiHeadAttention (q, k, v: three 64x4x16 kernels, Keras' initial weights)",
     "torch": "torch's nn.MultiheadAttention in Keras (one 64x192 q/k/v projection, torch's initial weights)",

@@ -97,7 +97,7 @@ class Auto(Compressor):
         momentum, nesterov: momentum-aware error feedback
             (:class:`~hvd_compress.MomentumMemory`) in every phase, dense ones
             included, with one velocity per tensor carried across plans; then
-            give the optimizer momentum 0 (docs/guide/schemes.md section 3).  Why:
+            give the optimizer momentum 0 (docs/guide/schemes.md, 'Momentum placement').  Why:
             Auto may pick a sign scheme, whose residual the optimizer's
             momentum would amplify.
     """

@@ -9,7 +9,7 @@
 A scheme's recipe: ``--lr`` (its own learning rate), ``--dense-below N`` (tensors of at
 most N elements dense), ``--warmup-epochs E`` / ``--warmup-steps N`` (dense first),
 ``--ratio``; ``--optimizer adam`` for Adam.  ``scripts/convergence_recipes.sh`` runs
-every recipe of docs/guide/schemes.md; ``--report recipes`` prints its table.
+every recipe of docs/guide/schemes.md; ``--report recipes`` prints the table of docs/results/convergence.md.
 
 ``--model`` picks the examples' MLP, CNN or row transformer (torch and TF);
 ``--ranks`` the world sizes; ``--placement`` where SGD's momentum 0.9 lives:
@@ -377,8 +377,8 @@ def main():
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--report", nargs="?", const="tables", choices=["tables", "recipes", "summary", "ramps", "plots"],
                    help="run nothing, read the outdir's convergence.json: 'tables' (the default) prints "
-                        "docs/results/convergence.md's tables (recipe per row, mean ± spread over seeds, vs none), "
-                        "'recipes' docs/guide/schemes.md's recipe table, 'summary' the README's, 'ramps' the ratio ramp's "
+                        "docs/results/convergence_rows.md's tables (recipe per row, mean ± spread over seeds, vs none), "
+                        "'recipes' docs/results/convergence.md's recipe table, 'summary' its cells only, 'ramps' the ratio ramp's "
                         "gain per column, 'plots' redraws "
                         "the .png files")
     # worker mode (internal)

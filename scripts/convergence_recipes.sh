@@ -1,9 +1,7 @@
 #!/bin/bash
-# Issue 16's measured recipes: every row of docs/guide/schemes.md's recipe table and of the
-# issue-16 section of docs/results/convergence.md (about 4 hours on a 2-core machine: the runs' wall times
-# in convergence.json add up to 3.6 hours for the cells measured by late 2026-12-01; the `attention`
-# group added on 2026-12-02 took an hour more: 05:35 to 06:35 here; the ratio-ramp lines of the
-# transformer took 1.6 hours, 08:17 to 09:52).
+# The measured recipes: every cell of the recipe table in docs/results/convergence.md
+# (about 6 hours on a 2-core machine by the runs' wall times in convergence.json: 3.6 hours
+# for the main groups, an hour for `attention`, 1.6 hours for the transformer's ratio-ramp lines).
 #
 #   bash scripts/convergence_recipes.sh               # everything below
 #   bash scripts/convergence_recipes.sh "torch cnn 2 1"   # one group: framework model ranks warmup-epochs
@@ -104,7 +102,7 @@ more_seeds() {  # seeds 4-10 (torch's 4-rank transformer: 4-6), pooled with 1-3 
   local T4="--frameworks torch --model transformer --ranks 4 --lr-warmup-epochs 0" S6="--seeds 4,5,6 --add-seeds"
   run $T4 $S6 --schemes none,int8,fp16,bf16 $D
   run $T4 $S6 --schemes topk $C $E
-  run $T4 $S6 --schemes dgc $C $E --ramp-epochs 1  # (PowerSGD's seeds 4-6 did not fit in the session)
+  run $T4 $S6 --schemes dgc $C $E --ramp-epochs 1  # (PowerSGD has seeds 1-3 here)
 }
 
 attention() {  # the TF transformer with torch's attention layout, at torch's and at Keras' initial scale

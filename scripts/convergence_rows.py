@@ -1,6 +1,7 @@
 """Rows of scripts/convergence.py's results: each row's recipe and key, merging new
-measurements into ``convergence.json``, issue 16's targets, the markdown tables of
-docs/results/convergence.md and docs/guide/schemes.md (``--report``), and the accuracy plots.
+measurements into ``convergence.json``, each scheme's accuracy target, the markdown tables of
+docs/results/convergence.md and docs/results/convergence_rows.md (``--report``), and the
+accuracy plots.
 Nothing here trains; the tests import it without Horovod."""
 from __future__ import annotations
 
@@ -25,14 +26,14 @@ MODEL_EPOCHS = {"cnn": 10, "mlp": 10, "transformer": 20}
 #: Top-K -1.53 -> -0.77, DGC -2.40 -> -1.10 at 4 ranks.  PowerSGD (-0.23 -> -0.53 at 2 ranks, -0.87
 #: -> -0.27 at 4) moves inside its seed noise; it shares the threshold so that one rule covers
 #: the schemes that send a small part of each tensor.  The two tensors are 5% of
-#: the model's elements, so Top-K's bytes saved drop from about 23x to 11x (docs/guide/schemes.md).
+#: the model's elements, so Top-K's bytes saved drop from about 23x to 11x (docs/results/convergence.md).
 DENSE_BELOW_WITH_EMBEDDINGS = {"cnn": 1024, "mlp": 1024, "transformer": 2048}
 #: epochs a stage of DGC's ratio ramp per model (0: none): after the dense warmup DGC keeps 25%,
 #: 6.25%, 1.5625%, 0.39%, then 0.1%, as its paper does (hvd_compress.recipe's ramp_steps).  On the
 #: transformer the ramp took DGC(0.001) from -1.78 to -1.00 against dense (TF, 2 ranks, 10 seeds)
 #: and helped it in two of the other three columns; Top-K(0.01) measured the same with and without
 #: it (-0.30 to +0.16 in the four columns), so its recipe has none.  The CNN meets its targets
-#: without it (docs/guide/schemes.md).
+#: without it (docs/results/convergence.md).
 RAMP_EPOCHS = {"cnn": 0, "mlp": 0, "transformer": 1}
 
 def _mean(xs):
@@ -186,8 +187,8 @@ def with_more_seeds(old, new):
     return row
 
 
-#: issue 16's targets: (name, scheme, error feedback, momentum placements, what the recipe must be
-#: (ratio / PowerSGD rank as the issue names them), tolerance in points vs none).  A scheme may
+#: the accuracy targets: (name, scheme, error feedback, momentum placements, what the recipe must be
+#: (ratio / PowerSGD rank as the targets name them), tolerance in points vs none).  A scheme may
 #: meet its target with any recipe of its own (learning rate, dense small tensors, warmup):
 #: the best row measured over 3 or more seeds counts.
 TARGETS = [
@@ -231,7 +232,7 @@ def check_expectations(rows):
     """Issue 16's targets, per (framework, model, ranks), on the mean over seeds:
     (name, met, detail).  A target is checked only where its row was measured."""
     out = []
-    rows = [r for r in map(with_recipe, rows) if _optimizer(r) == "SGD"]  # the issue's recipes are SGD's
+    rows = [r for r in map(with_recipe, rows) if _optimizer(r) == "SGD"]  # the targets' recipes are SGD's
     for group in sorted({group_of(r) for r in rows}):
         sel = [r for r in rows if group_of(r) == group and r["final_test_accuracy"] is not None]
         base = _best([r for r in sel if not (r.get("recipe") or {}).get("warmup_steps")], "none", False,
@@ -401,7 +402,7 @@ def plot_all(rows, outdir):
 
 
 class Recipe(NamedTuple):
-    """One line of docs/guide/schemes.md's recipe table: a scheme and how it trains."""
+    """One line of docs/results/convergence.md's recipe table: a scheme and how it trains."""
     label: str
     scheme: str
     error_feedback: bool
@@ -410,7 +411,7 @@ class Recipe(NamedTuple):
     dense_below: Union[int, dict]       # tensors of at most this many elements stay dense (or per model)
     warmup: bool                        # a dense warmup or none
     params: dict                        # ratio / PowerSGD rank; "ramp": the ratio ramp's epochs per model
-    tolerance: Optional[float] = None   # issue 16's target vs none (None: no target)
+    tolerance: Optional[float] = None   # the target vs none (None: no target)
 
 
 #: the per-scheme recipes of docs/guide/schemes.md, in the table's order
@@ -553,8 +554,8 @@ def _seeds_note(n):
 def recipe_table(rows, brief=False):
     """Markdown: one line per recipe, one column per (framework, model, ranks); a cell is
     mean ± spread over the seeds and the difference to dense ± its standard error,
-    marked where issue 16's target is not met ("not met") or the row has fewer than 3 seeds.
-    ``brief`` (the README's summary): the scheme and the cells only, without the standard error."""
+    marked where the target is not met ("not met") or the row has fewer than 3 seeds.
+    ``brief`` (``--report summary``): the scheme and the cells only, without the standard error."""
     rows = [r for r in map(with_recipe, rows) if _optimizer(r) == "SGD"]
     heads = [group_title(g) for g in RECIPE_GROUPS]
     lead = ["scheme"] if brief else ["scheme", "error feedback", "momentum 0.9 in", "recipe", "target"]

@@ -29,7 +29,7 @@ HISTORY = re.compile(
 
 #: [text](target) and ![alt](target); the target ends at whitespace or ")"
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
-DOC_PATH = re.compile(r"(?<![\w/.-])docs/[\w./-]*?\.md\b")
+DOC_PATH = re.compile(r"(?<![\w/.-])docs/[\w-][\w./-]*?\.md\b")
 
 
 def user_documents():

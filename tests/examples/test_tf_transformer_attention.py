@@ -1,6 +1,6 @@
 """examples/tf2_mnist_gradient_tape.py's transformer attentions (``--attention``), without
 Horovod: the torch layout computes torch's ``nn.MultiheadAttention``, and each variant
-draws its initial weights at the scale it names (the scale is what docs/guide/schemes.md finds
+draws its initial weights at the scale it names (the scale is what docs/results/convergence.md finds
 moves dense TF's accuracy on the row transformer)."""
 import math
 import os
