@@ -177,6 +177,38 @@ def choose(numel, shape, workers, link, candidates, codec_s: Dict[str, float], m
     return best
 
 
+def check_codec_costs(codec_costs, labels):
+    """``Auto(codec_costs=...)``: ``None``, or ``{candidate label: seconds per
+    element}`` with labels among ``labels`` and finite, non-negative costs."""
+    if codec_costs is None:
+        return None
+    if not isinstance(codec_costs, dict):
+        raise ValueError(f"codec_costs must be None or a dict {{candidate label: seconds per element}}; "
+                         f"got {codec_costs!r}")
+    for label, cost in codec_costs.items():
+        if label not in labels:
+            raise ValueError(f"codec_costs: {label!r} is not a candidate label; the labels are {list(labels)}")
+        if isinstance(cost, bool) or not isinstance(cost, (int, float)) or not math.isfinite(cost) or cost < 0:
+            raise ValueError(f"codec_costs[{label!r}] must be a finite number of seconds per element >= 0; "
+                             f"got {cost!r}")
+    return {label: float(cost) for label, cost in codec_costs.items()}
+
+
+def fixed_codec_seconds(tensors, keys, candidates, codec_costs):
+    """Codec seconds from fixed per-element costs, laid out as measured ones
+    (``[len(keys) x len(candidates)]``, -1 where a candidate does not apply
+    or has no cost; ``none`` without a cost costs 0)."""
+    rows = []
+    for key in keys:
+        numel, shape = tensors[key]
+        row = []
+        for cand in candidates:
+            cost = codec_costs.get(cand.label, 0.0 if cand.label == NONE_LABEL else None)
+            row.append(-1.0 if cost is None or not applies(cand, shape) else cost * numel)
+        rows.append(row)
+    return rows
+
+
 def plan(tensors: Dict[str, tuple], workers: int, link: Link, candidates: List[Candidate],
          codec_s: Dict[str, Dict[str, float]], rules=(), min_gain=0.1) -> Dict[str, Choice]:
     """``{key: Choice}`` for ``tensors = {key: (numel, shape)}``.  The first

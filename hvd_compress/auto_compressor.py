@@ -53,7 +53,8 @@ import threading
 import time
 from dataclasses import astuple
 
-from .auto import NONE_LABEL, Choice, applies, default_candidates, fit_link, format_plan, plan, predicted_total
+from .auto import (NONE_LABEL, Choice, applies, check_codec_costs, default_candidates, fit_link,
+                   fixed_codec_seconds, format_plan, plan, predicted_total)
 from .compressor import Compressor, Phase
 from .memory import ResidualMemory
 from .schemes.base import check_range
@@ -100,11 +101,19 @@ class Auto(Compressor):
             give the optimizer momentum 0 (docs/guide/schemes.md, 'Momentum placement').  Why:
             Auto may pick a sign scheme, whose residual the optimizer's
             momentum would amplify.
+        codec_costs: ``None`` (default) times each candidate's error feedback
+            + encode + decode on every distinct tensor shape at the first
+            decision.  A dict ``{candidate label: seconds per element}`` is
+            used instead of those timings: the plan then depends on the link
+            alone, the same on any machine (a reproducible plan, or a test of
+            the decisions).  A candidate without a cost is not chosen;
+            ``none`` without one costs 0.
     """
 
     def __init__(self, rules=(), calibration_steps=5, recheck_every=1000, topk_ratios=(0.1, 0.01),
                  min_topk_ratio=0.01, powersgd_rank=4, include_sign=False, min_gain=0.1, replan_threshold=0.1,
-                 probe_numels=DEFAULT_PROBE_NUMELS, exclude=(), seed=0, momentum=0.0, nesterov=False):
+                 probe_numels=DEFAULT_PROBE_NUMELS, exclude=(), seed=0, momentum=0.0, nesterov=False,
+                 codec_costs=None):
         from .memory import MomentumMemory, momentum_memory
         from .policy import Rule
         from .schemes import NoCompression
@@ -126,6 +135,7 @@ class Auto(Compressor):
         if isinstance(exclude, str) or any(e not in labels[1:] for e in exclude):
             raise ValueError(f"exclude must be a list of candidate labels among {labels[1:]}; got {exclude!r}")
         self.candidates = [c for c in candidates if c.label not in exclude]
+        self.codec_costs = check_codec_costs(codec_costs, labels)
         # the lossy phases keep a residual; the dense ones keep only the velocity, if any
         self._feedback = momentum_memory(NoCompression(), momentum, nesterov, error_feedback=True) or ResidualMemory()
         self._dense_memory = MomentumMemory(momentum, nesterov, error_feedback=False) if momentum else None
@@ -219,7 +229,12 @@ class Auto(Compressor):
         keys = sorted(k for k in self.tensors if self._pinned(k) is None)
         first = self.link is None
         probes = cal.probe_link(self.probe_numels, f"{version}.{start}", ps)
-        codecs = cal.measure_codecs(self.tensors, keys, self.candidates, size, applies) if first else []
+        if not first:
+            codecs = []  # a re-check keeps the codec costs
+        elif self.codec_costs is not None:
+            codecs = fixed_codec_seconds(self.tensors, keys, self.candidates, self.codec_costs)
+        else:
+            codecs = cal.measure_codecs(self.tensors, keys, self.candidates, size, applies)
         stamps = self._step_times if step_times is None else step_times
         gaps = [b - a for a, b in zip(stamps, stamps[1:])]
         step_s = statistics.median(gaps) if gaps else 0.0
@@ -302,7 +317,8 @@ class Auto(Compressor):
                 "calibration_steps": self.calibration_steps, "recheck_every": self.recheck_every,
                 "min_gain": self.min_gain, "replan_threshold": self.replan_threshold,
                 "probe_numels": list(self.probe_numels), "seed": self.seed,
-                "memory": self._feedback.config()}
+                "memory": self._feedback.config(),
+                **({"codec_costs": dict(self.codec_costs)} if self.codec_costs is not None else {})}
 
     def _sync_tf(self):
         """TF: take up a plan restored into the checkpointed variable."""

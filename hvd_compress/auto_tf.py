@@ -200,12 +200,13 @@ def codec_seconds(schemes, numel, shape, size, seed=0):
 
 def time_codecs(auto, key, size):
     """At the trace (eagerly, while no step runs): each applicable candidate's
-    cost on this tensor's shape, once per shape, kept for the first decision.
+    cost on this tensor's shape, once per shape, kept for the first decision
+    (nothing to time where the Auto has fixed ``codec_costs``).
     Timing them later, inside the host callback of a running step, would
     need the step's own executor threads and can deadlock."""
     from .auto import applies
     numel, shape = auto.tensors[key]
-    if shape not in auto._tf_codec_local:
+    if auto.codec_costs is None and shape not in auto._tf_codec_local:
         with tf.init_scope():
             timed = codec_seconds([c.scheme if applies(c, shape) else None for c in auto.candidates], numel, shape,
                                   size)

@@ -1,7 +1,17 @@
-"""The emulated links of the Auto tests (torch and TF): a stand-in for Auto's
-link probe that reports a chosen sequence of links, so a test decides what
-Auto measures without shaping a real link."""
-from hvd_compress.auto import comm_time
+"""The emulated links and fixed codec costs of the Auto tests (torch and TF):
+a stand-in for Auto's link probe that reports a chosen sequence of links, and
+codec costs given to ``Auto(codec_costs=...)`` instead of timed, so a test
+decides everything the planner sees and its outcome does not depend on how
+fast the machine runs at that moment."""
+from hvd_compress.auto import comm_time, default_candidates
+
+#: 1 ns an element for every lossy candidate, none free.  With the tests'
+#: 64x512 weight (32768 elements, 128 KB) and links: on the fast link
+#: (1 us, 1 TB/s) none's allreduce takes 2 (N-1) us + 0.1 us and the cheapest
+#: lossy candidate's codec alone 33 us, so none wins by 8x at N <= 3; on the
+#: slow link (100 us, 1 MB/s) none's allreduce takes 131 ms or more and Int8's
+#: payload a quarter of it, so compression wins by 3x.
+CODEC_COSTS = {c.label: 1e-9 for c in default_candidates()[1:]}
 
 
 def links(sequence, monkeypatch, module, size):

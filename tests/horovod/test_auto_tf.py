@@ -7,8 +7,11 @@ runs it with Gloo and MPI at 2 processes, with Gloo at 3): the stock ``hvd.Distr
 Every rank runs every test in the same order and issues the same
 collectives before it asserts anything.  Where a test needs a given link, the
 link probe (``auto_tf.probe_link``) is replaced by timings computed from the
-cost model, identically on every rank; the agreement collectives, the codec
-timings and the training collectives are the real ones.
+cost model, identically on every rank, and the codec costs are fixed
+(``Auto(codec_costs=auto_links.CODEC_COSTS)``), so no decision a test checks
+depends on how fast this machine runs; the first test alone measures
+everything for real and checks only that the ranks agree.  The agreement
+collectives and the training collectives are the real ones.
 """
 import os
 
@@ -31,6 +34,7 @@ from hvd_compress.auto import Link  # noqa: E402
 from hvd_compress.compressor import stable_hash  # noqa: E402
 
 import auto_links  # noqa: E402
+from auto_links import CODEC_COSTS  # noqa: E402
 from tf_linear_training import dataset, flat_weights, mlp, mse_tape_step  # noqa: E402
 
 hvd.init()
@@ -123,12 +127,14 @@ def test_plans_are_identical_on_all_ranks_and_applied():
 def test_slow_link_compresses_the_weight_and_fast_link_does_not(monkeypatch):
     for link, compressed in ((SLOW, True), (FAST, False)):
         links([link], monkeypatch)
-        auto = hvd_compress.Auto(calibration_steps=1, recheck_every=0)
+        auto = hvd_compress.Auto(codec_costs=CODEC_COSTS, calibration_steps=1, recheck_every=0)
         run = Injected(auto)
         for step in range(1, 3):
             run.step(step)
         plan = auto.current_plan()
         assert (plan["w:0"] != "none") == compressed, auto.describe()
+        # the fixed costs, not timings: 1 ns an element (averaged over ranks: rounding only)
+        assert auto.codec_s["w:0"]["Int8"] == pytest.approx(64 * 512 * 1e-9, rel=1e-9), auto.codec_s
         assert plan["b:0"] == "none", auto.describe()
         assert applied_schemes(auto) == expected_schemes(auto, plan)
 
@@ -136,7 +142,7 @@ def test_slow_link_compresses_the_weight_and_fast_link_does_not(monkeypatch):
 def test_a_forced_disagreement_raises_on_every_rank(monkeypatch):
     """Rank 1 reads the broadcast plan wrongly: every rank raises PlanMismatchError, none hangs."""
     links([FAST], monkeypatch)
-    auto = hvd_compress.Auto(calibration_steps=1, recheck_every=0)
+    auto = hvd_compress.Auto(codec_costs=CODEC_COSTS, calibration_steps=1, recheck_every=0)
     auto_links.misread_plan_on(1, RANK, auto, monkeypatch)
     run = Injected(auto, {"only": (8, 4)})  # one tensor: nothing else in flight when the error comes
     run.step_fn([tf.ones([8, 4])])
@@ -156,6 +162,7 @@ def test_error_feedback_survives_replans(monkeypatch, momentum):
     # FP16 left out: Horovod sums its payloads in half precision, a rounding
     # after what was sent that no error feedback can see
     auto = hvd_compress.Auto(calibration_steps=2, recheck_every=3, replan_threshold=0.05, exclude=("FP16",),
+                             codec_costs=CODEC_COSTS,
                              momentum=momentum)
     run = Injected(auto)
     total = {n: np.zeros(s, np.float32) for n, s in SPECS.items()}
@@ -186,7 +193,7 @@ def test_legacy_optimizer(monkeypatch):
     """hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer): slow
     link then fast, the weight goes lossy and back, nothing is lost."""
     links([SLOW, FAST], monkeypatch)
-    auto = hvd_compress.Auto(calibration_steps=1, recheck_every=2, exclude=("FP16",))
+    auto = hvd_compress.Auto(codec_costs=CODEC_COSTS, calibration_steps=1, recheck_every=2, exclude=("FP16",))
     run = Injected(auto, legacy=True)
     total = {n: np.zeros(s, np.float32) for n, s in SPECS.items()}
     for step in range(1, 6):
@@ -207,7 +214,7 @@ def test_resume_from_a_tf_checkpoint_keeps_the_plan(monkeypatch):
     first trace: the plan, the modes and the residuals come back, and the
     resumed job does not re-calibrate (its link probe would say otherwise)."""
     links([SLOW], monkeypatch)
-    kwargs = dict(calibration_steps=1, recheck_every=50, exclude=("FP16",))
+    kwargs = dict(codec_costs=CODEC_COSTS, calibration_steps=1, recheck_every=50, exclude=("FP16",))
     auto = hvd_compress.Auto(**kwargs)
     run = Injected(auto)
     for step in range(1, 4):
@@ -247,7 +254,7 @@ def test_tape_training_of_an_mlp(monkeypatch):
     """An MLP trained through DistributedGradientTape with Auto on a slow
     link: it compresses, re-checks, the loss falls and the replicas stay identical."""
     links([SLOW], monkeypatch)
-    auto = hvd_compress.Auto(calibration_steps=2, recheck_every=4, min_gain=0.0)
+    auto = hvd_compress.Auto(codec_costs=CODEC_COSTS, calibration_steps=2, recheck_every=4, min_gain=0.0)
     model = mlp(7 + RANK, prefix="tape_")
     hvd.broadcast_variables(model.variables, root_rank=0)
     opt = tf.keras.optimizers.SGD(learning_rate=0.05)
@@ -269,7 +276,7 @@ def test_tape_training_of_an_mlp(monkeypatch):
 def test_keras_fit_with_auto(monkeypatch):
     """model.fit with horovod.tensorflow.keras.DistributedOptimizer(compression=Auto)."""
     links([SLOW], monkeypatch)
-    auto = hvd_compress.Auto(calibration_steps=2, recheck_every=5, min_gain=0.0)
+    auto = hvd_compress.Auto(codec_costs=CODEC_COSTS, calibration_steps=2, recheck_every=5, min_gain=0.0)
     model = mlp(11 + RANK, prefix="fit_")
     opt = hvdk.DistributedOptimizer(tf.keras.optimizers.SGD(learning_rate=0.05), compression=auto)
     model.compile(optimizer=opt, loss="mse")

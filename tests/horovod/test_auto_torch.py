@@ -5,8 +5,11 @@ Training goes through the stock ``hvd.DistributedOptimizer``.  Every rank
 runs every test in the same order and issues the same collectives before it
 asserts anything.  Where a test needs a given link, the link probe
 (``auto_calibration.probe_link``) is replaced by timings computed from the
-cost model, identically on every rank; the agreement collectives, the codec
-timings and the training collectives are the real ones.
+cost model, identically on every rank, and the codec costs are fixed
+(``Auto(codec_costs=auto_links.CODEC_COSTS)``), so no decision a test checks
+depends on how fast this machine runs; the first test alone measures
+everything for real and checks only that the ranks agree.  The agreement
+collectives and the training collectives are the real ones.
 """
 import json
 
@@ -20,6 +23,7 @@ from hvd_compress.auto import Link, PlanMismatchError
 from hvd_compress.compressor import stable_hash
 
 import auto_links
+from auto_links import CODEC_COSTS
 from torch_params import Params
 
 hvd.init()
@@ -83,19 +87,21 @@ def test_plans_are_identical_on_all_ranks_and_applied():
 def test_slow_link_compresses_the_weight_and_fast_link_does_not(monkeypatch):
     for link, compressed in ((SLOW, True), (FAST, False)):
         links([link], monkeypatch)
-        auto = hvd_compress.Auto(calibration_steps=1, recheck_every=0)
+        auto = hvd_compress.Auto(codec_costs=CODEC_COSTS, calibration_steps=1, recheck_every=0)
         model, opt = build(auto)
         for step in range(1, 3):
             train_step(model, opt, step)
         plan = auto.current_plan()
         assert (plan["net.weight"] != "none") == compressed, auto.describe()
+        # the fixed costs, not timings: 1 ns an element (averaged over ranks: rounding only)
+        assert auto.codec_s["net.weight"]["Int8"] == pytest.approx(64 * 512 * 1e-9, rel=1e-9), auto.codec_s
         assert plan["net.bias"] == "none", auto.describe()
 
 
 def test_a_forced_disagreement_raises_on_every_rank(monkeypatch):
     """Rank 1 reads the broadcast plan wrongly: every rank raises PlanMismatchError, none hangs."""
     links([FAST], monkeypatch)
-    auto = hvd_compress.Auto(calibration_steps=1, recheck_every=0)
+    auto = hvd_compress.Auto(codec_costs=CODEC_COSTS, calibration_steps=1, recheck_every=0)
     auto_links.misread_plan_on(1, RANK, auto, monkeypatch)
     model = Params({"only.weight": (8, 4)})  # one tensor: nothing else in flight when the error comes
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
@@ -121,6 +127,7 @@ def test_error_feedback_survives_replans(monkeypatch, momentum):
     # FP16 left out: Horovod sums its payloads in half precision, a rounding after
     # what was sent that no error feedback can see (a property of FP16 itself)
     auto = hvd_compress.Auto(calibration_steps=2, recheck_every=3, replan_threshold=0.05, exclude=("FP16",),
+                             codec_costs=CODEC_COSTS,
                              momentum=momentum)
     model, opt = build(auto)
     total_grad = {name: torch.zeros(shape) for name, shape in SPECS.items()}
@@ -152,7 +159,7 @@ def test_error_feedback_survives_replans(monkeypatch, momentum):
 
 def test_resume_keeps_the_plan(monkeypatch):
     links([SLOW], monkeypatch)
-    kwargs = dict(calibration_steps=1, recheck_every=50)
+    kwargs = dict(codec_costs=CODEC_COSTS, calibration_steps=1, recheck_every=50)
     auto = hvd_compress.Auto(**kwargs)
     model, opt = build(auto)
     for step in range(1, 4):

@@ -146,6 +146,10 @@ def test_predicted_total_and_table():
     (dict(exclude=("none",)), "exclude"),
     (dict(exclude="FP16"), "exclude"),
     (dict(exclude=("TopK(0.5)",)), "exclude"),
+    (dict(codec_costs=1e-9), "codec_costs"),
+    (dict(codec_costs={"Int4": 1e-9}), "codec_costs"),
+    (dict(codec_costs={"Int8": -1.0}), "codec_costs"),
+    (dict(codec_costs={"Int8": float("nan")}), "codec_costs"),
 ])
 def test_bad_arguments_name_the_parameter(kwargs, name):
     with pytest.raises(ValueError, match=name):
@@ -257,3 +261,50 @@ def test_metrics_show_the_plan_in_force():
     assert (summary["auto_plans_adopted"], summary["auto_tensors"], summary["auto_tensors_compressed"]) == (1, 2, 1)
     assert "Auto plan 1: 1 of 2 tensors compressed" in CompressionMeter.format(summary)
     assert "auto_tensors" not in CompressionMeter(hvd_compress.TopK(0.1)).epoch_summary()
+
+
+class OneRankCalibration:
+    """What ``Auto._decide`` calls, for one emulated rank of ``size``: the
+    link probe reports ``link`` through the cost model, the collectives
+    return what they are given, and timing a codec is an error."""
+
+    def __init__(self, link, size=2):
+        self.link, self.size = link, size
+
+    def world(self):
+        return None, self.size, 0
+
+    def probe_link(self, numels, version, process_set):
+        return [comm_time("allreduce", 4 * n, self.size, self.link.bytes_per_s, self.link.latency_s)[1]
+                for n in numels]
+
+    def measure_codecs(self, *args):
+        raise AssertionError("codecs timed although Auto has fixed codec_costs")
+
+    def average_over_ranks(self, values, version, process_set):
+        return values
+
+    def broadcast_indices(self, indices, version, process_set):
+        return indices
+
+    def check_same_plan(self, labels, version, process_set):
+        pass
+
+
+@pytest.mark.parametrize("link, compressed", [(SLOW, True), (FAST, False)])
+def test_fixed_codec_costs_replace_the_timings(link, compressed):
+    """``Auto(codec_costs=...)``: the decision follows from the link and the
+    given costs alone (seconds per element x numel), nothing is timed, and
+    a candidate without a cost is never chosen."""
+    costs = {"Int8": 1e-9, "TopK(0.01)": 2e-9}
+    auto = hvd_compress.Auto(calibration_steps=5, codec_costs=costs)
+    for key, (numel, shape) in TENSORS.items():
+        auto.plan_for(key, numel, shape)
+    auto._decide(5, OneRankCalibration(link), step_times=[0.0, 0.01])
+    weight, bias = BIG[0], SMALL[0]
+    numel = BIG[1][0]
+    assert auto.codec_s[weight] == {"none": 0.0, "Int8": 1e-9 * numel, "TopK(0.01)": 2e-9 * numel}
+    chosen = auto.current_plan()
+    assert (chosen[weight] != "none") == compressed and chosen[weight] in ("none", *costs), auto.describe()
+    assert chosen[bias] == "none", auto.describe()
+    assert auto.config()["codec_costs"] == costs
