@@ -3,7 +3,8 @@ point at files that exist.
 
 * No history words: the story of how something was found (which session, which CI
   run, which issue, "before this change") belongs in ``git log`` and CHANGELOG.md.
-* Every relative link ``[text](path)`` / ``![alt](path)`` resolves to a file or folder.
+* Every relative link ``[text](path)`` / ``![alt](path)`` resolves to a file or folder,
+  and its ``#anchor``, if any, to a heading of that page (GitHub's slugs).
 * Every ``docs/....md`` path that a source file, script, test or document names exists
   (a moved document leaves no stale pointer behind).
 """
@@ -41,16 +42,39 @@ def history_words(text: str):
     return [(n, m.group(0)) for n, line in enumerate(text.splitlines(), 1) for m in HISTORY.finditer(line)]
 
 
+def _without_code_blocks(text: str) -> str:
+    return re.sub(r"```.*?```", "", text, flags=re.S)
+
+
+def anchors(path: Path):
+    """The anchors GitHub gives the headings of the markdown file ``path``: lower case,
+    punctuation dropped, spaces as hyphens, a repeated slug suffixed -1, -2, ..."""
+    seen, out = {}, set()
+    for line in _without_code_blocks(path.read_text(encoding="utf-8")).splitlines():
+        m = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if not m:
+            continue
+        slug = re.sub(r"[^\w\- ]", "", m.group(1).lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
 def broken_links(path: Path):
-    """The relative link targets in the markdown file ``path`` that name no existing path."""
-    text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)  # code blocks hold no links
+    """The relative link targets in the markdown file ``path`` that name no existing path,
+    or an anchor that no heading of the markdown page it names has."""
+    text = _without_code_blocks(path.read_text(encoding="utf-8"))  # code blocks hold no links
     broken = []
     for m in LINK.finditer(text):
         target = m.group(1)
-        if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I) or target.startswith("#"):
-            continue  # a URL (http:, mailto:) or an anchor in the same page
-        file_part = target.split("#", 1)[0]
-        if not (path.parent / file_part).exists():
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I):
+            continue  # a URL (http:, mailto:)
+        file_part, _, anchor = target.partition("#")
+        page = (path.parent / file_part) if file_part else path
+        if not page.exists():
+            broken.append(target)
+        elif anchor and page.suffix == ".md" and anchor not in anchors(page):
             broken.append(target)
     return broken
 
@@ -73,12 +97,14 @@ def test_no_history_words(doc):
 
 
 def test_broken_links_are_found(tmp_path):
-    (tmp_path / "there.md").write_text("x")
+    (tmp_path / "there.md").write_text("# A title\n## `Auto()`: per tensor, online\n## A title\n")
     (tmp_path / "sub").mkdir()
     page = tmp_path / "page.md"
-    page.write_text("[ok](there.md#a) [dir](sub/) [web](https://example.org/x.md) [anchor](#top)\n"
-                    "![gone](missing.png) [gone too](sub/nope.md#b)\n```\n[in code](nowhere.md)\n```\n")
-    assert broken_links(page) == ["missing.png", "sub/nope.md#b"]
+    page.write_text("# Top\n[ok](there.md#a-title-1) [code heading](there.md#auto-per-tensor-online) [dir](sub/) "
+                    "[web](https://example.org/x.md#z) [anchor](#top)\n"
+                    "![gone](missing.png) [gone too](sub/nope.md#b) [no such heading](there.md#b) [here](#nope)\n"
+                    "```\n[in code](nowhere.md)\n```\n")
+    assert broken_links(page) == ["missing.png", "sub/nope.md#b", "there.md#b", "#nope"]
 
 
 @pytest.mark.parametrize("doc", user_documents(), ids=lambda p: str(p.relative_to(REPO)))
