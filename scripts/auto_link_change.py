@@ -11,7 +11,7 @@ hosts' links to ``--rate`` Mbit/s (``tc tbf``), then they go on.  Schemes:
 ``Auto(recheck_every=R)`` and ``TopK(0.01)`` (the best fixed scheme on a slow
 link in ``bench e2e``), with ``none`` for reference.
 
-Issue #13's targets, checked and written to the JSON:
+Auto's targets, checked and written to the JSON:
 
 * Auto re-checks (and re-plans where the new link calls for it) within its
   re-check period after the change (first re-check step - change step < R;

@@ -229,7 +229,7 @@ def _recipe_text(r):
 
 
 def check_expectations(rows):
-    """Issue 16's targets, per (framework, model, ranks), on the mean over seeds:
+    """The accuracy targets, per (framework, model, ranks), on the mean over seeds:
     (name, met, detail).  A target is checked only where its row was measured."""
     out = []
     rows = [r for r in map(with_recipe, rows) if _optimizer(r) == "SGD"]  # the targets' recipes are SGD's

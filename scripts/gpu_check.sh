@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-shot CUDA check of hvd_compress (issue 9), for a machine with a CUDA GPU
+# One-shot CUDA check of hvd_compress, for a machine with a CUDA GPU
 # and python3 with torch -- no network, no Horovod build, nothing to install
 # (TensorFlow and zstandard are used when present, skipped with a reason when not):
 #   1. every scheme's encode/decode + error feedback on CUDA agrees with the CPU

@@ -6,7 +6,7 @@
 The same work -- Int8 with error feedback on one flat float32 tensor
 (``acc = x + r``; ``scale = max|acc| / 127``; ``q = clip(rint(acc / scale))``;
 ``r = acc - q * scale`` with non-finite values zeroed), then its decode
-``q * scale`` -- by each candidate of issue #12, in one process, one thread,
+``q * scale`` -- by each candidate mechanism, in one process, one thread,
 against ``dst.copy_(src)`` of the same tensor measured in the same loop:
 
 * ``torch-eager``: hvd_compress's eager reference (the scheme's backend ops);

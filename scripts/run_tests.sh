@@ -46,8 +46,8 @@ PYEOF
 }
 
 add_failure_lines() { # junit xml -> the first failing tests and the first line of each message, under the
-  # summary's FAILED line: CI keeps only the tail of the log, and stop 25's tail named the
-  # failing launch but not why it failed
+  # summary's FAILED line: CI keeps only the tail of the log, which names the failing
+  # launch but not why it failed
   local line
   while IFS= read -r line; do failures+=("    $line"); done < <("$PY" - "$1" <<'PYEOF'
 import sys, xml.etree.ElementTree as ET

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Bytes per rank per step of the allgather and the two-phase transports at 2, 3 and 4
-workers on the emulated cluster, and a short convergence check (issue #8).
+workers on the emulated cluster, and a short convergence check.
 
     sudo .venv/bin/python scripts/two_phase_scaling.py            # -> docs/results/two_phase*.json, .png
     sudo .venv/bin/python scripts/two_phase_scaling.py --skip-convergence --cycle-time-ms 20   # adds rows

@@ -1,4 +1,4 @@
-"""The documents a user reads (README.md and docs/**/*.md) say what is true now and
+"""The documents a user reads (README.md, examples/README.md and docs/**/*.md) say what is true now and
 point at files that exist.
 
 * No history words: the story of how something was found (which session, which CI
@@ -34,7 +34,7 @@ DOC_PATH = re.compile(r"(?<![\w/.-])docs/[\w-][\w./-]*?\.md\b")
 
 
 def user_documents():
-    return [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    return [REPO / "README.md", REPO / "examples" / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 
 
 def history_words(text: str):

@@ -1,4 +1,4 @@
-"""Fused CPU kernels for the hot schemes (issue #12: encode at memory speed).
+"""Fused CPU kernels for the hot schemes: encode at memory speed.
 
 The eager code in :mod:`hvd_compress.schemes` is the reference: it is written
 once, in framework-neutral backend ops, and runs everywhere (CPU, CUDA, inside

@@ -55,7 +55,7 @@ from .specs import HOROVOD_SPECS, parse_spec
 DEFAULT_SIZES = "1M,16M,64M"
 FIELDS = ("scheme", "framework", "device", "numel", "encode_decode_s", "copy_s", "ratio_to_copy",
           "payload_bytes", "dense_fp32_bytes")
-#: issue #12's targets at 16M elements on one CPU thread, default malloc (ratio to a copy)
+#: the targets at 16M elements on one CPU thread, default malloc (ratio to a copy)
 TARGETS = {("torch", "TopK(0.01)"): 4.0, ("torch", "Int8"): 4.0, ("torch", "EFSignSGD"): 4.0,
            ("torch", "FP16"): 1.5, ("tensorflow", "TopK(0.01)"): 6.0, ("tensorflow", "Int8"): 4.0}
 
@@ -468,7 +468,7 @@ def format_table(rows):
             ("x copy", lambda r: f"{r['ratio_to_copy']:.1f}", ">"),
             ("payload", lambda r: human_bytes(r["payload_bytes"]), ">"),
             ("% fp32", lambda r: f"{100 * r['payload_bytes'] / r['dense_fp32_bytes']:.3g}", ">"),
-            ("target (issue #12, at 16M)", target, "<")]
+            ("target (at 16M)", target, "<")]
     return table(rows, cols, title="bench micro: encode + error feedback + decode, one rank, ratio to dst.copy_(src)")
 
 

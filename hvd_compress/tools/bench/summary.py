@@ -1,4 +1,4 @@
-"""Markdown summary of bench results against issue #12's targets::
+"""Markdown summary of bench results against their targets::
 
     python -m hvd_compress.tools.bench.summary docs/results/micro.json docs/results/e2e.json
 
@@ -95,7 +95,7 @@ def _load(r):
 
 
 def verdicts(micro_rows, e2e_rows):
-    """[(target, measured, met)] for issue #12's targets and #13's Auto rows."""
+    """[(target, measured, met)] for the bench micro and e2e targets and the Auto rows."""
     out = []
 
     def row(scheme, rate):
@@ -129,7 +129,7 @@ def verdicts(micro_rows, e2e_rows):
 
 
 def auto_verdicts(e2e_rows, auto="Auto()"):
-    """Issue #13's targets for the ``Auto()`` rows: against ``none`` and the
+    """The targets of the ``Auto()`` rows: against ``none`` and the
     best fixed scheme measured at the same link in the same run."""
     out = []
     wants = {None: 0.95, 1000.0: 0.9, 100.0: 0.9}
@@ -150,7 +150,7 @@ def auto_verdicts(e2e_rows, auto="Auto()"):
 
 
 def verdict_markdown(v):
-    lines = ["| target (issues #12 and #13) | measured | |", "|---|---:|---|"]
+    lines = ["| target | measured | |", "|---|---:|---|"]
     for what, meas, ok in v:
         lines.append(f"| {what} | {meas} | {'met' if ok else '**NOT met**'} |")
     met = sum(1 for _, _, ok in v if ok)

@@ -1,4 +1,4 @@
-"""One-shot CUDA check of every scheme (issue 9): correctness, host syncs, speed.
+"""One-shot CUDA check of every scheme: correctness, host syncs, speed.
 
 Run it with ``bash scripts/gpu_check.sh [--out DIR]`` on a machine with a CUDA
 GPU and PyTorch.  It needs nothing but this repository and ``python3`` with

@@ -13,7 +13,7 @@ f32 = np.float32
 #: the device under test in CUDA mode (the unit tests' dry run of the CUDA path points it at the CPU)
 CUDA_DEVICE = "cuda"
 
-#: issue 9's targets at 256M elements (encode + decode + error feedback, in copies)
+#: the CUDA targets at 256M elements (encode + decode + error feedback, in copies)
 TARGETS = {"topk_dgc": 8.0, "quantizer": 4.0}
 
 TARGET_NUMEL = 256_000_000

@@ -268,7 +268,7 @@ def _judge_targets(run, rows, tnumel):
                              "note": None if run.cuda else "CPU fallback: no CUDA target applies; shown for the record"}
     if not judged:
         return
-    run.log(f"\n  issue 9 targets at {tnumel} elements (encode+decode+EF <= 8x copy for Top-K/DGC, <= 4x for "
+    run.log(f"\n  CUDA targets at {tnumel} elements (encode+decode+EF <= 8x copy for Top-K/DGC, <= 4x for "
             f"quantizers){'' if run.cuda else ' -- CPU fallback, informational only'}:")
     for j in judged:
         run.log(f"    {j['scheme']:<32} {j['ratio_to_copy']:8.2f}x  (<= {j['bar_x_copy']:g}x)  "

@@ -53,7 +53,7 @@ def target_of(spec):
     return None, None
 
 def judge_targets(rows, numel=TARGET_NUMEL):
-    """Issue 9's targets on the rows of ``numel`` elements."""
+    """The CUDA targets on the rows of ``numel`` elements."""
     out = []
     for r in rows:
         if r["numel"] != numel:
