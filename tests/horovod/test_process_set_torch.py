@@ -7,7 +7,7 @@ the tests that need it.  test_torch_compression.py, which drives every other
 Horovod option, registers none: with a static set registered, its launch at
 np=3 with Gloo aborted in about half the runs on a 2-core machine (a Gloo
 recv in Horovod's background loop timed out after 30 s; docs/development.md,
-"A crashed launch runs once more").
+"No static process set").
 """
 import time
 

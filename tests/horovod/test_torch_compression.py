@@ -39,7 +39,7 @@ import hvd_compress
 
 # No static process set here: process_set= is tested in test_process_set_torch.py.  With
 # one registered, this file's launch at np=3 with Gloo aborted in about half the runs
-# (docs/development.md, "A crashed launch runs once more").
+# (docs/development.md, "No static process set").
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
 
