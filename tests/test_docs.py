@@ -132,3 +132,51 @@ def test_named_docs_paths_exist():
             if not (REPO / m.group(0)).is_file():
                 missing.setdefault(m.group(0), []).append(name)
     assert not missing, f"named documents that do not exist: {missing}"
+
+
+def _readme_e2e_table():
+    """The rows of README's end-to-end table: {link label: {column: cell}}."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    lines = text[text.index("**End to end**"):].splitlines()
+    start = next(i for i, l in enumerate(lines) if l.startswith("| link |"))
+    header = [c.strip().strip("`") for c in lines[start].strip("|").split("|")]
+    rows = {}
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip().strip("*") for c in line.strip("|").split("|")]
+        rows[cells[0]] = dict(zip(header[1:], cells[1:]))
+    return rows
+
+
+def test_readme_e2e_table_is_e2e_json():
+    """Every cell of README's end-to-end table is the committed docs/results/e2e.json, rounded."""
+    import json
+    measured = {(r["link_mbit"], r["scheme"]): r for r in json.loads((REPO / "docs/results/e2e.json").read_text())}
+    links = {"100 Mbit/s": 100.0, "1 Gbit/s": 1000.0}
+    columns = {"Horovod fp16": "hvd_fp16"}
+    table = _readme_e2e_table()
+    assert len(table) == 3 and all(len(cells) >= 6 for cells in table.values()), table
+    for label, cells in table.items():
+        link = links.get(label)  # the unshaped row: None
+        for column, cell in cells.items():
+            if column == "none":
+                value, unit = cell.split()
+                step = measured[(link, "none")]["median_step_s"] * (1000 if unit == "ms" else 1)
+                assert abs(float(value) - step) <= 0.5 * 10 ** -len(value.partition(".")[2]), (label, cell, step)
+            else:
+                speedup = measured[(link, columns.get(column, column))]["speedup_vs_none"]
+                assert cell == f"{speedup:.2f}x", (label, column, cell, speedup)
+
+
+def test_every_document_is_linked():
+    """No orphan page: every docs/**/*.md is the target of a relative link from README.md or
+    another document, so a reader can reach it from the README."""
+    targets = set()
+    for doc in user_documents():
+        for m in LINK.finditer(_without_code_blocks(doc.read_text(encoding="utf-8"))):
+            file_part = m.group(1).partition("#")[0]
+            if file_part and not re.match(r"^[a-z][a-z0-9+.-]*:", file_part, re.I):
+                targets.add((doc.parent / file_part).resolve())
+    orphans = [str(p.relative_to(REPO)) for p in sorted((REPO / "docs").rglob("*.md")) if p.resolve() not in targets]
+    assert not orphans, f"documents no page links to: {orphans}"
