@@ -77,6 +77,12 @@ class AdapterBase:
         memory and flat tensor, or None: the eager scheme runs."""
         return None
 
+    def lowrank_codec(self, scheme, memory, x):
+        """PowerSGD's rounds in preallocated buffers for this flat tensor
+        (:mod:`hvd_compress.kernels.torch_lowrank`), or None: the scheme's
+        eager rounds run."""
+        return None
+
     def fused_momentum(self, memory, key, numel, x, ws, out):
         """Momentum-aware error feedback's first half ahead of a fused codec
         (:class:`~hvd_compress.MomentumMemory`): ``u = m u + x`` into the stored

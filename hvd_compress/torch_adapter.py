@@ -137,12 +137,17 @@ class TorchAdapter(AdapterBase):
         if not any(p is pending for p in waiting):
             waiting.append(pending)
         self.pending_rounds = []
-        for p in waiting:
-            if not p.second_round_launched:
-                p.transport.launch_second_round(p)
+        waiting = [p for p in waiting if not p.second_round_launched]
+        # each transport launches its own together (PowerSGD batches its QRs), in key order
+        for transport in dict.fromkeys(p.transport for p in waiting):
+            transport.launch_second_rounds([p for p in waiting if p.transport is transport])
 
     def fused_codec(self, scheme, memory, x):
         from .kernels.torch_cpu import codec_for
+        return codec_for(scheme, memory, x)
+
+    def lowrank_codec(self, scheme, memory, x):
+        from .kernels.torch_lowrank import codec_for
         return codec_for(scheme, memory, x)
 
     def fused_momentum(self, memory, key, numel, x, ws, out):

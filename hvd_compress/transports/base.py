@@ -101,6 +101,12 @@ class Transport:
         """Start the second collective (two-round transports only)."""
         raise TypeError(f"the {self.name} transport has no second round")
 
+    def launch_second_rounds(self, pendings: list) -> None:
+        """Start the second collectives of several pendings of this transport,
+        in the order given (a transport may share work between them)."""
+        for pending in pendings:
+            self.launch_second_round(pending)
+
     def resolve_now(self, pending: Pending, out) -> Any:
         """The unscaled flat float32 sum over ranks, right away, from ``out``
         (what ``start`` returned): graph frameworks, inside one branch of a

@@ -2,14 +2,31 @@
 ``P = sum_i M_i Q`` in ``compress``, then ``Q = sum_i M_i^T orth(P)`` once P
 has arrived; the gradient is ``orth(P) Q^T``.  Both factors are sums, so they
 travel by allreduce, and error feedback keeps what the rank-r approximation
-left out, through the memory like every other transport."""
+left out, through the memory like every other transport.
+
+Where the adapter has one (PyTorch, :mod:`hvd_compress.kernels.torch_lowrank`),
+a codec runs the three steps in preallocated buffers with the residual
+updated in place; elsewhere (TensorFlow, ``HVDC_KERNELS=0``) the scheme's
+eager ``first_round`` / ``second_round`` / ``finish`` run.  The payloads are
+the same either way.
+
+How the two allreduces run under Horovod's ``Compression`` interface, which
+hands the compressor one tensor at a time: ``compress`` launches P's
+allreduce and returns a 1-element placeholder; the first ``decompress`` of a
+step launches the second round of every tensor compressed so far (the torch
+adapter; hook order differs between ranks, so none may wait on a Q that
+another rank has not launched), waiting for their P's, orthonormalising the
+P's of one shape together, and launching every Q before any is waited on.
+Q needs P's sum, and Horovod's ``synchronize`` is the only way to have it:
+the host waits for P's allreduce before Q's can be launched (on a GPU too;
+Horovod has no collective that starts on a device-side event)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from ..compressor import collective_name, stable_hash
-from .base import TwoRoundPending, Transport, compensate, pending_fields, to_gradient, update
+from .base import TwoRoundPending, Transport, compensate, op_scale, pending_fields, to_gradient, update
 
 
 def starting_q(B, seed, shape, like):
@@ -30,6 +47,8 @@ class LowRankPending(TwoRoundPending):
     p: Any = None  # orth(sum of P), set by the second round
     q_local: Any = None  # this rank's Q_i = M_i^T orth(P), set by the second round
     q_reduce: Any = None  # handle: sum over ranks of Q_i, set by the second round
+    codec: Any = None  # the adapter's preallocated rounds, or None: the scheme's eager ones
+    workspace: Any = None  # the parameter's buffers (codec only)
 
 
 class LowRankTransport(Transport):
@@ -37,34 +56,64 @@ class LowRankTransport(Transport):
 
     def start(self, call):
         adapter, B, scheme, memory = call.adapter, call.backend, call.scheme, call.memory
-        acc, state = (call.x, None) if memory is None else compensate(adapter, memory, call.key, call.numel, call.x)
         n, m = scheme.matrix_shape(call.shape)
         # warm start: Q persists; its first value comes from a seed shared by all ranks
         q_seed = stable_hash(call.comp.seed, call.key, "Q0")
         q = adapter.get_state(call.key, "Q", lambda: starting_q(B, q_seed, (m, scheme.rank), call.x))
-        p_local, matrix = scheme.first_round(B, acc, q, call.shape)
+        codec = adapter.lowrank_codec(scheme, memory, call.x)
+        if codec is not None:
+            ws = adapter.workspace(call.key)
+            q = codec_q(adapter, call.key, q, (m, scheme.rank), q_seed, B, call.x)
+            p_flat, matrix, acc, state = codec.first_round(adapter, call.key, call.x, q, call.shape, ws)
+        else:
+            ws = None
+            acc, state = (call.x, None) if memory is None else compensate(adapter, memory, call.key, call.numel,
+                                                                          call.x)
+            p_local, matrix = scheme.first_round(B, acc, q, call.shape)
+            p_flat = B.flatten(p_local)
         pending = LowRankPending(transport=self, matrix=matrix, acc=acc, memory=memory, memory_state=state,
-                                 p_shape=(n, scheme.rank), q_seed=q_seed, **pending_fields(call))
-        pending.p_reduce = adapter.allreduce_sum(B.flatten(p_local), collective_name(call.coll_key, "p"),
-                                                 call.process_set)
+                                 p_shape=(n, scheme.rank), q_seed=q_seed, codec=codec, workspace=ws,
+                                 **pending_fields(call))
+        pending.p_reduce = adapter.allreduce_sum(p_flat, collective_name(call.coll_key, "p"), call.process_set)
         adapter.defer_second_round(pending)
         adapter.record_bytes(call.comp, call.key, scheme, call.numel, 4 + 4 * (n + m) * scheme.rank)
         return B.ones(1, "float32", like=call.x), pending
 
     def launch_second_round(self, pending):
-        adapter, B = pending.adapter, pending.adapter.B
-        p_sum = B.reshape(adapter.wait(pending.p_reduce), pending.p_shape)
-        pending.p_reduce = None
-        pending.p, pending.q_local = pending.scheme.second_round(B, p_sum, pending.matrix)
-        pending.q_reduce = adapter.allreduce_sum(B.flatten(pending.q_local), collective_name(pending.coll_key, "q"),
-                                                 pending.process_set)
-        pending.second_round_launched = True
+        self.launch_second_rounds([pending])
+
+    def launch_second_rounds(self, pendings):
+        """Wait for every P, orthonormalise (the codec's P's of one shape in one
+        batched QR), then compute and launch each Q in the order given."""
+        B = pendings[0].adapter.B
+        p_sums = []
+        for pending in pendings:
+            p_sums.append(B.reshape(pending.adapter.wait(pending.p_reduce), pending.p_shape))
+            pending.p_reduce = None
+        fused = [i for i, pending in enumerate(pendings) if pending.codec is not None]
+        if fused:
+            orth = pendings[fused[0]].codec.orthonormalize([p_sums[i] for i in fused])
+            for i, p in zip(fused, orth):
+                pendings[i].p = p
+        for pending, p_sum in zip(pendings, p_sums):
+            adapter = pending.adapter
+            if pending.codec is not None:
+                q_flat, pending.q_local = pending.codec.second_round(pending.p, pending.matrix, pending.workspace)
+            else:
+                pending.p, pending.q_local = pending.scheme.second_round(B, p_sum, pending.matrix)
+                q_flat = B.flatten(pending.q_local)
+            pending.q_reduce = adapter.allreduce_sum(q_flat, collective_name(pending.coll_key, "q"),
+                                                     pending.process_set)
+            pending.second_round_launched = True
 
     def finish(self, pending, reduced):
         adapter, B = pending.adapter, pending.adapter.B
         if not pending.second_round_launched:
             adapter.launch_second_rounds(pending)
-        q_sum = B.reshape(adapter.wait(pending.q_reduce), B.shape(pending.q_local))
+        q_flat = adapter.wait(pending.q_reduce)
+        if pending.codec is not None:
+            return self._finish_codec(pending, reduced, q_flat)
+        q_sum = B.reshape(q_flat, B.shape(pending.q_local))
         agg, sent = pending.scheme.finish(B, pending.p, pending.q_local, q_sum)
         # The warm start must not keep a NaN/Inf from one bad step forever:
         # non-finite entries fall back to the seeded starting values.
@@ -74,3 +123,30 @@ class LowRankTransport(Transport):
         if pending.memory is not None:
             deps += update(adapter, pending.memory, pending.key, pending.acc, sent, pending.memory_state)
         return to_gradient(pending, agg, reduced if pending.scheme.apply_op_scale else None, deps)
+
+    def _finish_codec(self, pending, reduced, q_flat):
+        adapter, B, codec, ws = pending.adapter, pending.adapter.B, pending.codec, pending.workspace
+        scale = op_scale(B, reduced, pending.size) if pending.scheme.apply_op_scale else None
+        out, deps = codec.finish(adapter, pending.key, pending.p, pending.q_local, q_flat, scale, pending.acc,
+                                 pending.matrix, pending.memory_state, ws, pending.out)
+        q_state = adapter.get_state(pending.key, "Q", None)
+        codec.next_q(q_state, q_flat, pending.size, ws["lowrank.Q0"])
+        return to_gradient(pending, out, None, deps)
+
+
+def codec_q(adapter, key, q, shape, q_seed, B, like):
+    """The stored Q as the codec keeps it: ``m x r`` whose transpose is
+    contiguous (a fresh start, a loaded checkpoint or another rank's shape
+    are laid out again), and the seeded start kept for the non-finite fallback."""
+    ws = adapter.workspace(key)
+    laid_out = q
+    if tuple(B.shape(q)) != tuple(shape):  # another PowerSGD rank for this key (a schedule): start again
+        laid_out = starting_q(B, q_seed, shape, like)
+    if not laid_out.t().is_contiguous() or laid_out.device != like.device:
+        laid_out = laid_out.t().contiguous().to(like.device).t()
+    if laid_out is not q:
+        adapter.set_state(key, "Q", laid_out)
+    q0 = ws.get("lowrank.Q0")
+    if q0 is None or tuple(q0.shape) != tuple(shape) or q0.device != like.device:
+        ws["lowrank.Q0"] = starting_q(B, q_seed, shape, like)
+    return laid_out
