@@ -131,6 +131,33 @@ class AdapterBase:
         """Once per compressor: every rank compares its configuration with the others'."""
         raise NotImplementedError
 
+    # --- elastic Horovod (hvd_compress.elastic) ----------------------------------------
+    def residual_mass(self, rank, size):
+        """(residual tensors holding anything, their squared norm) on this
+        rank, two-phase owners' stage-2 residuals folded in (chunks cut for
+        ``rank`` of ``size``)."""
+        raise NotImplementedError
+
+    def fold_owned_chunks(self, rank, size):
+        """Add each two-phase stage-2 residual (the chunk ``rank`` owned when
+        the tensor was cut into ``size`` chunks) into this rank's stage-1
+        residual at that chunk's place, and drop it: the sum of residuals over
+        ranks is unchanged, and the chunks can be cut again."""
+        raise NotImplementedError
+
+    def forget_in_flight(self):
+        """Drop what belongs to the world before a reset: second rounds not
+        launched, the fingerprint agreement."""
+        raise NotImplementedError
+
+    def step_counts(self):
+        """{key: communications so far} (plain ints)."""
+        raise NotImplementedError
+
+    def set_step_counts(self, steps):
+        """Adopt ``steps`` (from rank 0): keys absent there start again from 0."""
+        raise NotImplementedError
+
     def reset(self):
         #: parameter key -> its ParamState
         self.params = StateTable()

@@ -362,6 +362,14 @@ class Auto(Compressor):
         super().reset_state()
         self._reset_plan()
 
+    def replan_after_reset(self):
+        """Elastic Horovod, after a membership change: measure and plan again
+        for the new world (dense calibration steps first), keeping every
+        residual; the step counters are agreed by the elastic sync."""
+        if self._framework == "tensorflow":
+            raise NotImplementedError("hvd_compress.Auto under elastic Horovod is supported in PyTorch only")
+        self._reset_plan()
+
     def _adapter_by_name(self, name):
         if name == "tensorflow" and name not in self._adapters:
             from .auto_tf import AutoTFAdapter

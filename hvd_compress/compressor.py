@@ -144,8 +144,9 @@ def _inside_tf_trace():
         return False
 
 
-class ElasticNotSupported(RuntimeError):
-    pass
+class ElasticNotRegistered(RuntimeError):
+    """An elastic Horovod job uses a compressor that was not registered with
+    its elastic state (:func:`hvd_compress.elastic.register`)."""
 
 
 class Compressor:
@@ -205,14 +206,17 @@ class Compressor:
         # build the compression inside the step): each retrace builds a new
         # object, which must continue the state of the one before.
         self._built_in_tf_trace = _inside_tf_trace()
+        #: the elastic Horovod handler (hvd_compress.elastic.register), or None
+        self._elastic = None
 
     # --- Horovod's interface -----------------------------------------------
     def compress(self, tensor):
-        if os.environ.get("HOROVOD_ELASTIC") == "1":
-            raise ElasticNotSupported(
-                "hvd_compress does not support elastic Horovod (HOROVOD_ELASTIC=1, hvd.elastic.run): error-feedback "
-                "residuals and per-tensor step counters would not follow a change of membership; run with a fixed "
-                "set of workers (horovodrun without --min-np/--max-np/--host-discovery-script)")
+        if os.environ.get("HOROVOD_ELASTIC") == "1" and getattr(self, "_elastic", None) is None:
+            raise ElasticNotRegistered(
+                "elastic Horovod (HOROVOD_ELASTIC=1) needs the compressor registered with the elastic state, or its "
+                "error-feedback residuals and step counters would not follow state.restore() and membership "
+                "changes: call hvd_compress.elastic.register(state, compression) after building "
+                "hvd.elastic.TorchState / TensorFlowKerasState")
         B = backend_for(tensor)
         if not B.is_floating(tensor):
             return tensor, None  # integers and bools always pass through

@@ -19,6 +19,7 @@ class CompressionStats:
     def __init__(self):
         self._latest = {}
         self._calls = {}
+        self._lost = {"ranks": 0, "tensors": 0, "sumsq": 0.0}
 
     def record(self, key, scheme, dense_fp32_bytes, payload_bytes, calls=None):
         """One communication of ``key``.  In eager frameworks each call of this
@@ -41,6 +42,19 @@ class CompressionStats:
         payload = sum(r["payload_bytes"] for r in rows)
         return {"tensors": len(rows), "dense_fp32_bytes": dense, "payload_bytes": payload,
                 "ratio": (dense / payload) if payload else float("nan")}
+
+    def record_lost(self, ranks, tensors, sumsq):
+        """Elastic Horovod: ``ranks`` left holding ``tensors`` error-feedback
+        residuals of squared norm ``sumsq`` (see :mod:`hvd_compress.elastic`)."""
+        self._lost["ranks"] += int(ranks)
+        self._lost["tensors"] += int(tensors)
+        self._lost["sumsq"] += float(sumsq)
+
+    def lost(self):
+        """What departed ranks took with them so far: {"ranks", "tensors",
+        "norm"} (the norm of all their residuals together)."""
+        return {"ranks": self._lost["ranks"], "tensors": self._lost["tensors"],
+                "norm": self._lost["sumsq"] ** 0.5}
 
     def reset(self):
         self._latest.clear()

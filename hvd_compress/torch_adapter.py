@@ -172,6 +172,38 @@ class TorchAdapter(AdapterBase):
     def nbytes(self, tensor):
         return tensor.numel() * tensor.element_size()
 
+    # --- elastic Horovod ---------------------------------------------------------
+    def residual_mass(self, rank, size):
+        tensors, sumsq = 0, 0.0
+        for key, state in self.params.items():
+            if state.residual is None and state.owned_chunk_residual is None:
+                continue
+            folded = folded_residual(state.residual, state.owned_chunk_residual, rank, size, key)
+            s = float(folded.double().square().sum())
+            if s > 0:
+                tensors, sumsq = tensors + 1, sumsq + s
+        return tensors, sumsq
+
+    def fold_owned_chunks(self, rank, size):
+        for key, state in self.params.items():
+            if state.owned_chunk_residual is not None:
+                state.residual = folded_residual(state.residual, state.owned_chunk_residual, rank, size, key)
+                state.owned_chunk_residual = None
+
+    def forget_in_flight(self):
+        self.pending_rounds = []
+        self._in_flight = {}
+        self.fingerprint_checked = False
+
+    def step_counts(self):
+        return {key: int(state.step) for key, state in self.params.items() if state.step is not None}
+
+    def set_step_counts(self, steps):
+        for key, state in self.params.items():
+            state.step = None
+        for key, step in steps.items():
+            self.params.of(key).step = int(step)
+
     # --- checkpoints -----------------------------------------------------------
     def state_dict(self):
         return torch_state_dict(self.params)
@@ -179,6 +211,24 @@ class TorchAdapter(AdapterBase):
     def load_state_dict(self, state):
         self.reset()
         torch_load_state_dict(self.params, state)
+
+
+def folded_residual(residual, owned, rank, size, key="?"):
+    """``residual`` (flat, the whole tensor) plus the two-phase ``owned``
+    chunk residual at the place of chunk ``rank`` of ``size`` (chunks of
+    ``ceil(numel / size)`` elements, the last one zero-padded): a new tensor."""
+    if owned is None:
+        return residual
+    numel = residual.numel()
+    chunk = -(-numel // size)
+    if owned.numel() != chunk:
+        raise RuntimeError(f"hvd_compress: the two-phase residual of {key!r} has {owned.numel()} elements, not "
+                           f"the {chunk} of a chunk of {numel} elements over {size} ranks: it cannot be folded "
+                           f"back, which would drop its gradient mass")
+    start, stop = min(rank * chunk, numel), min((rank + 1) * chunk, numel)
+    out = residual.clone()
+    out[start:stop] += owned[:stop - start]
+    return out
 
 
 def torch_state_dict(table):

@@ -32,10 +32,12 @@ dead connection (it cannot deliver the exit status over the dead link); it goes
 within seconds once the link is back (``LINGER_AFTER_LINK_UP_S``).  The test
 checks both.
 
-Elastic Horovod: hvd_compress rejects it; ``test_elastic_rejected`` launches a real
-elastic job (``horovodrun --min-np/--max-np --host-discovery-script``, Gloo, on
-localhost; no root needed) and checks that every rank raises
-``hvd_compress.compressor.ElasticNotSupported`` with a message that says why.
+Elastic Horovod: a compressor not registered with the elastic state
+(``hvd_compress.elastic.register``) is refused; ``test_elastic_unregistered_rejected``
+launches a real elastic job (``horovodrun --min-np/--max-np --host-discovery-script``,
+Gloo, on localhost; no root needed) and checks that every rank raises
+``hvd_compress.compressor.ElasticNotRegistered`` with a message that says what to
+call.  Elastic jobs that do register are in tests/testing/test_elastic.py.
 """
 import json
 import os
@@ -221,7 +223,7 @@ import os, sys
 import torch
 import horovod.torch as hvd
 import hvd_compress
-from hvd_compress.compressor import ElasticNotSupported
+from hvd_compress.compressor import ElasticNotRegistered
 hvd.init()
 model = torch.nn.Linear(8, 1)
 opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
@@ -238,16 +240,17 @@ def train(state):
 try:
     train(state)
     print(f"ELASTIC_RESULT rank={hvd.rank()} trained env={os.environ.get('HOROVOD_ELASTIC')}", flush=True)
-except ElasticNotSupported as e:
+except ElasticNotRegistered as e:
     print(f"ELASTIC_RESULT rank={hvd.rank()} rejected: {e}", flush=True)
     sys.exit(3)
 '''
 
 
-def test_elastic_rejected(tmp_path):
-    """A real elastic job (horovodrun sets HOROVOD_ELASTIC=1 in the workers): every rank's first
-    backward raises ElasticNotSupported; the job exits non-zero instead of training with
-    error-feedback state that would not follow a membership change."""
+def test_elastic_unregistered_rejected(tmp_path):
+    """A real elastic job (horovodrun sets HOROVOD_ELASTIC=1 in the workers) whose compressor was
+    not registered with the elastic state: every rank's first backward raises ElasticNotRegistered;
+    the job exits non-zero instead of training with error-feedback state that would not follow
+    state.restore() or a membership change."""
     worker = tmp_path / "elastic_worker.py"
     worker.write_text(ELASTIC_WORKER)
     discover = tmp_path / "discover.sh"
@@ -266,6 +269,7 @@ def test_elastic_rejected(tmp_path):
         pytest.fail(f"elastic job did not end within 300 s:\n{out[-4000:]}")
     assert p.returncode != 0, out[-4000:]
     for r in (0, 1):
-        assert f"ELASTIC_RESULT rank={r} rejected: hvd_compress does not support elastic Horovod" in out, out[-4000:]
+        assert f"ELASTIC_RESULT rank={r} rejected: elastic Horovod (HOROVOD_ELASTIC=1) needs the compressor " \
+               f"registered" in out, out[-4000:]
     assert "trained" not in out
-    assert "HOROVOD_ELASTIC=1" in out and "fixed set of workers" in out
+    assert "hvd_compress.elastic.register(state, compression)" in out

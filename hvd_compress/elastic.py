@@ -1,0 +1,225 @@
+"""Elastic Horovod: a compressor's per-rank state follows commits, rollbacks
+and membership changes.
+
+In a Horovod elastic script, one line after building the state::
+
+    state = hvd.elastic.TorchState(model=model, optimizer=optimizer, epoch=0)
+    hvd_compress.elastic.register(state, compression)
+
+(``hvd.elastic.TensorFlowKerasState`` likewise).  From then on:
+
+* ``state.commit()`` snapshots the compressor's state on this rank
+  (error-feedback residuals, momentum velocities, step counters, PowerSGD's Q,
+  Auto's plan: what :meth:`Compressor.state_dict` holds) in host memory,
+  without broadcasting it: residuals belong to one rank, and rank 0's copied
+  to everybody would multiply its gradient mass.  Each rank also shares a few
+  numbers (its process id, how many residual tensors it holds and their
+  squared norm) by one allgather named ``hvdc.elastic.mass``;
+* ``state.restore()`` (after a ``HorovodInternalError``) rolls the compressor
+  back to the last commit, as Horovod rolls the model back;
+* after a reset (``HostsUpdatedInterrupt``, or a failure), before anything
+  else runs: each rank folds its two-phase stage-2 residual (the chunk it
+  owned) back into its own stage-1 residual at that chunk's place, so the
+  sum of residuals over the survivors is unchanged and the chunks can be cut
+  again for the new number of ranks; in-flight bookkeeping is dropped; the
+  configuration fingerprint is agreed again at the next exchange (a joining
+  worker built differently gets ``ConfigMismatchError`` on every rank);
+  ``Auto()`` measures and plans again for the new world.  Surviving ranks
+  keep their residuals: they are keyed by parameter name, not by rank.
+* ``state.sync()`` broadcasts only what must be equal on every rank: the
+  per-tensor step counters (schedules and seeded draws read them), so that a
+  joining worker continues the survivors' count.  Joining workers start with
+  zero residuals.
+
+What a departing rank held in its residuals at its last commit is lost with
+it.  At the first commit after the change, the survivors find which process
+ids are gone, add the tensors and norm those ranks reported at the last commit
+to ``compression.stats.lost()`` and log one line (rank 0).  Nothing else is
+lost: the folded residuals of the survivors carry the rest.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import uuid
+
+from .compressor import Compressor
+
+log = logging.getLogger("hvd_compress.elastic")
+
+#: this worker process, across resets (Horovod renumbers ranks at a reset)
+PROCESS_ID = f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+#: names of the collectives issued here (deterministic, the same on every rank)
+MASS_COLLECTIVE = "hvdc.elastic.mass"
+STEPS_COLLECTIVE = "hvdc.elastic.steps"
+
+
+def register(state, compression):
+    """Make ``compression`` follow ``state``'s commit / restore / sync and
+    Horovod's resets; returns the :class:`ElasticCompression` handler.
+
+    ``state``: a Horovod elastic state (``hvd.elastic.TorchState``,
+    ``hvd.elastic.TensorFlowKerasState``, ...); ``compression``: the
+    hvd_compress compressor given to the optimizer.  Register each compressor
+    once."""
+    return ElasticCompression(state, compression)
+
+
+def _framework_of(state):
+    module = type(state).__module__
+    for cls in type(state).__mro__:
+        if cls.__module__.startswith("horovod.torch"):
+            return "torch"
+        if cls.__module__.startswith(("horovod.tensorflow", "horovod.keras", "horovod._keras")):
+            return "tensorflow"
+    raise ValueError(f"state must be a Horovod elastic state of PyTorch or TensorFlow (hvd.elastic.TorchState, "
+                     f"hvd.elastic.TensorFlowKerasState); got {type(state).__name__} from {module}")
+
+
+class _TorchOps:
+    @staticmethod
+    def rank_and_size():
+        import horovod.torch as hvd
+        return int(hvd.rank()), int(hvd.size())
+
+    @staticmethod
+    def allgather_object(obj, name):
+        import horovod.torch as hvd
+        return hvd.allgather_object(obj, name=name)
+
+    @staticmethod
+    def broadcast_object(obj, name):
+        import horovod.torch as hvd
+        return hvd.broadcast_object(obj, root_rank=0, name=name)
+
+
+class _TFOps:
+    @staticmethod
+    def rank_and_size():
+        import horovod.tensorflow as hvd
+        return int(hvd.rank()), int(hvd.size())
+
+    @staticmethod
+    def allgather_object(obj, name):
+        import horovod.tensorflow as hvd
+        return hvd.allgather_object(obj, name=name)
+
+    @staticmethod
+    def broadcast_object(obj, name):
+        import horovod.tensorflow as hvd
+        return hvd.broadcast_object(obj, root_rank=0, name=name)
+
+
+def departed_mass(before, after_ids):
+    """What the processes in ``before`` ({process id: (tensors, squared
+    norm)}, at the last commit) that are not in ``after_ids`` held:
+    ``(ranks, tensors, squared norm)``."""
+    gone = [pid for pid in before if pid not in set(after_ids)]
+    return len(gone), sum(int(before[p][0]) for p in gone), sum(float(before[p][1]) for p in gone)
+
+
+class ElasticCompression:
+    """The handler :func:`register` installs; see the module docstring."""
+
+    def __init__(self, state, compression):
+        from horovod.common.elastic import State
+        if not isinstance(state, State):
+            raise ValueError(f"state must be a Horovod elastic state (hvd.elastic.TorchState, "
+                             f"hvd.elastic.TensorFlowKerasState); got {state!r}")
+        if not isinstance(compression, Compressor):
+            raise ValueError(f"compression must be an hvd_compress compressor (e.g. hvd_compress.TopK(0.01)); "
+                             f"got {compression!r}")
+        if getattr(compression, "_elastic", None) is not None:
+            raise ValueError(f"{compression!r} is already registered with an elastic state; register each "
+                             f"compressor once")
+        self.framework = _framework_of(state)
+        self.ops = _TorchOps if self.framework == "torch" else _TFOps
+        self.compression = compression
+        self.state = state
+        #: the compressor's state_dict() at the last commit (None: none yet, i.e. empty)
+        self._saved = None
+        #: (rank, size) at which the current two-phase chunks were cut
+        self._world = self.ops.rank_and_size()
+        #: {process id: (residual tensors, squared norm)} of every rank at the last commit
+        self.members = {}
+        compression._elastic = self
+        save, restore, sync = state.save, state.restore, state.sync
+
+        def save_with_compression():
+            self.share_mass()  # the collective first: if it fails, nothing is half-saved
+            save()
+            self.save()
+
+        def restore_with_compression():
+            restore()
+            self.restore()
+
+        def sync_with_compression():
+            self.sync()
+            sync()
+
+        # instance attributes: State.commit() calls self.save()
+        object.__setattr__(state, "save", save_with_compression)
+        object.__setattr__(state, "restore", restore_with_compression)
+        object.__setattr__(state, "sync", sync_with_compression)
+        state.register_reset_callbacks([self.on_reset])
+
+    # --- the adapters that hold state ----------------------------------------------------
+    def _adapters(self):
+        return list(self.compression._adapters.values())
+
+    # --- commit -------------------------------------------------------------------
+    def share_mass(self):
+        """Allgather (process id, residual tensors, squared norm) of every rank;
+        count what ranks present at the previous commit and gone now held."""
+        rank, size = self._world
+        tensors, sumsq = 0, 0.0
+        for adapter in self._adapters():
+            n, s = adapter.residual_mass(rank, size)
+            tensors, sumsq = tensors + n, sumsq + s
+        gathered = self.ops.allgather_object((PROCESS_ID, tensors, sumsq), MASS_COLLECTIVE)
+        now = {pid: (n, s) for pid, n, s in gathered}
+        if self.members:
+            ranks, lost_tensors, lost_sumsq = departed_mass(self.members, list(now))
+            if ranks:
+                self.compression.stats.record_lost(ranks, lost_tensors, lost_sumsq)
+                if self.ops.rank_and_size()[0] == 0:
+                    log.warning("hvd_compress.elastic: %d rank(s) left holding %d error-feedback residual "
+                                "tensor(s) of norm %.6g at their last commit; that gradient mass is lost "
+                                "(compression.stats.lost())", ranks, lost_tensors, math.sqrt(lost_sumsq))
+        self.members = now
+
+    def save(self):
+        self._saved = self.compression.state_dict()
+
+    # --- rollback ----------------------------------------------------------------------
+    def restore(self):
+        if self._saved is None:
+            self.compression.reset_state()
+        else:
+            self.compression.load_state_dict(self._saved, allow_other_rank=True)
+
+    # --- membership change -------------------------------------------------------------------
+    def on_reset(self):
+        """After Horovod's shutdown and init, before the next sync (local only:
+        joining workers do not run this)."""
+        rank, size = self._world
+        for adapter in self._adapters():
+            adapter.fold_owned_chunks(rank, size)
+            adapter.forget_in_flight()
+        replan = getattr(self.compression, "replan_after_reset", None)
+        if replan is not None:
+            replan()
+        self._world = self.ops.rank_and_size()
+
+    def sync(self):
+        """Rank 0's step counters to every rank (run by survivors and joiners alike)."""
+        mine = {}
+        for name, adapter in sorted(self.compression._adapters.items()):
+            mine[name] = adapter.step_counts()
+        agreed = self.ops.broadcast_object(mine, STEPS_COLLECTIVE)
+        for name in sorted(set(agreed) | set(mine)):
+            self.compression._adapter_by_name(name).set_step_counts(agreed.get(name, {}))
+        self._world = self.ops.rank_and_size()
