@@ -10,7 +10,7 @@ In a Horovod elastic script, one line after building the state::
 
 * ``state.commit()`` snapshots the compressor's state on this rank
   (error-feedback residuals, momentum velocities, step counters, PowerSGD's Q,
-  Auto's plan: what :meth:`Compressor.state_dict` holds) in host memory,
+  Auto's plan: what :meth:`hvd_compress.Compressor.state_dict` holds) in host memory,
   without broadcasting it: residuals belong to one rank, and rank 0's copied
   to everybody would multiply its gradient mass.  Each rank also shares a few
   numbers (its process id, how many residual tensors it holds and their

@@ -1,4 +1,4 @@
-"""Worker of tests/testing/test_elastic.py (torch, under elastic horovodrun).
+"""Worker of tests/testing/test_elastic_jobs.py (torch, under elastic horovodrun).
 
     python elastic_worker_torch.py HOSTS_FILE
 
@@ -40,7 +40,7 @@ import hvd_compress.elastic
 HOSTS_FILE = sys.argv[1]
 LR = 0.3
 D_IN, D_OUT, BATCH = 64, 16, 32
-STEPS_PER_PHASE = 20
+STEPS_PER_PHASE = 15
 MAX_STEPS = 400
 KINDS = ("none", "topk", "int8")
 HOST = os.environ.get("HOROVOD_HOSTNAME", "?")
@@ -68,6 +68,8 @@ for kind in KINDS:
         named_parameters=[(f"{kind}.{n}", p) for n, p in models[kind].named_parameters()],
         compression=compressions.get(kind, hvd.Compression.none), op=hvd.Sum)
 INITIAL = {k: [p.detach().clone() for p in m.parameters()] for k, m in models.items()}
+with torch.no_grad():
+    INITIAL_LOSS = float(torch.nn.functional.mse_loss(models["none"](EVAL_X), EVAL_Y))
 grad_sums = {k: [torch.zeros_like(p, dtype=torch.float64) for p in models[k].parameters()] for k in compressions}
 
 
@@ -173,7 +175,7 @@ weights = torch.cat([p.detach().reshape(-1) for k in KINDS for p in models[k].pa
 gathered = hvd.allgather(weights.unsqueeze(0), name="test.final_weights")
 if hvd.rank() == 0:
     identical = all(torch.equal(gathered[0], gathered[r]) for r in range(hvd.size()))
-    result = {"size": hvd.size(), "steps": state.step, "sizes": state.sizes, "identical": identical,
+    result = {"initial_loss": INITIAL_LOSS, "size": hvd.size(), "steps": state.step, "sizes": state.sizes, "identical": identical,
               "losses": state.losses, "kinds": {}}
     departed = [pid for pid in state.records if pid not in state.members]
     for kind in compressions:

@@ -37,7 +37,7 @@ Elastic Horovod: a compressor not registered with the elastic state
 launches a real elastic job (``horovodrun --min-np/--max-np --host-discovery-script``,
 Gloo, on localhost; no root needed) and checks that every rank raises
 ``hvd_compress.compressor.ElasticNotRegistered`` with a message that says what to
-call.  Elastic jobs that do register are in tests/testing/test_elastic.py.
+call.  Elastic jobs that do register are in tests/testing/test_elastic_jobs.py.
 """
 import json
 import os

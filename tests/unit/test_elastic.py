@@ -1,7 +1,7 @@
 """hvd_compress.elastic's bookkeeping on emulated ranks (tests/unit/in_process_world.py):
 folding two-phase stage-2 residuals back before the world changes keeps the
 conservation law among the survivors, the departed rank's mass is what it held,
-and step counters round-trip.  The real elastic jobs are in tests/testing/test_elastic.py."""
+and step counters round-trip.  The real elastic jobs are in tests/testing/test_elastic_jobs.py."""
 from __future__ import annotations
 
 import math

@@ -34,9 +34,12 @@ REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
 HVDRUN = str(Path(PY).parent / "horovodrun")
 JOB_BOUND_S = 240
-#: TopK(0.01)'s final evaluation loss may exceed the uncompressed one by this fraction of the initial loss
-#: (91 steps: none reaches ~1e-5 of it, TopK(0.01), which sends 10 of 1040 elements a step, ~0.09)
-TOPK_LOSS_TOLERANCE = 0.15
+#: TopK(0.01)'s final evaluation loss may exceed the uncompressed one by this fraction of the initial
+#: loss: in the ~75 steps of the schedule none reaches ~1e-6 of it and TopK(0.01), which sends 10 of
+#: 1040 elements a step, 0.09-0.12
+TOPK_LOSS_TOLERANCE = 0.25
+#: the same for Int8 (two-phase), which sends every element
+INT8_LOSS_TOLERANCE = 0.001
 
 
 def _run_elastic_job(tmp_path, worker):
@@ -45,7 +48,7 @@ def _run_elastic_job(tmp_path, worker):
     discover = tmp_path / "discover.sh"
     discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
     discover.chmod(stat.S_IRWXU)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1", HOROVOD_GLOO_TIMEOUT_SECONDS="10",
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1", HOROVOD_GLOO_TIMEOUT_SECONDS="30",
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     cmd = [HVDRUN, "-np", "3", "--min-np", "2", "--max-np", "3", "--host-discovery-script", str(discover),
            "--elastic-timeout", "60", "--network-interface", "lo", "--gloo", PY, str(worker), str(hosts)]
@@ -88,7 +91,8 @@ def test_torch_host_removed_added_and_worker_killed(tmp_path):
         assert lost["ranks"] == 2 and lost["tensors"] >= 2, (kind, lost)
         assert lost["norm"] == pytest.approx(r["lost_expected_norm"], rel=1e-5), (kind, r)
         assert f"hvd_compress.elastic: 1 rank(s) left holding" in out
-    none, topk = result["kinds"]["none"]["final_loss"], result["kinds"]["topk"]["final_loss"]
-    first = result["losses"][0]["none"]
-    assert none < 0.5 * first, result["losses"][-1]  # the schedule trains
-    assert topk - none <= TOPK_LOSS_TOLERANCE * first, (topk, none, first)
+    loss = {kind: r["final_loss"] for kind, r in result["kinds"].items()}
+    initial = result["initial_loss"]
+    assert loss["none"] < 0.01 * initial, loss  # the schedule trains
+    assert loss["topk"] - loss["none"] <= TOPK_LOSS_TOLERANCE * initial, (loss, initial)
+    assert loss["int8"] - loss["none"] <= INT8_LOSS_TOLERANCE * initial, (loss, initial)
