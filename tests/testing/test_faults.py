@@ -256,7 +256,9 @@ def test_elastic_unregistered_rejected(tmp_path):
     discover = tmp_path / "discover.sh"
     discover.write_text("#!/bin/sh\necho localhost:2\n")
     discover.chmod(stat.S_IRWXU)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1", HOROVOD_GLOO_TIMEOUT_SECONDS="60")
+    # the worker runs from tmp_path: this checkout's hvd_compress, not an installed one
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1", HOROVOD_GLOO_TIMEOUT_SECONDS="60",
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     cmd = [HVDRUN, "-np", "2", "--min-np", "2", "--max-np", "2", "--host-discovery-script", str(discover),
            "--elastic-timeout", "30", "--network-interface", "lo", "--gloo", PY, str(worker)]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
