@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .compressor import stable_hash
+from .naming import stable_hash
 from .state import StateTable
 from .transports import Call, transport_for
 from .transports.two_phase import choose_two_phase  # noqa: F401  (re-exported)

@@ -35,37 +35,18 @@ the step; see :meth:`hvd_compress.adapter.AdapterBase.fallback_key`.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import re
+import types
 from typing import Any, NamedTuple
 
 from .backend import backend_for
-from .memory import ResidualMemory, finite_or_zero  # noqa: F401  (finite_or_zero is re-exported)
+from .memory import ResidualMemory
 from .momentum_check import check_construction, check_optimizer_momentum
+from .naming import stable_hash
 from .protocols import Memory as MemoryProtocol
 from .schemes.base import Scheme
 from .stats import CompressionStats
-
-_SAFE = re.compile(r"[^A-Za-z0-9_.\-]")
-
-
-def collective_name(key, part):
-    """Deterministic, TF-op-safe name for a side collective, distinct for
-    distinct keys: where making the key op-safe changed it (``a/b:0`` and
-    ``a_b:0`` would both read ``a_b_0``), a short hash of the exact key follows."""
-    safe = _SAFE.sub("_", key)
-    if safe != key:
-        safe += "-h" + hashlib.blake2b(key.encode(), digest_size=4).hexdigest()
-    return "hvdc." + safe + "." + part.replace(".", "_")
-
-
-def stable_hash(*parts):
-    """A 63-bit integer from strings/ints, identical on every process
-    (Python's hash() is salted per process)."""
-    h = hashlib.blake2b("|".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(h, "little") & 0x7FFF_FFFF_FFFF_FFFF
 
 
 def encode_with_feedback(B, scheme, x, residual, encode_context):
@@ -226,7 +207,7 @@ class Compressor:
         if B.name == "tensorflow" and self._built_in_tf_trace:
             from .tf_adapter import adapter_shared_across_traces
             return adapter_shared_across_traces(self, tensor).compress(self, tensor)
-        return self._adapter(B).compress(self, tensor)
+        return self.adapter_for(B.name).compress(self, tensor)
 
     def decompress(self, tensor, ctx):
         if ctx is None:  # passthrough, and Horovod's sparse path
@@ -287,7 +268,7 @@ class Compressor:
                              f"state_dict per rank (or pass allow_other_rank=True)")
         for name, sub in state.items():
             if name not in ("config", "owner"):
-                self._adapter_by_name(name).load_state_dict(sub)
+                self.adapter_for(name).load_state_dict(sub)
 
     def reset_state(self):
         """Forget residuals and counters (e.g. after an elastic membership change)."""
@@ -296,23 +277,48 @@ class Compressor:
 
     def tf_checkpointable(self):
         """A ``tf.Module`` tracking the TF state variables, for ``tf.train.Checkpoint``."""
-        return self._adapter_by_name("tensorflow").checkpointable()
+        return self.adapter_for("tensorflow").checkpointable()
 
-    # --- internals -------------------------------------------------------------------
-    def _adapter_by_name(self, name):
-        if name not in self._adapters:
-            if name == "torch":
-                from .torch_adapter import TorchAdapter
-                self._adapters[name] = TorchAdapter()
-            elif name == "tensorflow":
-                from .tf_adapter import TFAdapter
-                self._adapters[name] = TFAdapter()
-            else:
-                raise ValueError(f"unknown framework {name!r}")
-        return self._adapters[name]
+    # --- framework adapters ----------------------------------------------------------
+    #: the frameworks a compressor keeps state for, by the names its adapters go under
+    FRAMEWORKS = ("torch", "tensorflow")
 
-    def _adapter(self, B):
-        return self._adapter_by_name(B.name)
+    @property
+    def adapters(self):
+        """The framework adapters built so far, by framework name (``"torch"``,
+        ``"tensorflow"``), as a read-only mapping.  Each adapter holds that
+        framework's per-parameter state: ``residuals``, ``memories``, ``steps``."""
+        return types.MappingProxyType(self._adapters)
+
+    def adapter_for(self, framework):
+        """The adapter of ``framework`` (``"torch"`` or ``"tensorflow"``), built
+        on first use."""
+        if framework not in self._adapters:
+            self.use_adapter(framework, self._new_adapter(framework))
+        return self._adapters[framework]
+
+    def use_adapter(self, framework, adapter):
+        """Keep this compressor's ``framework`` state in ``adapter`` from now on
+        (an adapter shared with another compressor, or one with other
+        collectives, such as a one-rank world); returns ``adapter``."""
+        from .adapter import AdapterBase
+        if framework not in self.FRAMEWORKS:
+            raise ValueError(f"framework must be one of {self.FRAMEWORKS}; got {framework!r}")
+        if not isinstance(adapter, AdapterBase):
+            raise ValueError(f"adapter must be an hvd_compress framework adapter (a subclass of "
+                             f"hvd_compress.adapter.AdapterBase); got {adapter!r}")
+        self._adapters[framework] = adapter
+        return adapter
+
+    def _new_adapter(self, framework):
+        """A fresh adapter for ``framework``; subclasses with their own adapters override it."""
+        if framework == "torch":
+            from .torch_adapter import TorchAdapter
+            return TorchAdapter()
+        if framework == "tensorflow":
+            from .tf_adapter import TFAdapter
+            return TFAdapter()
+        raise ValueError(f"framework must be one of {self.FRAMEWORKS}; got {framework!r}")
 
     # Horovod's TF path caches on the compression object: identity hashing.
     __hash__ = object.__hash__

@@ -115,7 +115,7 @@ class Schedule(Compressor):
         puts momentum-aware error feedback (:class:`~hvd_compress.MomentumMemory`)
         in every phase, the dense warmup included, and one velocity carries
         through all of them; the optimizer's momentum is then 0."""
-        from . import NoCompression, TopK
+        from .factories import NoCompression, TopK
         from .schemes.base import check_range
         check_range("warmup_steps", warmup_steps, 0, None, kind=int)
         check_range("steps_per_stage", steps_per_stage, 1, None, kind=int)
@@ -143,7 +143,7 @@ class Policy(Compressor):
     (dense by default) covers the rest."""
 
     def __init__(self, rules, default=None, seed=0):
-        from . import NoCompression
+        from .factories import NoCompression
         self.rules = [r if isinstance(r, Rule) else _bad_rule(r) for r in rules]
         self.default = _as_compressor(default, "default") if default is not None else NoCompression()
         super().__init__(self.default.scheme, self.default.error_feedback, seed, memory=self.default.memory)
@@ -260,7 +260,7 @@ def recipe(compression, dense_below=1024, warmup_steps=0, dense_names=None, ramp
         # == Policy([Rule(none(momentum=0.9), max_numel=1024)],
         #           default=Schedule([(0, none(momentum=0.9)), (63, TopK(0.01, momentum=0.9))]))
     """
-    from . import NoCompression
+    from .factories import NoCompression
     from .schemes.base import check_range
     if type(compression) is not Compressor:  # Policy, Schedule and Auto are subclasses
         raise ValueError("compression must be one scheme's compression object such as "

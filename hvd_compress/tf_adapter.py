@@ -51,11 +51,11 @@ def adapter_shared_across_traces(comp, tensor):
     scope = (comp.fingerprint(), getattr(ps, "process_set_id", None), tuple(id(v) for v in variables))
     adapter = _STATE_SHARED_ACROSS_TRACES.get(scope)
     if adapter is None:
-        adapter = comp._adapter_by_name("tensorflow")
+        adapter = comp.adapter_for("tensorflow")
         _STATE_SHARED_ACROSS_TRACES[scope] = adapter
         for v in variables:  # ids are reused once objects die: forget the entry with them
             weakref.finalize(v, _STATE_SHARED_ACROSS_TRACES.pop, scope, None)
-    comp._adapters["tensorflow"] = adapter  # state_dict() / tf_checkpointable() of this object see it
+    comp.use_adapter("tensorflow", adapter)  # state_dict() / tf_checkpointable() of this object see it
     return adapter
 
 

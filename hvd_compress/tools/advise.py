@@ -40,7 +40,7 @@ from typing import Dict, List, Optional
 
 from .bench.report import human_bytes, human_count, human_seconds
 from .bench.specs import HOROVOD_SPECS, parse_spec, payload_nbytes, split_specs
-from ..auto import comm_time as _core_comm_time
+from ..auto.planner import comm_time as _core_comm_time
 from .units import parse_count, parse_rate
 
 #: the encode/decode costs ``advise`` uses by default: a packaged copy of
@@ -187,7 +187,7 @@ def transport_of(spec):
     return "allreduce" if t == "powersgd" else t
 
 
-#: the link model, shared with Auto (hvd_compress.auto, in the core)
+#: the link model, shared with Auto (hvd_compress.auto.planner, in the core)
 comm_time = _core_comm_time
 
 

@@ -140,7 +140,7 @@ class CompressionMeter:
         if not self.ours:
             return 0.0
         total = 0.0
-        for adapter in list(self.compression._adapters.values()):
+        for adapter in list(self.compression.adapters.values()):
             for r in list(getattr(adapter, "residuals", {}).values()):
                 if hasattr(r, "detach"):  # torch
                     total += float(r.detach().float().pow(2).sum())

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..compressor import collective_name, stable_hash
+from ..naming import collective_name, stable_hash
 from .base import TwoRoundPending, Transport, compensate, op_scale, pending_fields, to_gradient, update
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..backend import ceil_div
-from ..compressor import collective_name, stable_hash
+from ..naming import collective_name, stable_hash
 from ..memory import ResidualMemory
 from ..schemes.base import EncodeContext
 from ..state import OWNED_CHUNK_RESIDUAL, RESIDUAL

@@ -122,7 +122,7 @@ def test_meter_for_horovod_builtin_counts_elements():
 
 def test_residual_norm_reads_the_adapters_residuals():
     comp = hvd_compress.TopK(0.01)
-    adapter = comp._adapter_by_name("torch")
+    adapter = comp.adapter_for("torch")
     adapter.residuals["a"] = torch.tensor([3.0, 0.0])
     adapter.residuals["b"] = torch.tensor([4.0])
     assert math.isclose(CompressionMeter(comp).residual_norm(), 5.0)

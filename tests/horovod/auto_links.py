@@ -15,8 +15,8 @@ CODEC_COSTS = {c.label: 1e-9 for c in default_candidates()[1:]}
 
 
 def links(sequence, monkeypatch, module, size):
-    """Make the i-th link probe of ``module`` (``auto_calibration`` or
-    ``auto_tf``) report the i-th link of ``sequence`` (the last one after) for
+    """Make the i-th link probe of ``module`` (``hvd_compress.auto.calibration`` or
+    ``hvd_compress.auto.tf``) report the i-th link of ``sequence`` (the last one after) for
     a world of ``size`` ranks; returns the list of probed plan versions."""
     calls = []
 

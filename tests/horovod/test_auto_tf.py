@@ -6,7 +6,7 @@ runs it with Gloo and MPI at 2 processes, with Gloo at 3): the stock ``hvd.Distr
 
 Every rank runs every test in the same order and issues the same
 collectives before it asserts anything.  Where a test needs a given link, the
-link probe (``auto_tf.probe_link``) is replaced by timings computed from the
+link probe (``hvd_compress.auto.tf.probe_link``) is replaced by timings computed from the
 cost model, identically on every rank, and the codec costs are fixed
 (``Auto(codec_costs=auto_links.CODEC_COSTS)``), so no decision a test checks
 depends on how fast this machine runs; the first test alone measures
@@ -29,9 +29,9 @@ import horovod.tensorflow as hvd  # noqa: E402
 import horovod.tensorflow.keras as hvdk  # noqa: E402
 
 import hvd_compress  # noqa: E402
-from hvd_compress import auto_tf  # noqa: E402
+from hvd_compress.auto import tf as auto_tf  # noqa: E402
 from hvd_compress.auto import Link  # noqa: E402
-from hvd_compress.compressor import stable_hash  # noqa: E402
+from hvd_compress.naming import stable_hash  # noqa: E402
 
 import auto_links  # noqa: E402
 from auto_links import CODEC_COSTS  # noqa: E402
@@ -170,7 +170,7 @@ def test_error_feedback_survives_replans(monkeypatch, momentum):
     worst = 0.0
     for step in range(1, 12):
         run.step(step)
-        residuals = auto._adapter_by_name("tensorflow").residuals
+        residuals = auto.adapter_for("tensorflow").residuals
         for (name, g), v in zip(grads_at(step).items(), run.vars):
             velocity[name] = momentum * velocity[name] + g
             total[name] += velocity[name]
@@ -184,7 +184,7 @@ def test_error_feedback_survives_replans(monkeypatch, momentum):
     assert len(labels) == 3 and labels[0] == labels[2] == "none", labels
     assert labels[1] != "none", labels
     # back on none, the residual was sent out in full in one step and none keeps it at zero
-    assert float(tf.reduce_max(tf.abs(auto._adapter_by_name("tensorflow").residuals["w:0"]))) == 0.0
+    assert float(tf.reduce_max(tf.abs(auto.adapter_for("tensorflow").residuals["w:0"]))) == 0.0
     assert worst < 1e-3, f"conservation broken by {worst} under {labels}"
     assert same_on_all_ranks(auto.current_plan(), "test.autotf.replan_same")
 
@@ -201,7 +201,7 @@ def test_legacy_optimizer(monkeypatch):
         for name, g in grads_at(step).items():
             total[name] += g
     labels = [choices["w:0"].label for _, choices, _ in auto.history]
-    residual = auto._adapter_by_name("tensorflow").residuals["w:0"].numpy().reshape(SPECS["w"])
+    residual = auto.adapter_for("tensorflow").residuals["w:0"].numpy().reshape(SPECS["w"])
     want = hvd.allreduce(tf.constant(total["w"]), op=hvd.Sum, name="test.autotf.legacy_grad").numpy()
     held = hvd.allreduce(tf.constant(residual), op=hvd.Sum, name="test.autotf.legacy_res").numpy()
     assert labels[0] != "none" and labels[-1] == "none", labels
@@ -223,7 +223,7 @@ def test_resume_from_a_tf_checkpoint_keeps_the_plan(monkeypatch):
     assert plan["w:0"] != "none"
     path = tf.train.Checkpoint(hvdc=auto.tf_checkpointable(), v=run.vars).save(
         os.path.join(tempfile.mkdtemp(prefix=f"autotf{RANK}_"), "ck"))
-    residual = auto._adapter_by_name("tensorflow").residuals["w:0"].numpy()
+    residual = auto.adapter_for("tensorflow").residuals["w:0"].numpy()
     # state_dict() carries the plan and the modes too
     loaded = hvd_compress.Auto(**kwargs)
     loaded.load_state_dict(auto.state_dict())
@@ -236,7 +236,7 @@ def test_resume_from_a_tf_checkpoint_keeps_the_plan(monkeypatch):
     assert resumed.current_plan() == plan
     assert [(s, v) for s, _, v in resumed.history] == [(s, v) for s, _, v in history]
     run2.step(4)
-    restored = resumed._adapter_by_name("tensorflow")
+    restored = resumed.adapter_for("tensorflow")
     assert restored.steps["w:0"].numpy() == 4
     assert probes == [] and resumed.current_plan() == plan
     assert applied_schemes(resumed) == expected_schemes(resumed, plan)

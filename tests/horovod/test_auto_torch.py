@@ -4,7 +4,7 @@ runs it with Gloo and MPI).
 Training goes through the stock ``hvd.DistributedOptimizer``.  Every rank
 runs every test in the same order and issues the same collectives before it
 asserts anything.  Where a test needs a given link, the link probe
-(``auto_calibration.probe_link``) is replaced by timings computed from the
+(``hvd_compress.auto.calibration.probe_link``) is replaced by timings computed from the
 cost model, identically on every rank, and the codec costs are fixed
 (``Auto(codec_costs=auto_links.CODEC_COSTS)``), so no decision a test checks
 depends on how fast this machine runs; the first test alone measures
@@ -18,9 +18,9 @@ import torch
 
 import horovod.torch as hvd
 import hvd_compress
-from hvd_compress import auto_calibration
+from hvd_compress.auto import calibration as auto_calibration
 from hvd_compress.auto import Link, PlanMismatchError
-from hvd_compress.compressor import stable_hash
+from hvd_compress.naming import stable_hash
 
 import auto_links
 from auto_links import CODEC_COSTS
@@ -132,7 +132,7 @@ def test_error_feedback_survives_replans(monkeypatch, momentum):
     model, opt = build(auto)
     total_grad = {name: torch.zeros(shape) for name, shape in SPECS.items()}
     velocity = {name: torch.zeros(shape) for name, shape in SPECS.items()}
-    residuals = auto._adapter_by_name("torch").residuals
+    residuals = auto.adapter_for("torch").residuals
     worst = 0.0
     for step in range(1, 12):
         train_step(model, opt, step)

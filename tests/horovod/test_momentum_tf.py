@@ -76,7 +76,7 @@ def test_tape_lossless_momentum_in_the_compressor_is_momentum_sgd():
     moved.train(6)
     for a, b in zip(dense.weights(), moved.weights()):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
-    assert set(moved.comp._adapters["tensorflow"].memories["momentum"]) == {
+    assert set(moved.comp.adapters["tensorflow"].memories["momentum"]) == {
         "ml_fc1/kernel:0", "ml_fc1/bias:0", "ml_out/kernel:0", "ml_out/bias:0"}
 
 

@@ -81,11 +81,11 @@ def test_lossless_momentum_in_the_compressor_is_momentum_sgd():
     _train(model_b, opt_b, 6)
     for a, b in zip(_weights(model_a), _weights(model_b)):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
-    assert set(comp._adapters["torch"].memories) == {"momentum"}
-    assert not comp._adapters["torch"].residuals  # no error feedback: no residual
+    assert set(comp.adapters["torch"].memories) == {"momentum"}
+    assert not comp.adapters["torch"].residuals  # no error feedback: no residual
     # each rank keeps its own velocity (its gradients differ), not the buffer Horovod
     # reduced in place (which would hold the same average on every rank)
-    for name, u in comp._adapters["torch"].memories["momentum"].items():
+    for name, u in comp.adapters["torch"].memories["momentum"].items():
         every = hvd.allgather(u.detach().reshape(1, -1), name=f"check.velocity.{name}")
         assert not torch.equal(every[0], every[1]), f"{name}: the velocity is the reduced buffer"
 
@@ -115,7 +115,7 @@ def test_every_scheme_trains_with_momentum_in_the_compressor(sid):
     assert np.isfinite(losses).all()
     assert np.mean(losses[-5:]) < np.mean(losses[:5]), (sid, losses)
     _same_on_every_rank(model, sid)
-    ad = comp._adapters["torch"]
+    ad = comp.adapters["torch"]
     names = [n for n, _ in model.named_parameters()]
     assert set(ad.memories["momentum"]) == set(names)
     assert all(torch.count_nonzero(v) > 0 for v in ad.memories["momentum"].values())

@@ -98,7 +98,7 @@ def tape_run(comp, specs, grads_for, steps=STEPS):
     for step in range(steps):
         res = step_fn([grads_for(name, step) for name in names])
         out.append({n: r for n, r in zip(names, res)})
-        ad = comp._adapters.get("tensorflow")
+        ad = comp.adapters.get("tensorflow")
         if ad is None:  # NoCompression keeps no state
             state.append((True, True))
             continue

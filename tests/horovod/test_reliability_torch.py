@@ -273,7 +273,7 @@ def _run_nonfinite(sid, kind):
         inject(params, step, poison)
         opt.synchronize()
         grads.append({n: p.grad.detach().clone() for n, p in params.items()})
-        ad = comp._adapters["torch"]
+        ad = comp.adapters["torch"]
         tensors = list(ad.residuals.values()) + [v for st in ad.memories.values() for v in st.values()]
         scheme_state = [v for st in ad.scheme_state.values() for v in st.values() if isinstance(v, torch.Tensor)]
         state_finite.append((all(bool(torch.isfinite(t).all()) for t in tensors),

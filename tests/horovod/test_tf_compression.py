@@ -63,7 +63,7 @@ from tf_linear_training import LinearTraining, dataset, flat_weights, linear_mod
 
 import hvd_compress  # noqa: E402
 from hvd_compress.backend import backend_for  # noqa: E402
-from hvd_compress.compressor import collective_name, stable_hash  # noqa: E402
+from hvd_compress.naming import collective_name, stable_hash  # noqa: E402
 from hvd_compress.tf_adapter import TFAdapter  # noqa: E402
 
 _WORLD = world_size_from_env()
@@ -131,7 +131,7 @@ class Result:
                            f"{self.keys[spec]} {what} (rank {RANK} of {SIZE})")
 
     def residuals(self):
-        return {k: v.numpy() for k, v in self.comp._adapters["tensorflow"].residuals.items()}
+        return {k: v.numpy() for k, v in self.comp.adapters["tensorflow"].residuals.items()}
 
 
 def injected(spec, step, shape, micro=0):
@@ -272,7 +272,7 @@ def test_tape_error_feedback_conservation(sid):
     res = main_run(sid, ef=True if sid in EF_DEFAULT_OFF else None)
     residuals = res.residuals()
     assert set(residuals) == set(res.keys.values()), sorted(residuals)
-    assert all(isinstance(v, tf.Variable) for v in res.comp._adapters["tensorflow"].residuals.values())
+    assert all(isinstance(v, tf.Variable) for v in res.comp.adapters["tensorflow"].residuals.values())
     mine = np.concatenate([residuals[res.keys[s]].reshape(-1) for s in SPECS])
     everyone = hvd.allgather(tf.constant(mine[None]), name=f"tf.conservation.{sid}").numpy()
     offset = 0

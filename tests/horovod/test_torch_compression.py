@@ -97,7 +97,7 @@ def test_aggregate_matches_reference(sid):
     """Default error feedback, op=Average, 3 steps: p.grad after synchronize() == reference,
     and the residuals too."""
     comp, got, _ = cached_run(sid)
-    residuals = comp._adapters["torch"].residuals
+    residuals = comp.adapters["torch"].residuals
     for name in SPECS:
         sim, grads = simulate(comp, name)
         assert_matches(sid, [g[name] for g in got], sim.aggregated, f"{name} (rank {RANK} of {SIZE})")
@@ -119,7 +119,7 @@ def test_error_feedback_switched_on(sid):
 @pytest.mark.parametrize("sid", EF_DEFAULT_ON)
 def test_error_feedback_switched_off(sid):
     comp, got, _ = cached_run(sid, ef=False)
-    assert comp.error_feedback is False and not comp._adapters["torch"].residuals
+    assert comp.error_feedback is False and not comp.adapters["torch"].residuals
     check_run(sid, comp, got, "error_feedback=False")
 
 
@@ -128,7 +128,7 @@ def test_error_feedback_conservation(sid):
     """For every rank and parameter: sum of what was sent over the steps + the final residual
     == sum of the gradients (see compression_cases.conservation)."""
     comp, got, _ = cached_run(sid, ef=True if sid in EF_DEFAULT_OFF else None)
-    residuals = comp._adapters["torch"].residuals
+    residuals = comp.adapters["torch"].residuals
     assert set(residuals) == set(SPECS), f"residual keys {sorted(residuals)}"
     mine = torch.cat([residuals[n].reshape(-1) for n in SPECS])
     everyone = hvd.allgather(mine.reshape(1, -1), name=f"conservation.{sid}").numpy()
@@ -241,7 +241,7 @@ def test_keying_shuffled_hooks_and_set_to_none(sid):
     per_step = {tuple(o[i:i + 3]) for o in orders for i in range(0, 3 * steps, 3)}
     assert len(per_step) > 1, f"the hooks fired in one order everywhere ({per_step}): nothing was shuffled"
     assert all(nones)
-    residuals = comp._adapters["torch"].residuals
+    residuals = comp.adapters["torch"].residuals
     assert set(residuals) == set(TWINS) and set(comp.stats.per_tensor()) == set(TWINS)
     for name, shape in TWINS.items():
         sim, grads = simulate(comp, name, steps=steps, shape=shape)
@@ -312,7 +312,7 @@ def test_lossless_is_exact_and_counts_its_bytes():
         sim = ref.simulate("NoCompression", {}, grads, error_feedback=False, op="average")
         assert_matches("Lossless", [g[name] for g in got], sim.aggregated, f"{name} (rank {RANK})")
         assert stats[name]["payload_bytes"] == 8 + shuffle_zstd_nbytes(grads[-1][RANK]), (name, stats[name])
-    assert not comp._adapters["torch"].residuals
+    assert not comp.adapters["torch"].residuals
 
 
 def _powersgd_bytes(shape, rank=2):
@@ -325,7 +325,7 @@ def _powersgd_bytes(shape, rank=2):
 
 
 def _powersgd_check(comp, got, specs, what):
-    residuals = comp._adapters["torch"].residuals
+    residuals = comp.adapters["torch"].residuals
     mine = torch.cat([residuals[n].reshape(-1) for n in specs])
     everyone = hvd.allgather(mine.reshape(1, -1), name=f"powersgd.{what}").numpy()
     offset = 0
@@ -343,7 +343,7 @@ def test_powersgd_conservation_and_bytes():
     everything they were given; factors cost (n + m) * rank floats."""
     comp = EXTRA["PowerSGD"]()
     got = run_injected(comp, op=hvd.Sum)
-    assert set(comp._adapters["torch"].residuals) == set(SPECS)
+    assert set(comp.adapters["torch"].residuals) == set(SPECS)
     _powersgd_check(comp, got, SPECS, "op=Sum")
     low = [g["big.weight"].reshape(40, 25) for g in got]
     assert all(np.linalg.matrix_rank(m, tol=1e-4 * np.abs(m).max()) <= 2 for m in low), "not a rank-2 aggregate"

@@ -44,7 +44,7 @@ from tf_linear_training import mlp, mse_tape_step  # noqa: E402
 
 import hvd_compress as hc  # noqa: E402
 from hvd_compress import Policy, Rule, Schedule  # noqa: E402
-from hvd_compress.compressor import stable_hash  # noqa: E402
+from hvd_compress.naming import stable_hash  # noqa: E402
 from hvd_compress.tf_adapter import TFAdapter  # noqa: E402
 
 hvd.init()
@@ -144,7 +144,7 @@ class Recorder(tf.keras.callbacks.Callback):
         self.opt, self.comp, self.seen, self.got, self.batches = opt, comp, 0, [], []
 
     def on_train_batch_end(self, batch, logs=None):
-        ad = self.comp._adapters.get("tensorflow")
+        ad = self.comp.adapters.get("tensorflow")
         steps = {k: int(v.numpy()) for k, v in ad.steps.items()} if ad else {}
         self.batches.append((steps, {k: v["payload_bytes"] for k, v in self.comp.stats.per_tensor().items()}))
         n = int(self.opt.applied.numpy()) if hasattr(self.opt, "applied") else 0
@@ -383,7 +383,7 @@ def test_tape_schedule_switches_at_the_communication_step(which):
     table, the aggregates (error feedback carried across phases) equal the reference, and
     the step variables agree across ranks."""
     sched, got, seen = sched_run(which)
-    ad = sched._adapters["tensorflow"]
+    ad = sched.adapters["tensorflow"]
     counters = everyone([int(ad.steps[k + ":0"].numpy()) for k in sorted(SCHED_SPECS)], name=f"tf.sched.{which}")
     table = phase_table(sched)
     for spec, shape in SCHED_SPECS.items():
@@ -463,7 +463,7 @@ def dgc_reference(comp, spec, shape, key, steps, bpps=1):
 
 
 def _check_dgc(comp, got, keys, steps, bpps):
-    ad = comp._adapters["tensorflow"]
+    ad = comp.adapters["tensorflow"]
     for spec, shape in DGC_SPECS.items():
         key = keys[spec]
         agg, u, v = dgc_reference(comp, spec, shape, key, steps, bpps)
@@ -528,7 +528,7 @@ def test_keras_policy_with_dgc_schedule_plain_sgd_trains_and_replicas_identical(
     hist = model.fit(X[mine], Y[mine], batch_size=16, epochs=5, shuffle=False, verbose=0,
                      callbacks=[hvdk.callbacks.BroadcastGlobalVariablesCallback(0)])
     _replicas_identical(model, "keras_dgc_schedule")
-    ad = pol._adapters["tensorflow"]
+    ad = pol.adapters["tensorflow"]
     assert {k: int(v.numpy()) for k, v in ad.steps.items()} == {v.name: 15 for v in model.trainable_variables}
     assert set(ad.memories["momentum"]) == {"dgcfit_fc1/kernel:0", "dgcfit_out/kernel:0"}
     losses = hist.history["loss"]
@@ -547,7 +547,7 @@ def test_keras_accumulation_error_feedback_once_per_communication():
     tag = f"kacc_{int(average_aggregated)}"
     got, rec, keys = keras_run(comp, SCHED_SPECS, tag, steps=3, bpps=2,
                                average_aggregated_gradients=average_aggregated)
-    ad = comp._adapters["tensorflow"]
+    ad = comp.adapters["tensorflow"]
     assert len(got) == 3
     for spec, shape in SCHED_SPECS.items():
         sim, _ = ref_simulate(comp, spec, shape, list(range(SIZE)), steps=3, bpps=2)

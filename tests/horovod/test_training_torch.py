@@ -34,7 +34,7 @@ from compression_cases import simulate as ref_simulate
 
 import hvd_compress as hc
 from hvd_compress import Policy, Rule, Schedule
-from hvd_compress.compressor import stable_hash
+from hvd_compress.naming import stable_hash
 from hvd_compress.torch_adapter import TorchAdapter
 from torch_params import Params
 
@@ -271,7 +271,7 @@ def test_schedule_switches_at_the_communication_step(which, bpps):
         seen.append({k: (v["scheme"], v["payload_bytes"]) for k, v in st.items()})
 
     got = run_injected(sched, SCHED_SPECS, steps=steps, bpps=bpps, on_step=record)
-    ad = sched._adapters["torch"]
+    ad = sched.adapters["torch"]
     counters = everyone([ad.steps[k] for k in sorted(SCHED_SPECS)], name=f"sched.steps.{which}.{bpps}")
     table = phase_table(sched)
     for spec, shape in SCHED_SPECS.items():
@@ -304,7 +304,7 @@ def test_schedule_counts_communications_of_unused_parameters_too():
         opt.synchronize()
         schemes.append({k: v["scheme"] for k, v in sched.stats.per_tensor().items()})
     # Horovod still communicates 'late' every step (a zero gradient when it was not used)
-    assert sched._adapters["torch"].steps == {"early": 6, "late": 6}
+    assert sched.adapters["torch"].steps == {"early": 6, "late": 6}
     assert schemes[-1] == {"early": "TopK", "late": "TopK"}
 
 
@@ -316,7 +316,7 @@ def test_schedule_into_dgc_starts_and_carries_the_velocity():
     sched = Schedule([(0, hc.none()), (2, hc.DGC(0.25, momentum=0.9)), (4, hc.DGC(0.05, momentum=0.9))])
     steps = 6
     got = run_injected(sched, SCHED_SPECS, steps=steps)
-    ad = sched._adapters["torch"]
+    ad = sched.adapters["torch"]
     for spec, shape in SCHED_SPECS.items():
         draws = torch_uniform_fn(sched, spec)
         per_rank = [local_grads(spec, shape, r, steps) for r in range(SIZE)]
@@ -404,8 +404,8 @@ def test_policy_with_dgc_schedule_trains_and_replicas_stay_identical():
     assert {k: v["scheme"] for k, v in stats.items()} == {"0.weight": "DGC", "0.bias": "NoCompression",
                                                           "2.weight": "DGC", "2.bias": "NoCompression"}
     assert all(v["calls"] == 15 for v in stats.values()), stats
-    assert pol._adapters["torch"].steps == {k: 15 for k in stats}
-    assert set(pol._adapters["torch"].memories["momentum"]) == {"0.weight", "2.weight"}
+    assert pol.adapters["torch"].steps == {k: 15 for k in stats}
+    assert set(pol.adapters["torch"].memories["momentum"]) == {"0.weight", "2.weight"}
     for r in range(SIZE):
         assert torch.equal(reps[r], reps[0]), f"replica {r} differs"
     assert after < 0.8 * before, f"loss {before:.4f} -> {after:.4f}"
@@ -455,7 +455,7 @@ def test_dgc_corrections_aggregate_matches_reference(bpps):
     comp = hc.DGC(0.05, momentum=0.9, clip_norm=40.0 if bpps == 1 else 56.0)  # sums of 2: ||g|| x sqrt(2)
     steps = 4
     got = run_injected(comp, DGC_SPECS, steps=steps, bpps=bpps)
-    ad = comp._adapters["torch"]
+    ad = comp.adapters["torch"]
     for spec, shape in DGC_SPECS.items():
         agg, u, v = dgc_reference(comp, spec, shape, steps, bpps)
         for step in range(steps):
@@ -484,7 +484,7 @@ def test_dgc_with_plain_sgd_trains_and_replicas_identical():
     for r in range(SIZE):
         assert torch.equal(reps[r], reps[0]), f"replica {r} differs"
     assert after < 0.7 * before, f"loss {before:.4f} -> {after:.4f}"
-    mom = comp._adapters["torch"].memories["momentum"]
+    mom = comp.adapters["torch"].memories["momentum"]
     assert set(mom) == {n for n, _ in model.named_parameters()}
     assert any(float(m.abs().sum()) > 0 for m in mom.values())
 
@@ -498,7 +498,7 @@ def test_accumulation_compresses_once_per_communication(op):
     comp = hc.TopK(0.05)
     steps = 3
     got = run_injected(comp, SCHED_SPECS, steps=steps, bpps=2, op=hvd.Sum if op == "sum" else hvd.Average)
-    ad = comp._adapters["torch"]
+    ad = comp.adapters["torch"]
     for spec, shape in SCHED_SPECS.items():
         sim, _ = ref_simulate(comp, spec, shape, list(range(SIZE)), steps=steps, bpps=2, op=op)
         for step in range(steps):
@@ -612,7 +612,7 @@ def test_load_state_dict_of_another_configuration_is_refused(saved, loading):
     other = loading()
     with pytest.raises(ValueError, match="different configuration"):
         other.load_state_dict(state)
-    assert other._adapters == {} or all(not ad.steps for ad in other._adapters.values())
+    assert other.adapters == {} or all(not ad.steps for ad in other.adapters.values())
     saved().load_state_dict(state)  # the same configuration loads
 
 

@@ -41,7 +41,8 @@ import reference as ref  # noqa: E402  (tests/reference.py)
 import two_phase_reference as tpr  # noqa: E402  (tests/two_phase_reference.py)
 
 import hvd_compress  # noqa: E402
-from hvd_compress.compressor import Compressor, stable_hash  # noqa: E402
+from hvd_compress.compressor import Compressor  # noqa: E402
+from hvd_compress.naming import stable_hash  # noqa: E402
 from hvd_compress.schemes import DGC, Int8, RandomK, Threshold, TopK  # noqa: E402
 from hvd_compress.tf_adapter import TFAdapter  # noqa: E402
 
@@ -106,7 +107,7 @@ class Result:
         self.got = []
 
     def residuals(self):
-        return {k: v.numpy().copy() for k, v in self.comp._adapters["tensorflow"].residuals.items()}
+        return {k: v.numpy().copy() for k, v in self.comp.adapters["tensorflow"].residuals.items()}
 
 
 class AlltoallSpy:

@@ -33,7 +33,8 @@ import reference as ref  # noqa: E402  (tests/reference.py)
 import two_phase_reference as tpr  # noqa: E402  (tests/two_phase_reference.py)
 
 import hvd_compress  # noqa: E402
-from hvd_compress.compressor import Compressor, stable_hash  # noqa: E402
+from hvd_compress.compressor import Compressor  # noqa: E402
+from hvd_compress.naming import stable_hash  # noqa: E402
 from hvd_compress.schemes import DGC, FP16, Int8, PowerSGD, RandomK, Threshold, TopK  # noqa: E402
 from hvd_compress.torch_adapter import TorchAdapter  # noqa: E402
 from torch_params import Params  # noqa: E402
@@ -150,7 +151,7 @@ def cached_run(sid, ef=None, op="average"):
 
 
 def residuals_of(comp):
-    return {k: v.numpy().copy() for k, v in comp._adapters["torch"].residuals.items()}
+    return {k: v.numpy().copy() for k, v in comp.adapters["torch"].residuals.items()}
 
 
 # --- numerical agreement ----------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The planner of hvd_compress.Auto (hvd_compress/auto.py): pure numbers in,
+"""The planner of hvd_compress.Auto (hvd_compress/auto/planner.py): pure numbers in,
 per-tensor choices out.  Codec costs here are fixed numbers, so each test
 knows what the cost model must pick."""
 from __future__ import annotations
@@ -172,7 +172,7 @@ def test_tensorflow_plan_is_a_run_time_mode_switch():
     """In TF the traced graph holds every mode; the mode variable picks one
     per step: none, the one-step flush, each lossy candidate with feedback."""
     pytest.importorskip("tensorflow")
-    from hvd_compress import auto_tf
+    from hvd_compress.auto import tf as auto_tf
     auto = hvd_compress.Auto(exclude=("FP16",))
     auto._framework = "tensorflow"
     phases = auto.plan_for("w", 4096, (64, 64))
@@ -189,7 +189,7 @@ def test_tensorflow_plan_is_a_run_time_mode_switch():
 
 def test_tensorflow_check_steps():
     tf = pytest.importorskip("tensorflow")
-    from hvd_compress.auto_tf import is_check_step
+    from hvd_compress.auto.tf import is_check_step
 
     def checks(cal, every):
         return [s for s in range(1, 15) if bool(is_check_step(tf.constant(s, tf.int64), cal, every))]
@@ -199,7 +199,7 @@ def test_tensorflow_check_steps():
 def test_tensorflow_codec_timing():
     """In-graph cost per tensor, call overhead subtracted: finite, non-negative, None where not timed."""
     pytest.importorskip("tensorflow")
-    from hvd_compress import auto_tf
+    from hvd_compress.auto import tf as auto_tf
     from hvd_compress.schemes import NoCompression, PowerSGD, TopK
     got = auto_tf.codec_seconds([NoCompression(), None, TopK(0.1), PowerSGD(2)], 4096, (64, 64), 2)
     assert got[1] is None and all(0.0 <= t < 1.0 for t in got[:1] + got[2:]), got
@@ -238,7 +238,8 @@ def test_phases_carry_the_residual_and_flush_it_once():
 def test_auto_refuses_a_process_set_other_than_the_global_one(monkeypatch):
     from types import SimpleNamespace
 
-    from hvd_compress import auto_compressor, horovod_compat
+    from hvd_compress import horovod_compat
+    from hvd_compress.auto import compressor as auto_compressor
 
     def caller_on(ps_id):
         return lambda: SimpleNamespace(optimizer=object(), process_set=SimpleNamespace(process_set_id=ps_id))

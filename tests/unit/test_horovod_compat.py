@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from hvd_compress import horovod_compat
-from hvd_compress.compressor import collective_name
+from hvd_compress.naming import collective_name
 
 NAMES = st.lists(st.sampled_from(["Variable:0", "Variable_0", "a/b:0", "a_b:0", "dense/kernel:0", "x"]),
                  max_size=12)

@@ -292,7 +292,7 @@ def _flow(spec, monkeypatch, fused, steps=3, n=20_000, owned=True):
     from hvd_compress.tools.bench.local import local_compressor
     monkeypatch.setenv("HVDC_KERNELS", "1" if fused else "0")
     comp = local_compressor(eval("hc." + spec, {"hc": hc, "Int8": hc.schemes.Int8}), "torch")
-    adapter = comp._adapters["torch"]
+    adapter = comp.adapters["torch"]
     if not owned:  # a direct hvd.allreduce(t, compression=...): the caller keeps t
         info = adapter.caller_info
 

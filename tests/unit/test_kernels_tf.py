@@ -237,7 +237,7 @@ def test_adapter_flow_fused_equals_eager(spec, monkeypatch):
             out, ctx = comp.compress(g)
             return comp.decompress(out, ctx)
         outs = [step(g).numpy() for g in grads]
-        adapter = comp._adapters["tensorflow"]
+        adapter = comp.adapters["tensorflow"]
         residual = adapter.residual_variable(BENCH_KEY)  # None without error feedback
         velocity = adapter.params.of(BENCH_KEY).get_memory("momentum")  # None without a momentum
         results[kernels] = (outs, None if residual is None else residual.numpy(),
@@ -296,7 +296,7 @@ def test_non_finite_values_never_reach_the_residual(name):
 def test_auto_times_what_the_step_runs(scheme, fused, kernels, monkeypatch):
     """Auto's TF codec timing (calibration) runs the fused ops where the
     transports would use them, and the eager scheme code elsewhere."""
-    from hvd_compress import auto_tf
+    from hvd_compress.auto import tf as auto_tf
     from hvd_compress.backend import backend_for
     monkeypatch.setenv("HVDC_KERNELS", kernels)
     n, shape = 64 * 64, (64, 64)

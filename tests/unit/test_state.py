@@ -77,5 +77,5 @@ def test_adapter_views_read_and_write_the_states():
     assert adapter.params["a"].residual.tolist() == [3.0, 0.0]
     assert set(adapter.memories) == {"momentum"} and set(adapter.memories["momentum"]) == {"a"}
     comp = hvd_compress.TopK(0.5)
-    comp._adapters["torch"] = adapter
+    comp.use_adapter("torch", adapter)
     assert set(comp.state_dict()["torch"]) == {"residual/a", "memory/momentum/a"}

@@ -29,7 +29,7 @@ def run(make, grads, size):
     comps = [make() for _ in range(size)]
     adapters = [InProcessAdapter(world, r) for r in range(size)]
     for comp, adapter in zip(comps, adapters):
-        comp._adapters["torch"] = adapter
+        comp.use_adapter("torch", adapter)
     out = []
     for step_grads in grads:
         world.posted.clear()
@@ -79,7 +79,7 @@ def test_pendings_are_typed_and_hold_no_untyped_bags(make, shape, pending_type):
     fields: no string-keyed ``local`` dict, no handle names with prefixes."""
     world = World(2)
     comp = make()
-    comp._adapters["torch"] = InProcessAdapter(world, 0)
+    comp.use_adapter("torch", InProcessAdapter(world, 0))
     _, pending = comp.compress(torch.zeros(shape))
     assert type(pending).__name__ == pending_type and isinstance(pending, Pending)
     names = {f.name for f in dataclasses.fields(pending)}

@@ -18,7 +18,7 @@ import reference as R
 import two_phase_reference as T
 from in_process_world import InProcessAdapter, World
 import hvd_compress
-from hvd_compress.compressor import stable_hash
+from hvd_compress.naming import stable_hash
 from hvd_compress.torch_adapter import TorchAdapter
 
 SUM_SCHEMES = ["Int8", "Int8-block64", "EFSignSGD", "OneBit", "TopK", "TopK-Int8", "BF16", "QSGD16", "TernGrad"]
@@ -109,8 +109,8 @@ def emulate(sid, size, shape, steps, key="w"):
     comps = [T.make_compressor(hvd_compress, sid, transport="two_phase") for _ in range(size)]
     adapters = []
     for rank, comp in enumerate(comps):
-        comp._adapters["torch"] = InProcessAdapter(world, rank, key)
-        adapters.append(comp._adapters["torch"])
+        comp.use_adapter("torch", InProcessAdapter(world, rank, key))
+        adapters.append(comp.adapters["torch"])
     out = []
     for step in range(steps):
         world.posted.clear()
@@ -156,7 +156,7 @@ def test_library_two_phase_matches_the_reference_in_process(sid, shape, size):
     if comps[0].error_feedback:
         mag = max(float(np.abs(g).max()) for st in grads for g in st)
         for r, comp in enumerate(comps):
-            res = comp._adapters["torch"].residuals
+            res = comp.adapters["torch"].residuals
             np.testing.assert_allclose(res["w"].numpy(), sim.r1[r], **T.residual_tolerance(sid, mag))
             np.testing.assert_allclose(res["w#owned_chunk"].numpy(), sim.r2[r], **T.residual_tolerance(sid, size * mag))
             assert res["w"].numel() == n

@@ -54,5 +54,5 @@ def local_compressor(comp, framework: str):
         framework = "tensorflow"
     else:
         raise ValueError(f"unknown framework {framework!r}")
-    comp._adapters[framework] = _local_class(base)()
+    comp.use_adapter(framework, _local_class(base)())
     return comp

@@ -12,9 +12,9 @@ import time
 
 import torch
 
-from .auto import PlanMismatchError
-from .compressor import stable_hash
-from .schemes.base import EncodeContext
+from .planner import PlanMismatchError
+from ..naming import stable_hash
+from ..schemes.base import EncodeContext
 
 #: repetitions of each probe and codec timing; the minimum is kept (the
 #: usual estimator of a cost under noise from other processes)
@@ -44,8 +44,8 @@ def _codec_once(B, scheme, x, residual, shape, size, ctx, ws):
     workspace, kept across the timing rounds as across training steps)."""
     transport = scheme.transport_for(shape)
     if transport != "powersgd":
-        from .kernels.torch_cpu import codec_for
-        from .memory import ResidualMemory
+        from ..kernels.torch_cpu import codec_for
+        from ..memory import ResidualMemory
         codec = codec_for(scheme, None if residual is None else ResidualMemory(), x)
         if codec is not None:
             return _fused_codec_once(codec, transport, x, residual, size, ctx, ws)
@@ -97,7 +97,7 @@ def codec_seconds(schemes, numel, shape, size, seed=0):
     take turns, one warm-up round then :data:`REPEATS` rounds, and each keeps
     its minimum: a burst of load from another process then slows every
     scheme's round alike instead of one scheme's whole measurement."""
-    from .backend import backend_for
+    from ..backend import backend_for
     B = backend_for(torch.zeros(0))
     x, residual, ctx = _codec_inputs(numel, shape, size, seed)
     best = [float("inf")] * len(schemes)
@@ -146,7 +146,7 @@ def broadcast_indices(indices, version, process_set):
 
 def check_same_plan(labels, version, process_set):
     """Allgather a hash of the plan each rank is about to apply; raise
-    :class:`~hvd_compress.auto.PlanMismatchError` on every rank where any differs."""
+    :class:`~hvd_compress.auto.planner.PlanMismatchError` on every rank where any differs."""
     import horovod.torch as hvd
     mine = stable_hash(json.dumps(labels, sort_keys=True))
     hashes = hvd.allgather(torch.tensor([mine], dtype=torch.int64), name=f"hvdc.auto.plan_hash.{version}",

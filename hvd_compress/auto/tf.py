@@ -16,7 +16,7 @@ there cannot see the steps.  Instead, per tensor, the graph holds:
   tensors (they wait for their callback): blocking Horovod allreduces of the
   probe sizes, one allreduce of the measurements, rank 0's plan broadcast,
   an allgathered hash of the plan
-  (:class:`~hvd_compress.auto.PlanMismatchError` on every rank where any
+  (:class:`~hvd_compress.auto.planner.PlanMismatchError` on every rank where any
   differs).  Every callback returns its tensor's new mode; other steps read
   the mode variable.
 * for the first tensor, ``tf.timestamp()`` at each calibration step (the
@@ -39,12 +39,13 @@ from dataclasses import replace
 
 import tensorflow as tf
 
-from .auto import NONE_LABEL, PlanMismatchError
-from .compressor import Phase, stable_hash
-from .schemes.base import EncodeContext
-from .tf_adapter import TFAdapter, tf_checkpoint_slot
-from .transports import RESOLVED, ResolvedPending
-from .transports.base import pending_fields
+from .planner import NONE_LABEL, PlanMismatchError
+from ..compressor import Phase
+from ..naming import stable_hash
+from ..schemes.base import EncodeContext
+from ..tf_adapter import TFAdapter, tf_checkpoint_slot
+from ..transports import RESOLVED, ResolvedPending
+from ..transports.base import pending_fields
 
 #: repetitions of each probe and codec timing; the minimum is kept
 REPEATS = 3
@@ -87,7 +88,7 @@ def is_check_step(step, calibration_steps, recheck_every):
 
 def require_global_process_set(tensor):
     """As in PyTorch: Auto's collectives run on the global process set."""
-    from . import horovod_compat
+    from .. import horovod_compat
     ps = horovod_compat.find_tf_caller(tensor).process_set
     if ps is not None and getattr(ps, "process_set_id", 0) != 0:
         raise NotImplementedError(f"hvd_compress.Auto supports the global process set only; this optimizer "
@@ -157,9 +158,9 @@ def _codec_once(B, scheme, x, residual, shape, size, ctx, feedback):
 def _fused_or_eager_fn(B, scheme, numel, shape, size, feedback):
     """The timing function of what a step runs: the fused TF ops where the
     transports would use them (hvd_compress.kernels.tf_cpu), else the eager code."""
-    from .kernels import native
+    from ..kernels import native
     if native.enabled():
-        from .kernels.tf_cpu import timing_fn
+        from ..kernels.tf_cpu import timing_fn
         fn = timing_fn(scheme, feedback, numel, shape, size, INNER)
         if fn is not None:
             return fn
@@ -168,7 +169,7 @@ def _fused_or_eager_fn(B, scheme, numel, shape, size, feedback):
 
 def codec_seconds(schemes, numel, shape, size, seed=0):
     """Seconds per tensor of each scheme's work (None: not timed), as
-    ``auto_calibration.codec_seconds`` in PyTorch: the schemes take turns, one
+    ``calibration.codec_seconds`` in PyTorch: the schemes take turns, one
     warm-up round (which also compiles) then :data:`REPEATS` timed rounds,
     each keeping its minimum.  A call runs :data:`INNER` repetitions in one
     graph and the cost of an empty call is subtracted, so what is left is the
@@ -176,7 +177,7 @@ def codec_seconds(schemes, numel, shape, size, seed=0):
     ``none`` without feedback does no work beyond what every mode does (the
     gradient passes through): 0.0, not timed, where timing it would only
     add noise that can exceed the whole cost of a cast on a small tensor."""
-    from .backend import backend_for
+    from ..backend import backend_for
     B = backend_for(tf.zeros([0]))
     x = tf.random.stateless_normal([int(numel)], seed=[seed, 1])
     feedback = [s is not None and s.name != "NoCompression" for s in schemes]
@@ -204,7 +205,7 @@ def time_codecs(auto, key, size):
     (nothing to time where the Auto has fixed ``codec_costs``).
     Timing them later, inside the host callback of a running step, would
     need the step's own executor threads and can deadlock."""
-    from .auto import applies
+    from .planner import applies
     numel, shape = auto.tensors[key]
     if auto.codec_costs is None and shape not in auto._tf_codec_local:
         with tf.init_scope():
@@ -241,7 +242,7 @@ def check_same_plan(labels, version, process_set):
 
 
 class Calibration:
-    """What ``Auto._decide`` calls, in TensorFlow (``auto_calibration`` in PyTorch)."""
+    """What ``Auto._decide`` calls, in TensorFlow (:mod:`hvd_compress.auto.calibration` in PyTorch)."""
 
     world = staticmethod(world)
     probe_link = staticmethod(lambda *a: probe_link(*a))  # looked up at call time: tests replace it
@@ -261,7 +262,7 @@ class Calibration:
 def sync_plan(auto):
     """Load the plan from the TF variable where it differs from the one this
     object last wrote or read (a restored ``tf.train.Checkpoint``)."""
-    adapter = auto._adapters.get("tensorflow")
+    adapter = auto.adapters.get("tensorflow")
     if adapter is None:
         return
     saved = adapter.plan_var.numpy().decode()
@@ -272,7 +273,7 @@ def sync_plan(auto):
 
 def publish_plan(auto):
     """Write the plan to the TF variable (checkpointed with the residuals)."""
-    adapter = auto._adapters.get("tensorflow")
+    adapter = auto.adapters.get("tensorflow")
     if adapter is not None:
         auto._tf_plan_json = json.dumps(auto._plan_state())
         adapter.plan_var.assign(auto._tf_plan_json)
@@ -289,7 +290,7 @@ def decide_for(auto, key, step, previous):
             auto._tf_decided, auto._tf_error = step, None
             try:
                 sync_plan(auto)
-                adapter = auto._adapters["tensorflow"]
+                adapter = auto.adapters["tensorflow"]
                 auto._decide(step - 1, Calibration(auto), adapter.step_times())
                 publish_plan(auto)
             except Exception as err:  # noqa: BLE001 - kept, raised again below

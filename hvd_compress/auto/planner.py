@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
-from .schemes.base import Scheme, check_range
+from ..schemes.base import Scheme, check_range
 
 NONE_LABEL = "none"
 
@@ -109,7 +109,7 @@ def default_candidates(topk_ratios=(0.1, 0.01), min_topk_ratio=0.01, powersgd_ra
     slower), PowerSGD (2-D tensors only), and EF-SignSGD only with
     ``include_sign=True`` (1 bit an element costs accuracy on many models;
     Karimireddy et al., "Error Feedback Fixes SignSGD", ICML 2019)."""
-    from .schemes import FP16, EFSignSGD, Int8, NoCompression, PowerSGD, TopK
+    from ..schemes import FP16, EFSignSGD, Int8, NoCompression, PowerSGD, TopK
     check_range("min_topk_ratio", min_topk_ratio, 0.0, 1.0)
     if not isinstance(topk_ratios, (list, tuple)):
         raise ValueError(f"topk_ratios must be a list of ratios in (0, 1]; got {topk_ratios!r}")

@@ -7,13 +7,13 @@ Life of an ``Auto``:
    tensor): dense, like ``none``, while the step time is measured.
 2. **Decide** at the first ``compress`` of the next step, on every rank:
    time blocking allreduces of ``probe_numels`` elements (fit of latency and
-   bandwidth, :func:`hvd_compress.auto.fit_link`) and each candidate's error
+   bandwidth, :func:`hvd_compress.auto.planner.fit_link`) and each candidate's error
    feedback + encode + decode on every distinct tensor shape; average the
    measurements over ranks (one allreduce); rank 0 plans
-   (:func:`hvd_compress.auto.plan`) and broadcasts candidate indices in sorted
+   (:func:`hvd_compress.auto.planner.plan`) and broadcasts candidate indices in sorted
    key order (one broadcast); every rank allgathers a hash of the plan it is
    about to apply and raises
-   :class:`~hvd_compress.auto.PlanMismatchError` on every rank where
+   :class:`~hvd_compress.auto.planner.PlanMismatchError` on every rank where
    they differ -- an error, never a hang.
 3. **Re-check** every ``recheck_every`` steps: re-probe the link (the codec
    costs are kept) and adopt rank 0's new plan where it is predicted more
@@ -26,7 +26,7 @@ So ``sum(sent) + residual == sum(gradients)`` holds across re-plans.
 A plan version is a phase, as in :class:`~hvd_compress.Schedule`: its side
 collectives are named ``<key>@<version>``.
 
-**TensorFlow** (:mod:`hvd_compress.auto_tf`): Horovod traces ``compress``
+**TensorFlow** (:mod:`hvd_compress.auto.tf`): Horovod traces ``compress``
 once, so the same life runs differently.  Each candidate's codec cost is
 timed at the first trace, eagerly, on random tensors of the real shapes
 (compiled, call overhead subtracted).  The traced graph holds every mode of
@@ -53,11 +53,11 @@ import threading
 import time
 from dataclasses import astuple
 
-from .auto import (NONE_LABEL, Choice, applies, check_codec_costs, default_candidates, fit_link,
-                   fixed_codec_seconds, format_plan, plan, predicted_total)
-from .compressor import Compressor, Phase
-from .memory import ResidualMemory
-from .schemes.base import check_range
+from .planner import (NONE_LABEL, Choice, applies, check_codec_costs, default_candidates, fit_link,
+                      fixed_codec_seconds, format_plan, plan, predicted_total)
+from ..compressor import Compressor, Phase
+from ..memory import ResidualMemory
+from ..schemes.base import check_range
 
 DEFAULT_PROBE_NUMELS = (1 << 10, 1 << 16, 1 << 20)
 
@@ -66,7 +66,7 @@ def require_global_process_set():
     """Auto's measurement and agreement collectives run on the global process
     set; an optimizer on a smaller set would leave them waiting for ranks
     that never call them, so refuse it (on every rank of that set)."""
-    from . import horovod_compat
+    from .. import horovod_compat
     caller = horovod_compat.find_torch_caller()
     ps = caller.process_set if caller.optimizer is not None else None
     if ps is not None and getattr(ps, "process_set_id", 0) != 0:
@@ -86,7 +86,7 @@ class Auto(Compressor):
             same reason.
         recheck_every: steps between re-checks of the link (0: never).
         topk_ratios, min_topk_ratio, powersgd_rank, include_sign: the
-            candidates (:func:`hvd_compress.auto.default_candidates`); raise
+            candidates (:func:`hvd_compress.auto.planner.default_candidates`); raise
             ``min_topk_ratio`` if accuracy suffers.
         min_gain: a compressed scheme must be predicted this much faster than
             ``none`` for a tensor (0.1 = 10%).
@@ -114,9 +114,9 @@ class Auto(Compressor):
                  min_topk_ratio=0.01, powersgd_rank=4, include_sign=False, min_gain=0.1, replan_threshold=0.1,
                  probe_numels=DEFAULT_PROBE_NUMELS, exclude=(), seed=0, momentum=0.0, nesterov=False,
                  codec_costs=None):
-        from .memory import MomentumMemory, momentum_memory
-        from .policy import Rule
-        from .schemes import NoCompression
+        from ..memory import MomentumMemory, momentum_memory
+        from ..policy import Rule
+        from ..schemes import NoCompression
         self.rules = list(rules)
         for r in self.rules:
             if not isinstance(r, Rule):
@@ -162,7 +162,7 @@ class Auto(Compressor):
 
     # --- Horovod's interface ----------------------------------------------------------
     def compress(self, tensor):
-        from .backend import backend_for
+        from ..backend import backend_for
         name = backend_for(tensor).name
         if self._framework not in (None, name):
             raise ValueError(f"hvd_compress.Auto: one Auto serves one framework; this one runs in "
@@ -171,7 +171,7 @@ class Auto(Compressor):
         if not self._process_set_checked:
             self._process_set_checked = True
             if name == "tensorflow":
-                from .auto_tf import require_global_process_set as require_global_tf
+                from .tf import require_global_process_set as require_global_tf
                 require_global_tf(tensor)
             else:
                 require_global_process_set()
@@ -184,7 +184,7 @@ class Auto(Compressor):
         shape = tuple(int(d) for d in shape)
         self.tensors.setdefault(key, (int(numel), shape))
         if self._framework == "tensorflow":  # traced: the mode is chosen when the step runs
-            from .auto_tf import modes
+            from .tf import modes
             return modes(self)
         calls = self._calls[key] = self._calls.get(key, 0) + 1
         if key == next(iter(self.tensors)) and calls <= self.calibration_steps + 1:
@@ -220,10 +220,10 @@ class Auto(Compressor):
     # --- deciding ---------------------------------------------------------------------
     def _decide(self, start, cal=None, step_times=None):
         """Measure, agree and (maybe) adopt a plan; the same steps on every rank.
-        ``cal``: the framework's measurements (default ``auto_calibration``,
+        ``cal``: the framework's measurements (default :mod:`hvd_compress.auto.calibration`,
         PyTorch); ``step_times``: clock readings of the calibration steps."""
         if cal is None:
-            from . import auto_calibration as cal
+            from . import calibration as cal
         ps, size, rank = cal.world()
         version = len(self.history)
         keys = sorted(k for k in self.tensors if self._pinned(k) is None)
@@ -284,7 +284,7 @@ class Auto(Compressor):
         """The broadcast label with this rank's predictions of it."""
         if choice.label == label:
             return choice
-        from .auto import choose
+        from .planner import choose
         numel, shape = self.tensors[key]
         forced = [c for c in self.candidates if c.label in (NONE_LABEL, label)]
         got = choose(numel, shape, size, self.link, forced, {label: self.codec_s[key].get(label, 0.0),
@@ -322,8 +322,8 @@ class Auto(Compressor):
 
     def _sync_tf(self):
         """TF: take up a plan restored into the checkpointed variable."""
-        if "tensorflow" in self._adapters:
-            from .auto_tf import sync_plan
+        if "tensorflow" in self.adapters:
+            from .tf import sync_plan
             sync_plan(self)
 
     def state_dict(self):
@@ -345,13 +345,13 @@ class Auto(Compressor):
         self._reset_plan()
         if saved is not None:
             self._load_plan(saved)
-        if "tensorflow" in self._adapters:
-            from .auto_tf import publish_plan
+        if "tensorflow" in self.adapters:
+            from .tf import publish_plan
             publish_plan(self)
 
     def _load_plan(self, saved):
         """The Python side of the plan from :meth:`_plan_state`'s output."""
-        from .auto import Link
+        from .planner import Link
         self.tensors = {k: (n, tuple(s)) for k, (n, s) in saved["tensors"].items()}
         self._calls, self._next_check = dict(saved["calls"]), saved["next_check"]
         self.step_s, self.codec_s = saved["step_s"], saved["codec_s"]
@@ -370,11 +370,11 @@ class Auto(Compressor):
             raise NotImplementedError("hvd_compress.Auto under elastic Horovod is supported in PyTorch only")
         self._reset_plan()
 
-    def _adapter_by_name(self, name):
-        if name == "tensorflow" and name not in self._adapters:
-            from .auto_tf import AutoTFAdapter
-            self._adapters[name] = AutoTFAdapter()
-        return super()._adapter_by_name(name)
+    def _new_adapter(self, framework):
+        if framework == "tensorflow":
+            from .tf import AutoTFAdapter
+            return AutoTFAdapter()
+        return super()._new_adapter(framework)
 
     def __repr__(self):
         return f"Auto(candidates={[c.label for c in self.candidates]}, rules={self.rules!r})"
