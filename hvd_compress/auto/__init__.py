@@ -15,8 +15,10 @@ The planner's public names are also importable from here
 (``from hvd_compress.auto import plan, fit_link, Link``).
 """
 from .compressor import Auto
-from .planner import (NONE_LABEL, Candidate, Choice, Link, PlanMismatchError, applies, choose, comm_time,
-                      default_candidates, fit_link, format_plan, plan, predict_comm, predicted_total)
+from .planner import (NONE_LABEL, Candidate, Choice, Link, PlanMismatchError, applies, check_codec_costs, choose,
+                      comm_time, default_candidates, fit_link, fixed_codec_seconds, format_plan, plan, predict_comm,
+                      predicted_total)
 
-__all__ = ["Auto", "NONE_LABEL", "Candidate", "Choice", "Link", "PlanMismatchError", "applies", "choose", "comm_time",
-           "default_candidates", "fit_link", "format_plan", "plan", "predict_comm", "predicted_total"]
+__all__ = ["Auto", "NONE_LABEL", "Candidate", "Choice", "Link", "PlanMismatchError", "applies", "check_codec_costs",
+           "choose", "comm_time", "default_candidates", "fit_link", "fixed_codec_seconds", "format_plan", "plan",
+           "predict_comm", "predicted_total"]
