@@ -168,7 +168,7 @@ class ElasticCompression:
 
     # --- the adapters that hold state ----------------------------------------------------
     def _adapters(self):
-        return list(self.compression._adapters.values())
+        return list(self.compression.adapters.values())
 
     # --- commit -------------------------------------------------------------------
     def share_mass(self):
@@ -217,9 +217,9 @@ class ElasticCompression:
     def sync(self):
         """Rank 0's step counters to every rank (run by survivors and joiners alike)."""
         mine = {}
-        for name, adapter in sorted(self.compression._adapters.items()):
+        for name, adapter in sorted(self.compression.adapters.items()):
             mine[name] = adapter.step_counts()
         agreed = self.ops.broadcast_object(mine, STEPS_COLLECTIVE)
         for name in sorted(set(agreed) | set(mine)):
-            self.compression._adapter_by_name(name).set_step_counts(agreed.get(name, {}))
+            self.compression.adapter_for(name).set_step_counts(agreed.get(name, {}))
         self._world = self.ops.rank_and_size()

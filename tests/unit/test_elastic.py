@@ -62,7 +62,7 @@ def test_fold_keeps_conservation_when_a_rank_leaves_and_one_joins(make, numel):
     comps = [make() for _ in range(3)]
     adapters = [InProcessAdapter(world, r) for r in range(3)]
     for comp, adapter in zip(comps, adapters):
-        comp._adapters["torch"] = adapter
+        comp.use_adapter("torch", adapter)
     applied = _steps(comps, adapters, world, [0, 1, 2], 0, 4, numel, grad_sum)
     assert all(a.params["w"].owned_chunk_residual is not None for a in adapters)
     # the departed rank's residual at the change, folded as its mass was reported
@@ -87,11 +87,11 @@ def test_fold_keeps_conservation_when_a_rank_leaves_and_one_joins(make, numel):
         adapters[rank].fold_owned_chunks(rank, 2)
     world3 = World(3)
     joiner = make()
-    joiner._adapters["torch"] = InProcessAdapter(world3, 2)
+    joiner.use_adapter("torch", InProcessAdapter(world3, 2))
     for rank in (0, 1):
         adapters[rank].world = world3
     members = [comps[0], comps[1], joiner]
-    member_adapters = [c._adapters["torch"] for c in members]
+    member_adapters = [c.adapters["torch"] for c in members]
     applied += _steps(members, member_adapters, world3, [0, 1, 3], 7, 3, numel, grad_sum)
 
     kept = sum(_folded(a, r, 3) for r, a in enumerate(member_adapters))
@@ -118,7 +118,7 @@ def test_residual_mass_counts_nonzero_residuals_and_owned_chunks():
     world = World(2)
     comp = hvd_compress.TopK(0.2, transport="two_phase")
     adapter = InProcessAdapter(world, 0)
-    comp._adapters["torch"] = adapter
+    comp.use_adapter("torch", adapter)
     adapter.params.of("a").residual = torch.tensor([3.0, 0.0, 0.0, 0.0])
     adapter.params.of("a").owned_chunk_residual = torch.tensor([0.0, 4.0])
     adapter.params.of("b").residual = torch.zeros(3)

@@ -30,14 +30,14 @@ def run(make, grads, kernels, monkeypatch, shape):
     world = World(size)
     comps = [make() for _ in range(size)]
     for r, comp in enumerate(comps):
-        comp._adapters["torch"] = InProcessAdapter(world, r)
+        comp.use_adapter("torch", InProcessAdapter(world, r))
     steps = []
     for step_grads in grads:
         world.posted.clear()
         started = [comp.compress(torch.from_numpy(g.copy()).reshape(shape)) for comp, g in zip(comps, step_grads)]
         for comp, (_, pending) in zip(comps, started):
             if isinstance(pending, TwoRoundPending):
-                comp._adapters["torch"].launch_second_rounds(pending)
+                comp.adapters["torch"].launch_second_rounds(pending)
         reduced = sum(t for t, _ in started) / size
         got = [comp.decompress(reduced.clone(), pending).numpy().copy() for comp, (_, pending) in zip(comps, started)]
         wire = {name[-1]: t[0].numpy().copy() for (kind, name), t in world.posted.items()}
@@ -120,7 +120,7 @@ def test_first_q_is_the_seeded_start(monkeypatch):
     seeded starting Q, laid out for the codec (its transpose contiguous)."""
     monkeypatch.setenv("HVDC_KERNELS", "1")
     comp = Compressor(schemes.PowerSGD(3), error_feedback=True)
-    comp._adapters["torch"] = adapter = InProcessAdapter(World(1), 0)
+    adapter = comp.use_adapter("torch", InProcessAdapter(World(1), 0))
     _, pending = comp.compress(torch.ones(40, 30))
     q = adapter.params.of("w").scheme["Q"]
     expected = starting_q(adapter.B, pending.q_seed, (30, 3), torch.zeros(1))
@@ -141,7 +141,7 @@ def test_buffers_are_reused_and_the_result_written_into_the_gradient(monkeypatch
         out, ctx = comp.compress(grad)
         dense = comp.decompress(out, ctx)
         assert dense.data_ptr() == grad.data_ptr()
-        state = comp._adapters["torch"].params.of(BENCH_KEY)
+        state = comp.adapters["torch"].params.of(BENCH_KEY)
         seen.append({"residual": state.residual.data_ptr(), "Q": state.scheme["Q"].data_ptr(),
                      **{k: v.data_ptr() for k, v in state.workspace.items()}})
     assert seen[1] == seen[2] and {"lowrank.P", "lowrank.Q", "lowrank.Qt_local"} <= set(seen[2])
