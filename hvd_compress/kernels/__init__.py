@@ -10,7 +10,12 @@ two passes, in place, into buffers kept per parameter
 
 * :mod:`.native` -- the C source ``hvdc_kernels.c``, compiled once per machine
   with the system C compiler into a cache directory and loaded with ctypes
-  (no Python extension ABI: one shared object serves every framework);
+  (no Python extension ABI: one shared object serves every framework); its
+  exported functions and their enums are declared once, in ``hvdc_kernels.h``
+  (mirrored by :mod:`.constants`), and its vector loops are written once over
+  the layer of ``hvdc_simd.h``;
+* :mod:`.plan` -- the Top-K plans, the index codes' numbers and the size
+  limits, framework-free, shared by both codecs and the eager backends;
 * :mod:`.torch_cpu` -- the fused codecs for PyTorch CPU tensors;
 * :mod:`.tf_native` / :mod:`.tf_cpu` -- the same C kernels linked into a
   TensorFlow op library (``hvdc_tf_ops.cc``, built once per machine with

@@ -9,65 +9,46 @@
  * the last bits.
  *
  * The exported functions, their conventions and the enums they take are declared
- * once, in hvdc_kernels.h.  Single-threaded: one Horovod rank per core is the common CPU layout, and
- * the passes are bound by memory bandwidth, not arithmetic.
+ * once, in hvdc_kernels.h.  Each vector loop is written once, over the vector layer of
+ * hvdc_simd.h (AVX-512, AVX2 or plain C, chosen at compile time): a kernel's step is
+ * an inline function of (position, lane count), run over whole vectors and then once
+ * over the last, partial one.  Single-threaded: one Horovod rank per core is the common
+ * CPU layout, and the passes are bound by memory bandwidth, not arithmetic.
+ * Timings of the choices made here: docs/design/kernels.md.
  */
 #include "hvdc_kernels.h"
+#include "hvdc_simd.h"
 
 #include <math.h>
 #include <stdint.h>
-#if defined(__AVX512F__) || defined(__AVX2__)
-#include <immintrin.h>
-#endif
 #include <stdlib.h>
 #include <string.h>
 
-static inline int is_finite(float v) { return (v - v) == 0.0f; }  /* false for NaN and +-Inf */
-static inline float keep_finite(float v) { return is_finite(v) ? v : 0.0f; }
-static inline float clamp127(float v) { return v < -127.0f ? -127.0f : (v > 127.0f ? 127.0f : v); }
-
 /* ---- compensation -------------------------------------------------------- */
 
-/* acc = x + r, written into r; returns nothing.  Used by the schemes whose
- * scale needs the whole accumulated tensor before anything can be sent. */
+/* one step of compensate_l1: acc = x + r into r (with r); part + |acc| */
+HVDC_INLINE vf l1_step(const float *x, float *r, i64 i, int len, vf part) {
+    vf a = vload_n(x + i, len);
+    if (r) {
+        a = vadd(a, vload_n(r + i, len));
+        vstore_n(r + i, a, len);
+    }
+    return vadd(part, vabs(a));
+}
+
+/* acc = x + r, written into r (with r); returns sum |acc| if want_l1.  Used by the
+ * schemes whose scale needs the whole accumulated tensor before anything can be sent.
+ * Float lanes are summed over 4096 elements at a time, each block's sum added in
+ * double: one double accumulator would be a serial chain of adds. */
 static double compensate_l1(const float *x, float *r, i64 n, int want_l1) {
     double l1 = 0.0;
-    i64 i = 0;
     if (!r && !want_l1) return 0.0;
-#if defined(__AVX512F__)
-    /* float lanes summed over 4096 elements at a time, each block's sum added in double */
-    while (i + 16 <= n) {
-        __m512 part = _mm512_setzero_ps();
-        i64 end = i + 4096 <= n ? i + 4096 : n - (n - i) % 16;
-        for (; i < end; i += 16) {
-            __m512 a = _mm512_loadu_ps(x + i);
-            if (r) { a = _mm512_add_ps(a, _mm512_loadu_ps(r + i)); _mm512_storeu_ps(r + i, a); }
-            part = _mm512_add_ps(part, _mm512_abs_ps(a));
-        }
-        l1 += want_l1 ? (double)_mm512_reduce_add_ps(part) : 0.0;
-    }
-#else
-    /* The same blocks without AVX-512: eight float partial sums the compiler keeps in one
-     * vector register (AVX2 here), where one double accumulator is a serial chain of adds
-     * (4 cycles each: 5.6 ms of a 4M-element encode on this 3 GHz AMD EPYC). */
-    while (i + 8 <= n) {
-        float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        i64 end = i + 4096 <= n ? i + 4096 : n - (n - i) % 8;
-        if (r) {
-            for (; i < end; i += 8)
-                for (int k = 0; k < 8; k++) { float a = x[i + k] + r[i + k]; r[i + k] = a; part[k] += fabsf(a); }
-        } else {
-            for (; i < end; i += 8)
-                for (int k = 0; k < 8; k++) part[k] += fabsf(x[i + k]);
-        }
-        float block = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-        l1 += want_l1 ? (double)block : 0.0;
-    }
-#endif
-    for (; i < n; i++) {
-        float a = r ? x[i] + r[i] : x[i];
-        if (r) r[i] = a;
-        l1 += want_l1 ? fabsf(a) : 0.0f;
+    for (i64 lo = 0; lo < n; lo += 4096) {
+        i64 hi = lo + 4096 < n ? lo + 4096 : n, i = lo;
+        vf part = vzero();
+        for (; i + VW <= hi; i += VW) part = l1_step(x, r, i, VW, part);
+        if (i < hi) part = l1_step(x, r, i, (int)(hi - i), part);
+        l1 += want_l1 ? (double)vreduce_add(part) : 0.0;
     }
     return l1;
 }
@@ -88,88 +69,68 @@ void hvdc_momentum(const float *x, float *u, i64 n, float m, int nesterov, float
 
 /* ---- Int8: q = clip(rint(acc / scale), -127, 127), scale = max|acc| / 127 per block ---- */
 
-#if defined(__AVX512F__)
-static inline __m512 keep_finite16(__m512 e) {
-    __mmask16 fin = _mm512_cmp_ps_mask(_mm512_sub_ps(e, e), _mm512_setzero_ps(), _CMP_EQ_OQ);
-    return _mm512_maskz_mov_ps(fin, e);
+/* one step of pass 1 over a block: acc = x + r into r; the max |acc| so far, and the NaN lanes */
+HVDC_INLINE vf int8_amax_step(const float *x, float *r, i64 i, int len, vf amax, unsigned *nan) {
+    vf a = vload_n(x + i, len);
+    if (r) {
+        a = vadd(a, vload_n(r + i, len));
+        vstore_n(r + i, a, len);
+    }
+    *nan |= vbits(visnan(a));
+    return vmax(amax, vabs(a));
 }
-#endif
 
 /* pass 1 over one block: acc = x + r into r; returns max |acc|, NaN if any acc is NaN */
 static float int8_block_amax(const float *x, float *r, i64 lo, i64 hi) {
-    float amax = 0.0f; int nan = 0;
+    vf amax = vzero();
+    unsigned nan = 0;
     i64 i = lo;
-#if defined(__AVX512F__)
-    __m512 vmax = _mm512_setzero_ps();
-    __mmask16 vnan = 0;
-    for (; i + 16 <= hi; i += 16) {
-        __m512 a = _mm512_loadu_ps(x + i);
-        if (r) { a = _mm512_add_ps(a, _mm512_loadu_ps(r + i)); _mm512_storeu_ps(r + i, a); }
-        vnan |= _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
-        vmax = _mm512_max_ps(vmax, _mm512_abs_ps(a));
-    }
-    amax = _mm512_reduce_max_ps(vmax);
-    nan = vnan != 0;
-#endif
-    for (; i < hi; i++) {
-        float a = r ? x[i] + r[i] : x[i];
-        if (r) r[i] = a;
-        float m = fabsf(a);
-        amax = m > amax ? m : amax;
-        nan |= (a != a);
-    }
-    return nan ? NAN : amax;
+    for (; i + VW <= hi; i += VW) amax = int8_amax_step(x, r, i, VW, amax, &nan);
+    if (i < hi) amax = int8_amax_step(x, r, i, (int)(hi - i), amax, &nan);
+    return nan ? NAN : vreduce_max(amax);
+}
+
+/* one step of pass 2: q = clip(rint(acc / scale)) (NaN -> 0, as torch's cast gives);
+ * r = acc - q * scale.  vmax / vmin return their second operand where one is NaN: a
+ * NaN stays NaN through the clip, as in torch.clamp. */
+HVDC_INLINE void int8_quantize_step(const float *acc, float *r, i64 i, int len, vf vs, int8_t *q) {
+    const vf lo127 = vset1(-127.0f), hi127 = vset1(127.0f);
+    vf a = vload_n(acc + i, len);
+    vf v = vmin(hi127, vmax(lo127, vround_even(vdiv(a, vs))));
+    vstore_i8_n(q + i, vselect(visnan(v), vzero(), v), len);
+    if (r) vstore_n(r + i, vkeep_finite(vsub(a, vmul(v, vs))), len);
 }
 
 /* pass 2 over one block: q = clip(rint(acc / scale)); r = acc - q * scale */
 static void int8_block_quantize(const float *acc, float *r, i64 lo, i64 hi, float scale, int8_t *q) {
+    const vf vs = vset1(scale);
     i64 i = lo;
-#if defined(__AVX512F__)
-    const __m512 vs = _mm512_set1_ps(scale), lo127 = _mm512_set1_ps(-127.0f), hi127 = _mm512_set1_ps(127.0f);
-    for (; i + 16 <= hi; i += 16) {
-        __m512 a = _mm512_loadu_ps(acc + i);
-        __m512 v = _mm512_roundscale_ps(_mm512_div_ps(a, vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        /* max/min return their second operand when one is NaN: a NaN v stays NaN, as in torch.clamp */
-        v = _mm512_min_ps(hi127, _mm512_max_ps(lo127, v));
-        __mmask16 ok = _mm512_cmp_ps_mask(v, v, _CMP_ORD_Q);
-        _mm_storeu_si128((__m128i *)(q + i), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_maskz_mov_ps(ok, v))));
-        if (r) _mm512_storeu_ps(r + i, keep_finite16(_mm512_sub_ps(a, _mm512_mul_ps(v, vs))));
-    }
-#endif
-    for (; i < hi; i++) {
-        float a = acc[i];
-        float v = clamp127(rintf(a / scale));
-        q[i] = (int8_t)(int)((v == v) ? v : 0.0f);  /* NaN -> 0, as torch's cast gives */
-        if (r) r[i] = keep_finite(a - v * scale);
-    }
+    for (; i + VW <= hi; i += VW) int8_quantize_step(acc, r, i, VW, vs, q);
+    if (i < hi) int8_quantize_step(acc, r, i, (int)(hi - i), vs, q);
 }
 
-void hvdc_int8_encode(const float *x, float *r, i64 n, i64 block, int8_t *q, float *scales) {
-    i64 nb = n ? (n + block - 1) / block : 1;
-    if (n == 0) { scales[0] = 1.0f; return; }
-    for (i64 b = 0; b < nb; b++) {
-        i64 lo = b * block, hi = lo + block < n ? lo + block : n;
-        float amax = int8_block_amax(x, r, lo, hi);
-        float scale = amax != amax ? NAN : (amax == 0.0f ? 1.0f : amax / 127.0f);
-        scales[b] = scale;
-        int8_block_quantize(r ? r : x, r, lo, hi, scale, q);
-    }
-}
-
-/* The same encode with scale = amax * (1 / 127): inside a tf.function, TF's
- * graph optimizer rewrites the eager scheme's amax / 127 (a division by a
- * constant) into that multiplication by the reciprocal, so the TF ops call
- * this one to give the bits the eager TF path gives under Horovod. */
-void hvdc_int8_encode_rcp(const float *x, float *r, i64 n, i64 block, int8_t *q, float *scales) {
+/* Per block: scale = amax / 127, or amax * (1 / 127) with `reciprocal`: inside a
+ * tf.function, TF's graph optimizer rewrites the eager scheme's amax / 127 (a division
+ * by a constant) into that multiplication, so the TF ops take this form
+ * (hvdc_int8_encode_rcp) to give the bits the eager TF path gives under Horovod. */
+static void int8_encode(const float *x, float *r, i64 n, i64 block, int8_t *q, float *scales, int reciprocal) {
     const float rcp = 1.0f / 127.0f;
     if (n == 0) { scales[0] = 1.0f; return; }
     for (i64 lo = 0; lo < n; lo += block) {
         i64 hi = lo + block < n ? lo + block : n;
         float amax = int8_block_amax(x, r, lo, hi);
-        float scale = amax != amax ? NAN : (amax == 0.0f ? 1.0f : amax * rcp);
+        float scale = amax != amax ? NAN : (amax == 0.0f ? 1.0f : (reciprocal ? amax * rcp : amax / 127.0f));
         scales[lo / block] = scale;
         int8_block_quantize(r ? r : x, r, lo, hi, scale, q);
     }
+}
+
+void hvdc_int8_encode(const float *x, float *r, i64 n, i64 block, int8_t *q, float *scales) {
+    int8_encode(x, r, n, block, q, scales, 0);
+}
+
+void hvdc_int8_encode_rcp(const float *x, float *r, i64 n, i64 block, int8_t *q, float *scales) {
+    int8_encode(x, r, n, block, q, scales, 1);
 }
 
 /* out = ((d_0 + d_1) + ...) [* s], d_j = q_j * scale_j (rank order, as every rank sums) */
@@ -189,30 +150,23 @@ void hvdc_int8_decode_sum(int nr, const int8_t *const *qs, const float *const *s
 
 /* ---- the sign family ------------------------------------------------------ */
 
-/* From i0 (a multiple of 8) on: bits = (acc >= 0) and, with r, the residual
- * acc - (bit ? vpos : vneg), non-finite -> 0.  Whole bytes are branch-free so the
- * compiler vectorises them: the sign is data, and a branch on it is mispredicted half
- * the time.  The sign family's path without AVX-512, and OneBit's on every CPU. */
-static void sign_bits_residual(const float *acc, float *r, i64 i0, i64 n, float vpos, float vneg, uint8_t *bits) {
-    for (; i0 + 8 <= n; i0 += 8) {
-        unsigned byte = 0;
-        for (int k = 0; k < 8; k++) byte |= (unsigned)(acc[i0 + k] >= 0.0f) << k;
-        bits[i0 / 8] = (uint8_t)byte;
-        if (r)
-            for (int k = 0; k < 8; k++) {
-                float a = acc[i0 + k], e = a - (a >= 0.0f ? vpos : vneg);
-                r[i0 + k] = (e - e) == 0.0f ? e : 0.0f;
-            }
-    }
-    if (i0 < n) {
-        uint8_t byte = 0;
-        for (i64 i = i0; i < n; i++) {
-            float a = acc[i];
-            byte |= (uint8_t)((a >= 0.0f) << (i - i0));
-            if (r) r[i] = keep_finite(a - (a >= 0.0f ? vpos : vneg));
-        }
-        bits[i0 / 8] = byte;
-    }
+/* one step: bits = (acc >= 0) and, with r, the residual acc - (bit ? vpos : vneg),
+ * non-finite -> 0; a select, not a branch on the sign, which a random sign mispredicts
+ * half the time.  i is a multiple of VW, so the lanes' bits fill whole bytes. */
+HVDC_INLINE void sign_step(const float *acc, float *r, i64 i, int len, vf vpos, vf vneg, uint8_t *bits) {
+    vf a = vload_n(acc + i, len);
+    vmask ge = vcmp_ge(a, vzero()); /* NaN: false, as a >= 0 is */
+    store_lane_bits(bits + i / 8, vbits(ge) & lane_bits(len), len);
+    if (r) vstore_n(r + i, vkeep_finite(vsub(a, vselect(ge, vpos, vneg))), len);
+}
+
+/* bits = (acc >= 0) and, with r, the residual acc - (bit ? pos : neg), non-finite -> 0:
+ * the second pass of the sign family and of OneBit */
+static void sign_bits_residual(const float *acc, float *r, i64 n, float pos, float neg, uint8_t *bits) {
+    const vf vpos = vset1(pos), vneg = vset1(neg);
+    i64 i = 0;
+    for (; i + VW <= n; i += VW) sign_step(acc, r, i, VW, vpos, vneg, bits);
+    if (i < n) sign_step(acc, r, i, (int)(n - i), vpos, vneg, bits);
 }
 
 /* bits = (acc >= 0); SignSGD: sent = +-1; EFSignSGD: sent = +-scale with
@@ -222,54 +176,20 @@ void hvdc_sign_encode(const float *x, float *r, i64 n, enum hvdc_sign_mode mode,
     double l1 = compensate_l1(x, r, n, scaled_signs);
     float scale = scaled_signs ? (float)l1 / (float)n : 1.0f;
     if (scale_out) *scale_out = scale;
-    const float *acc = r ? r : x;
-    i64 i0 = 0;
-#if defined(__AVX512F__)
-    const __m512 zero = _mm512_setzero_ps(), pos = _mm512_set1_ps(scale), neg = _mm512_set1_ps(-scale);
-    for (; i0 + 16 <= n; i0 += 16) {
-        __m512 a = _mm512_loadu_ps(acc + i0);
-        __mmask16 m = _mm512_cmp_ps_mask(a, zero, _CMP_GE_OQ);  /* NaN: false, as a >= 0 is */
-        uint16_t m16 = (uint16_t)m;
-        memcpy(bits + i0 / 8, &m16, 2);
-        if (r) {
-            __m512 e = _mm512_sub_ps(a, _mm512_mask_blend_ps(m, neg, pos));
-            __mmask16 fin = _mm512_cmp_ps_mask(_mm512_sub_ps(e, e), zero, _CMP_EQ_OQ);
-            _mm512_storeu_ps(r + i0, _mm512_maskz_mov_ps(fin, e));
-        }
-    }
-#endif
-    sign_bits_residual(acc, r, i0, n, scale, -scale, bits);
+    sign_bits_residual(r ? r : x, r, n, scale, -scale, bits);
 }
 
-/* rank j's decoded signs, +-value, added onto out (first: written) */
+/* one step of rank j's decoded signs, +-value, added onto out (first: written) */
+HVDC_INLINE void sign_accumulate_step(const uint8_t *bits, i64 i, int len, vf pos, vf neg, int first, float *out) {
+    vf d = vselect(vmask_from_bits(load_lane_bits(bits + i / 8, len)), pos, neg);
+    vstore_n(out + i, first ? d : vadd(vload_n(out + i, len), d), len);
+}
+
 static void sign_accumulate(const uint8_t *bits, float value, i64 n, int first, float *out) {
-    i64 i0 = 0;
-#if defined(__AVX512F__)
-    const __m512 pos = _mm512_set1_ps(value), neg = _mm512_set1_ps(-value);
-    for (; i0 + 16 <= n; i0 += 16) {
-        uint16_t m16; memcpy(&m16, bits + i0 / 8, 2);
-        __m512 d = _mm512_mask_blend_ps((__mmask16)m16, neg, pos);
-        _mm512_storeu_ps(out + i0, first ? d : _mm512_add_ps(_mm512_loadu_ps(out + i0), d));
-    }
-#else
-    /* +-value is value with its sign bit set where the bit is 0: an xor, no branch on the
-     * data (a branch there is mispredicted half the time: 18.6 ms for 4M elements). */
-    uint32_t vbits; memcpy(&vbits, &value, 4);
-    for (; i0 + 8 <= n; i0 += 8) {
-        uint32_t b = bits[i0 >> 3];
-        float d[8];
-        for (int k = 0; k < 8; k++) {
-            uint32_t u = vbits ^ ((((b >> k) & 1u) ^ 1u) << 31);
-            memcpy(&d[k], &u, 4);
-        }
-        if (first) for (int k = 0; k < 8; k++) out[i0 + k] = d[k];
-        else for (int k = 0; k < 8; k++) out[i0 + k] += d[k];
-    }
-#endif
-    for (i64 i = i0; i < n; i++) {
-        float d = ((bits[i >> 3] >> (i & 7)) & 1) ? value : -value;
-        out[i] = first ? d : out[i] + d;
-    }
+    const vf pos = vset1(value), neg = vset1(-value);
+    i64 i = 0;
+    for (; i + VW <= n; i += VW) sign_accumulate_step(bits, i, VW, pos, neg, first, out);
+    if (i < n) sign_accumulate_step(bits, i, (int)(n - i), pos, neg, first, out);
 }
 
 /* SignSGD: out = sign(sum_j (+-1)); EFSignSGD: out = (sum_j (+-scale_j)) [* s] */
@@ -293,11 +213,12 @@ void hvdc_sign_decode_sum(int nr, const uint8_t *const *bits, const float *scale
  * where it decides non-finite cases: its sums are of acc * p and acc * (1 - p), so an
  * infinite or NaN element makes both means non-finite as it does there.  The decode
  * forms p * m0 + (1 - p) * m1 as the eager code does; the residual selects m0 or m1
- * (a select vectorises here, the product form did not: 35 ms against 10 ms at 4M),
- * which is the same value whenever both means are finite or both are not, the only
- * cases the sums above produce short of a float overflow.  Two passes: acc into r
- * with the three sums (eight float lanes per 4096-element block, each block added in
- * double), then the bits and the residual. */
+ * (sign_bits_residual: a select vectorises, the product form does not), which is the
+ * same value whenever both means are finite or both are not, the only cases the sums
+ * above produce short of a float overflow.  Two passes: acc into r with the three sums
+ * (eight float lanes per 4096-element block, each block added in double: plain C,
+ * written once, which the compiler vectorises for every instruction set), then the
+ * bits and the residual. */
 /* the three sums over one block of acc: a >= 0 as 0/1 (a compare, no branch on the data) */
 static inline void onebit_block(const float *acc, i64 len, float *c8, float *p8, float *n8) {
     for (i64 i = 0; i < len; i += 8)
@@ -333,7 +254,7 @@ void hvdc_onebit_encode(const float *x, float *r, i64 n, uint8_t *bits, float *m
     float npos = (float)cnt, nneg = (float)n - npos;
     float m0 = (float)sp / (npos > 1.0f ? npos : 1.0f), m1 = (float)sn / (nneg > 1.0f ? nneg : 1.0f);
     means[0] = m0; means[1] = m1;
-    sign_bits_residual(r ? r : x, r, 0, n, m0, m1, bits);
+    sign_bits_residual(r ? r : x, r, n, m0, m1, bits);
 }
 
 /* out = sum_j (p * means[2j] + (1 - p) * means[2j + 1]) [* s], ranks in order, chunk by chunk */
@@ -365,28 +286,23 @@ static inline uint16_t to_bf16(float f) {  /* round half to even; every NaN beco
 }
 static inline float from_bf16(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
 
-/* one loop per case, without branches or memcpy inside, so each vectorises */
-static void fp16_encode(const float *x, float *r, i64 n, _Float16 *out) {
-    i64 i = 0;
-#if defined(__AVX512F__)
-    /* F16C conversions, 16 at a time, rounding to nearest even as the scalar cast does */
-    for (; i + 16 <= n; i += 16) {
-        __m512 a = _mm512_loadu_ps(x + i);
-        if (r) a = _mm512_add_ps(a, _mm512_loadu_ps(r + i));
-        __m256i h = _mm512_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        _mm256_storeu_si256((__m256i *)(out + i), h);
-        if (r) _mm512_storeu_ps(r + i, keep_finite16(_mm512_sub_ps(a, _mm512_cvtph_ps(h))));
-    }
-#endif
-    if (!r) { for (; i < n; i++) out[i] = (_Float16)x[i]; return; }
-    for (; i < n; i++) {
-        float a = x[i] + r[i];
-        _Float16 h = (_Float16)a;
-        out[i] = h;
-        r[i] = keep_finite(a - (float)h);
-    }
+/* one step of the IEEE half encode: h = half(acc), rounding to nearest even as the scalar
+ * cast does; with r, r = acc - float(h), non-finite -> 0 */
+HVDC_INLINE void fp16_step(const float *x, float *r, i64 i, int len, uint16_t *out) {
+    vf a = vload_n(x + i, len);
+    if (r) a = vadd(a, vload_n(r + i, len));
+    vhalf h = vto_half(a);
+    vstore_half(out + i, h, len);
+    if (r) vstore_n(r + i, vkeep_finite(vsub(a, vfrom_half(h))), len);
 }
 
+static void fp16_encode(const float *x, float *r, i64 n, uint16_t *out) {
+    i64 i = 0;
+    for (; i + VW <= n; i += VW) fp16_step(x, r, i, VW, out);
+    if (i < n) fp16_step(x, r, i, (int)(n - i), out);
+}
+
+/* bfloat16: plain C, one loop per case without branches, which the compiler vectorises */
 static void bf16_encode(const float *x, float *r, i64 n, uint16_t *out) {
     if (!r) { for (i64 i = 0; i < n; i++) out[i] = to_bf16(x[i]); return; }
     for (i64 i = 0; i < n; i++) {
@@ -400,7 +316,7 @@ static void bf16_encode(const float *x, float *r, i64 n, uint16_t *out) {
 /* sent = the value cast back to float */
 void hvdc_half_encode(const float *x, float *r, i64 n, enum hvdc_half_dtype dtype, uint16_t *out) {
     if (dtype == HVDC_HALF_FP16)
-        fp16_encode(x, r, n, (_Float16 *)out);
+        fp16_encode(x, r, n, out);
     else
         bf16_encode(x, r, n, out);
 }
@@ -418,15 +334,28 @@ void hvdc_bf16_decode_sum(int nr, const uint16_t *const *hs, i64 n, float s, int
 
 static inline float magnitude(float a, int nan_large) { return (a != a) ? (nan_large ? INFINITY : a) : fabsf(a); }
 
-/* the set bits of `take` (lanes of a block starting at element `base`, values in av)
- * appended as candidates; returns the new count, which may exceed cap (then only
- * counted: the caller retries with room) */
-static inline i64 append_taken(unsigned take, const float *av, i64 base, i64 *cand, float *cand_val, i64 c,
-                               i64 cap) {
-    while (take) {
-        int t = __builtin_ctz(take); take &= take - 1;
-        if (c < cap) { cand[c] = base + t; cand_val[c] = av[t]; }
-        c++;
+/* one step of the candidate pass: acc = x + r into r (a NaN dropped to 0 unless it is
+ * the largest), and the lanes whose magnitude passes thr appended as candidates (only
+ * counted beyond cap: the caller retries with room).  The vector part forms acc and the
+ * mask of taken lanes; only the (few) set bits are visited one by one. */
+HVDC_INLINE i64 select_step(const float *x, float *r, i64 i, int len, vf vthr, int strict, int nan_large,
+                            i64 *cand, float *cand_val, i64 c, i64 cap) {
+    vf a = vload_n(x + i, len);
+    if (r) a = vadd(a, vload_n(r + i, len));
+    vmask nan = visnan(a);
+    vf m = vabs(a);
+    if (nan_large) m = vselect(nan, vset1(INFINITY), m);
+    unsigned take = vbits(strict ? vcmp_gt(m, vthr) : vcmp_ge(m, vthr)) & lane_bits(len);
+    if (r) vstore_n(r + i, nan_large ? a : vselect(nan, vzero(), a), len);
+    if (take) {
+        float av[VW];
+        vstore(av, a);
+        while (take) {
+            int t = __builtin_ctz(take);
+            take &= take - 1;
+            if (c < cap) { cand[c] = i + t; cand_val[c] = av[t]; }
+            c++;
+        }
     }
     return c;
 }
@@ -440,71 +369,10 @@ static inline i64 append_taken(unsigned take, const float *av, i64 base, i64 *ca
 i64 hvdc_compensate_select(const float *x, float *r, i64 n, float thr, enum hvdc_threshold_rule rule,
                            enum hvdc_nan_rule nan_rule, i64 *cand, float *cand_val, i64 cap) {
     const int strict = rule == HVDC_ABOVE, nan_large = nan_rule == HVDC_NAN_LARGEST;
+    const vf vthr = vset1(thr);
     i64 c = 0, i = 0;
-#if defined(__AVX512F__)
-    /* a vectorised pass forms acc and a mask of the taken elements; only the
-     * (few) set bits are visited one by one */
-    const __m512 vthr = _mm512_set1_ps(thr), inf = _mm512_set1_ps(INFINITY);
-    for (; i + 16 <= n; i += 16) {
-        __m512 a = _mm512_loadu_ps(x + i);
-        if (r) a = _mm512_add_ps(a, _mm512_loadu_ps(r + i));
-        __mmask16 nan = _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
-        __m512 m = _mm512_abs_ps(a);
-        if (nan_large) m = _mm512_mask_mov_ps(m, nan, inf);
-        unsigned take = (unsigned)_mm512_cmp_ps_mask(m, vthr, strict ? _CMP_GT_OQ : _CMP_GE_OQ);
-        if (r) _mm512_storeu_ps(r + i, nan_large ? a : _mm512_mask_mov_ps(a, nan, _mm512_setzero_ps()));
-        if (take) {
-            float av[16];
-            _mm512_storeu_ps(av, a);
-            c = append_taken(take, av, i, cand, cand_val, c, cap);
-        }
-    }
-#elif defined(__AVX2__)
-    /* The AVX-512 loop above in AVX2: the taken mask by movemask, 8 lanes */
-    const __m256 vthr = _mm256_set1_ps(thr), inf8 = _mm256_set1_ps(INFINITY);
-    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-    for (; i + 8 <= n; i += 8) {
-        __m256 a = _mm256_loadu_ps(x + i);
-        if (r) a = _mm256_add_ps(a, _mm256_loadu_ps(r + i));
-        __m256 nan = _mm256_cmp_ps(a, a, _CMP_UNORD_Q);
-        __m256 m = _mm256_and_ps(a, absmask);
-        if (nan_large) m = _mm256_blendv_ps(m, inf8, nan);
-        unsigned take = (unsigned)_mm256_movemask_ps(strict ? _mm256_cmp_ps(m, vthr, _CMP_GT_OQ)
-                                                            : _mm256_cmp_ps(m, vthr, _CMP_GE_OQ));
-        if (r) _mm256_storeu_ps(r + i, nan_large ? a : _mm256_andnot_ps(nan, a));  /* NaN -> +0 */
-        if (take) {
-            float av[8];
-            _mm256_storeu_ps(av, a);
-            c = append_taken(take, av, i, cand, cand_val, c, cap);
-        }
-    }
-#else
-    /* Neither AVX-512 nor AVX2: sixteen elements at a time in branch-free code the
-     * compiler vectorises (acc, its store, the taken mask), then only the set bits one by
-     * one.  Per element, the branch on "taken" below ran at 6.3 ms for 4M elements. */
-    const int ge = !strict;
-    for (; i + 16 <= n; i += 16) {
-        float av[16];
-        unsigned take = 0;
-        for (int k = 0; k < 16; k++) {
-            float a = r ? x[i + k] + r[i + k] : x[i + k];
-            int nan = a != a;
-            float m = (nan_large & nan) ? INFINITY : fabsf(a);
-            take |= (unsigned)((m > thr) | (ge & (m == thr))) << k;
-            av[k] = a;
-        }
-        if (r)
-            for (int k = 0; k < 16; k++) r[i + k] = (av[k] != av[k] && !nan_large) ? 0.0f : av[k];
-        c = append_taken(take, av, i, cand, cand_val, c, cap);
-    }
-#endif
-    for (; i < n; i++) {
-        float a = r ? x[i] + r[i] : x[i];
-        float m = magnitude(a, nan_large);
-        int take = strict ? m > thr : m >= thr;
-        if (r) r[i] = (a != a && !nan_large) ? 0.0f : a;
-        if (take) { if (c < cap) { cand[c] = i; cand_val[c] = a; } c++; }
-    }
+    for (; i + VW <= n; i += VW) c = select_step(x, r, i, VW, vthr, strict, nan_large, cand, cand_val, c, cap);
+    if (i < n) c = select_step(x, r, i, (int)(n - i), vthr, strict, nan_large, cand, cand_val, c, cap);
     return c;
 }
 

@@ -174,12 +174,12 @@ absl::Status CheckVector(const Tensor &t, i64 n, const char *what) {
 }
 
 // An op's dense float output, kept across calls.  A fresh allocation of a large output
-// faults in every page on each call: glibc serves allocations above 32 MB with a new mmap,
-// and at 16M elements (64 MB) that was 40 ms of a Top-K decode whose work takes 5.  The
-// kept buffer is reused only while nothing else holds the last call's output (its
-// reference count is one, as TF's own forwarding of inputs checks); otherwise a new one is
-// allocated and kept, so a caller that keeps a result never sees it overwritten.  Every
-// kernel that writes through it writes all n elements.
+// faults in every page on each call: glibc serves allocations above 32 MB with a new mmap
+// (at 16M elements most of a Top-K decode's time: docs/design/kernels.md).  The kept
+// buffer is reused only while nothing else holds the last call's output (its reference
+// count is one, as TF's own forwarding of inputs checks); otherwise a new one is allocated
+// and kept, so a caller that keeps a result never sees it overwritten.  Every kernel that
+// writes through it writes all n elements.
 class KeptOutput {
  public:
   absl::Status Allocate(OpKernelContext *ctx, int index, i64 n, Tensor **out) {

@@ -23,8 +23,10 @@ import warnings
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("hvdc_kernels.c")
-#: the headers SOURCE includes (hvdc_kernels.h declares every exported function)
-HEADERS = (Path(__file__).with_name("hvdc_kernels.h"),)
+#: the one declaration of every exported function and of the enums they take
+HEADER = Path(__file__).with_name("hvdc_kernels.h")
+#: the headers SOURCE includes: HEADER and the vector layer its loops are written over
+HEADERS = (HEADER, Path(__file__).with_name("hvdc_simd.h"))
 #: -O3 vectorises the loops; -march=native uses this CPU's vector width and
 #: F16C conversions; no -ffast-math and no contraction into FMAs: NaN and Inf
 #: handling, rounding and the order of the

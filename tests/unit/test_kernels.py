@@ -344,56 +344,71 @@ def _library(path):
     return lib
 
 
-def _portable_library(tmp_path):
-    """The kernels built for this CPU with its vector extensions switched off (flags after
-    -march=native win): the plain-C paths a CPU without AVX2 or AVX-512 runs."""
+def _library_built_with(tmp_path, *flags):
+    """The kernels built for this CPU with ``flags`` after the usual ones (flags after
+    -march=native win, so -mno-... switches a vector extension off)."""
     import subprocess
     cc = native.compiler()
     if cc is None:
         pytest.skip("no C compiler")
-    out = tmp_path / "portable.so"
-    subprocess.run([cc, *native.FLAGS, "-mno-avx512f", "-mno-avx2", str(native.SOURCE), "-o", str(out), "-lm"],
+    out = tmp_path / f"kernels{''.join(flags)}.so"
+    subprocess.run([cc, *native.FLAGS, *flags, str(native.SOURCE), "-o", str(out), "-lm"],
                    check=True, capture_output=True)
     return _library(out)
 
 
-@pytest.mark.parametrize("n", [1, 7, 8, 23, 4096 + 13, (1 << 16) + 5])
-def test_plain_c_paths_equal_this_cpus_vector_paths(tmp_path, n):
-    """Each kernel with a path per instruction set (AVX-512, AVX2, plain C) gives the same
-    results from the plain path as from the one this CPU runs: candidates, residuals, sign
-    bits, OneBit's means and the decodes, with NaN and +-Inf in the input.  The scales are
-    sums whose lanes may differ (16 under AVX-512, 8 otherwise): compared to 1e-6."""
+def _portable_library(tmp_path):
+    """The kernels built for this CPU with its vector extensions switched off (flags after
+    -march=native win): the plain-C paths a CPU without AVX2 or AVX-512 runs."""
+    return _library_built_with(tmp_path, "-mno-avx512f", "-mno-avx2")
+
+
+def _vector_path_results(lib, n):
+    """What each kernel with a vector loop gives on one input of ``n`` elements with NaN
+    and +-Inf in it: candidates, residuals, sign bits, OneBit's means, Int8 and the half
+    encodes, and the decodes."""
     import ctypes
-    here, plain = native.load(), _portable_library(tmp_path)
-    assert here is not None
     gen = torch.Generator().manual_seed(n)
     x = torch.randn(n, generator=gen)
     x[torch.randint(0, n, (3,), generator=gen)] = torch.tensor([math.nan, math.inf, -math.inf])
     r0 = torch.randn(n, generator=gen) * 0.1
+    out = {}
+    for strict, nan_large in ((0, 0), (1, 1)):
+        r = r0.clone()
+        cand, val = torch.zeros(n, dtype=torch.int64), torch.zeros(n)
+        c = lib.hvdc_compensate_select(_p(x), _p(r), n, ctypes.c_float(1.5), strict, nan_large,
+                                       _p(cand), _p(val), n)
+        out[f"select{strict}"] = (r, cand[:c].clone(), val[:c].clone())
+    for mode in (0, 1):
+        r, bits, scale = r0.clone(), torch.zeros((n + 7) // 8, dtype=torch.uint8), torch.zeros(1)
+        lib.hvdc_sign_encode(_p(x), _p(r), n, mode, _p(bits), _p(scale))
+        dec, scales = torch.empty(n), torch.cat([scale, scale * 2])  # kept alive across the call
+        lib.hvdc_sign_decode_sum(2, _ptrs([bits, bits]), _p(scales), n, mode, ctypes.c_float(0.5), 1, _p(dec))
+        out[f"sign{mode}"] = (r, bits, scale, dec)
+    y = torch.randn(n, generator=torch.Generator().manual_seed(n + 1))  # finite: OneBit's means stay finite
+    r, bits, means = r0.clone(), torch.zeros((n + 7) // 8, dtype=torch.uint8), torch.zeros(2)
+    lib.hvdc_onebit_encode(_p(y), _p(r), n, _p(bits), _p(means))
+    dec = torch.empty(n)
+    lib.hvdc_onebit_decode_sum(1, _ptrs([bits]), _p(means), n, ctypes.c_float(1.0), 0, _p(dec))
+    out["onebit"] = (r, bits, means, dec)
+    for block in (5, 24, n):  # blocks shorter than a vector, of whole vectors and a tail, and one block
+        for source, name in ((x, "x"), (y, "y")):  # a NaN makes its block's scale NaN
+            r, q = r0.clone(), torch.zeros(n, dtype=torch.int8)
+            scales = torch.zeros(max(1, -(-n // block)))
+            lib.hvdc_int8_encode(_p(source), _p(r), n, block, _p(q), _p(scales))
+            out[f"int8/{block}/{name}"] = (r, q, scales)
+    for dtype in (0, 1):  # IEEE half, bfloat16
+        r, h = r0.clone(), torch.zeros(n, dtype=torch.int16)
+        lib.hvdc_half_encode(_p(x), _p(r), n, dtype, _p(h))
+        h0 = torch.zeros(n, dtype=torch.int16)
+        lib.hvdc_half_encode(_p(x), None, n, dtype, _p(h0))
+        out[f"half{dtype}"] = (r, h, h0)
+    return out
 
-    def run(lib):
-        out = {}
-        for strict, nan_large in ((0, 0), (1, 1)):
-            r = r0.clone()
-            cand, val = torch.zeros(n, dtype=torch.int64), torch.zeros(n)
-            c = lib.hvdc_compensate_select(_p(x), _p(r), n, ctypes.c_float(1.5), strict, nan_large,
-                                           _p(cand), _p(val), n)
-            out[f"select{strict}"] = (r, cand[:c].clone(), val[:c].clone())
-        for mode in (0, 1):
-            r, bits, scale = r0.clone(), torch.zeros((n + 7) // 8, dtype=torch.uint8), torch.zeros(1)
-            lib.hvdc_sign_encode(_p(x), _p(r), n, mode, _p(bits), _p(scale))
-            dec, scales = torch.empty(n), torch.cat([scale, scale * 2])  # kept alive across the call
-            lib.hvdc_sign_decode_sum(2, _ptrs([bits, bits]), _p(scales), n, mode, ctypes.c_float(0.5), 1, _p(dec))
-            out[f"sign{mode}"] = (r, bits, scale, dec)
-        y = torch.randn(n, generator=torch.Generator().manual_seed(n + 1))  # finite: OneBit's means stay finite
-        r, bits, means = r0.clone(), torch.zeros((n + 7) // 8, dtype=torch.uint8), torch.zeros(2)
-        lib.hvdc_onebit_encode(_p(y), _p(r), n, _p(bits), _p(means))
-        dec = torch.empty(n)
-        lib.hvdc_onebit_decode_sum(1, _ptrs([bits]), _p(means), n, ctypes.c_float(1.0), 0, _p(dec))
-        out["onebit"] = (r, bits, means, dec)
-        return out
 
-    want, got = run(here), run(plain)
+def _assert_same_vector_results(want, got):
+    """Bit for bit, but the scales (sums whose lanes may differ: 16 under AVX-512, 8
+    otherwise, compared to 1e-6) and what depends on them."""
     for key in want:
         for a, b in zip(want[key], got[key]):
             if a.dtype == torch.float32 and a.numel() <= 2:  # a scale or OneBit's means
@@ -402,3 +417,23 @@ def test_plain_c_paths_equal_this_cpus_vector_paths(tmp_path, n):
                 torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, equal_nan=True)  # depends on the scale
             else:
                 assert _same(a, b), key
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 23, 4096 + 13, (1 << 16) + 5])
+def test_plain_c_paths_equal_this_cpus_vector_paths(tmp_path, n):
+    """Each kernel with a path per instruction set (AVX-512, AVX2, plain C) gives the same
+    results from the plain path as from the one this CPU runs: candidates, residuals, sign
+    bits, OneBit's means and the decodes, with NaN and +-Inf in the input.  The scales are
+    sums whose lanes may differ (16 under AVX-512, 8 otherwise): compared to 1e-6."""
+    here, plain = native.load(), _portable_library(tmp_path)
+    assert here is not None
+    _assert_same_vector_results(_vector_path_results(here, n), _vector_path_results(plain, n))
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 23, 4096 + 13, (1 << 16) + 5])
+def test_avx2_paths_equal_this_cpus_vector_paths(tmp_path, n):
+    """The same for the AVX2 layer (the source built with -mno-avx512f), which a CPU with
+    AVX-512 does not run otherwise."""
+    here, avx2 = native.load(), _library_built_with(tmp_path, "-mno-avx512f")
+    assert here is not None
+    _assert_same_vector_results(_vector_path_results(here, n), _vector_path_results(avx2, n))

@@ -13,7 +13,7 @@ import pytest
 
 from hvd_compress.kernels import constants, native, tf_native
 
-HEADER = native.HEADERS[0]
+HEADER = native.HEADER
 SCALARS = {"i64": ctypes.c_int64, "int": ctypes.c_int, "float": ctypes.c_float, "void": None}
 
 
@@ -168,14 +168,18 @@ def test_the_library_exports_exactly_the_headers_functions():
     assert exported == set(parse_prototypes(HEADER.read_text()))
 
 
-def test_a_changed_header_builds_its_own_library(tmp_path, monkeypatch):
-    """The cache name hashes the header too, for the C library and the TF op library."""
+@pytest.mark.parametrize("which", range(len(native.HEADERS)))
+def test_a_changed_header_builds_its_own_library(tmp_path, monkeypatch, which):
+    """The cache name hashes each header too (the declarations and the vector layer),
+    for the C library and the TF op library."""
     cc = native.compiler()
     assert cc is not None
     c_before = native.library_path(cc)
     tf_before = tf_native.library_path(cc, cc, ((), (), "x"))
-    changed = tmp_path / HEADER.name
-    changed.write_text(HEADER.read_text() + "\n/* changed */\n")
-    monkeypatch.setattr(native, "HEADERS", (changed,))
+    headers = list(native.HEADERS)
+    changed = tmp_path / headers[which].name
+    changed.write_text(headers[which].read_text() + "\n/* changed */\n")
+    headers[which] = changed
+    monkeypatch.setattr(native, "HEADERS", tuple(headers))
     assert native.library_path(cc) != c_before
     assert tf_native.library_path(cc, cc, ((), (), "x")) != tf_before

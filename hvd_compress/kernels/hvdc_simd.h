@@ -1,0 +1,232 @@
+/* The small vector layer hvdc_kernels.c writes its loops over, once for every
+ * instruction set: AVX-512 (16 float lanes), AVX2 (8 lanes), and plain C (8 lanes
+ * in arrays the compiler may vectorise; what a CPU without AVX2 runs, and what
+ * tests/unit/test_kernels.py builds with -mno-avx2 -mno-avx512f to compare).
+ *
+ *   vf       VW floats                 vload, vstore, vset1, vzero, vadd, vsub, vmul, vdiv,
+ *                                      vabs, vmin, vmax, vround_even, vkeep_finite,
+ *                                      vreduce_add, vreduce_max
+ *   vmask    a compare's result        vcmp_ge, vcmp_gt, visnan, vselect, vbits (lane k -> bit k),
+ *                                      vmask_from_bits
+ *   vhalf    VW IEEE halves            vto_half, vfrom_half, vstore_half
+ *
+ * Every float operation rounds as its scalar C form does (no FMA, no reassociation), so
+ * a kernel gives the same bits on every layer; only the reductions' lane counts differ
+ * (16 under AVX-512, 8 otherwise).  vmin / vmax keep the x86 rule in all three: the
+ * second operand where either is NaN.  The *_n forms read or write the first len lanes
+ * (0 < len <= VW; the others read as 0), for the last part of an array: each kernel's
+ * step is one inline function called with VW in its loop (the test folds away) and
+ * with the remainder once.
+ *
+ * Private to hvdc_kernels.c (no exported names).
+ */
+#ifndef HVDC_SIMD_H
+#define HVDC_SIMD_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#define HVDC_INLINE static inline __attribute__((always_inline))
+
+static inline int is_finite(float v) { return (v - v) == 0.0f; } /* false for NaN and +-Inf */
+static inline float keep_finite(float v) { return is_finite(v) ? v : 0.0f; }
+
+#if defined(__AVX512F__) /* ------------------------------------------------------------ */
+#define VW 16
+typedef __m512 vf;
+typedef __mmask16 vmask;
+typedef __m256i vhalf;
+
+HVDC_INLINE __mmask16 lanes_(int len) { return (__mmask16)(len >= 16 ? 0xFFFFu : (1u << len) - 1u); }
+HVDC_INLINE vf vload(const float *p) { return _mm512_loadu_ps(p); }
+HVDC_INLINE void vstore(float *p, vf v) { _mm512_storeu_ps(p, v); }
+HVDC_INLINE vf vload_partial(const float *p, int len) { return _mm512_maskz_loadu_ps(lanes_(len), p); }
+HVDC_INLINE void vstore_partial(float *p, vf v, int len) { _mm512_mask_storeu_ps(p, lanes_(len), v); }
+HVDC_INLINE vf vset1(float a) { return _mm512_set1_ps(a); }
+HVDC_INLINE vf vzero(void) { return _mm512_setzero_ps(); }
+HVDC_INLINE vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+HVDC_INLINE vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+HVDC_INLINE vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+HVDC_INLINE vf vdiv(vf a, vf b) { return _mm512_div_ps(a, b); }
+HVDC_INLINE vf vabs(vf a) { return _mm512_abs_ps(a); }
+HVDC_INLINE vf vmin(vf a, vf b) { return _mm512_min_ps(a, b); }
+HVDC_INLINE vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
+HVDC_INLINE vf vround_even(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+HVDC_INLINE vmask vcmp_ge(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_GE_OQ); }
+HVDC_INLINE vmask vcmp_gt(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ); }
+HVDC_INLINE vmask visnan(vf a) { return _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q); }
+HVDC_INLINE vf vselect(vmask m, vf if_set, vf if_clear) { return _mm512_mask_blend_ps(m, if_clear, if_set); }
+HVDC_INLINE unsigned vbits(vmask m) { return (unsigned)m; }
+HVDC_INLINE vmask vmask_from_bits(unsigned b) { return (vmask)b; }
+HVDC_INLINE vf vkeep_finite(vf e) {
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_sub_ps(e, e), _mm512_setzero_ps(), _CMP_EQ_OQ), e);
+}
+HVDC_INLINE float vreduce_add(vf a) { return _mm512_reduce_add_ps(a); }
+HVDC_INLINE float vreduce_max(vf a) { return _mm512_reduce_max_ps(a); }
+/* q = (int8_t)v for the first len lanes, v integral and within int8 */
+HVDC_INLINE void vstore_i8_n(int8_t *q, vf v, int len) {
+    __m512i i = _mm512_cvtps_epi32(v);
+    if (len == VW) _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(i));
+    else _mm512_mask_cvtepi32_storeu_epi8(q, lanes_(len), i);
+}
+HVDC_INLINE vhalf vto_half(vf a) { return _mm512_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+HVDC_INLINE vf vfrom_half(vhalf h) { return _mm512_cvtph_ps(h); }
+HVDC_INLINE void vstore_half_(void *p, vhalf h) { _mm256_storeu_si256((__m256i *)p, h); }
+
+#elif defined(__AVX2__) /* ---------------------------------------------------------------- */
+#define VW 8
+typedef __m256 vf;
+typedef __m256 vmask; /* all ones where set */
+#if defined(__F16C__)
+typedef __m128i vhalf;
+#else
+typedef struct { _Float16 h[8]; } vhalf;
+#endif
+
+HVDC_INLINE vf vload(const float *p) { return _mm256_loadu_ps(p); }
+HVDC_INLINE void vstore(float *p, vf v) { _mm256_storeu_ps(p, v); }
+HVDC_INLINE vf vload_partial(const float *p, int len) {
+    float t[8] = {0};
+    memcpy(t, p, (size_t)len * sizeof(float));
+    return _mm256_loadu_ps(t);
+}
+HVDC_INLINE void vstore_partial(float *p, vf v, int len) {
+    float t[8];
+    _mm256_storeu_ps(t, v);
+    memcpy(p, t, (size_t)len * sizeof(float));
+}
+HVDC_INLINE vf vset1(float a) { return _mm256_set1_ps(a); }
+HVDC_INLINE vf vzero(void) { return _mm256_setzero_ps(); }
+HVDC_INLINE vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
+HVDC_INLINE vf vsub(vf a, vf b) { return _mm256_sub_ps(a, b); }
+HVDC_INLINE vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+HVDC_INLINE vf vdiv(vf a, vf b) { return _mm256_div_ps(a, b); }
+HVDC_INLINE vf vabs(vf a) { return _mm256_and_ps(a, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF))); }
+HVDC_INLINE vf vmin(vf a, vf b) { return _mm256_min_ps(a, b); }
+HVDC_INLINE vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }
+HVDC_INLINE vf vround_even(vf a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+HVDC_INLINE vmask vcmp_ge(vf a, vf b) { return _mm256_cmp_ps(a, b, _CMP_GE_OQ); }
+HVDC_INLINE vmask vcmp_gt(vf a, vf b) { return _mm256_cmp_ps(a, b, _CMP_GT_OQ); }
+HVDC_INLINE vmask visnan(vf a) { return _mm256_cmp_ps(a, a, _CMP_UNORD_Q); }
+HVDC_INLINE vf vselect(vmask m, vf if_set, vf if_clear) { return _mm256_blendv_ps(if_clear, if_set, m); }
+HVDC_INLINE unsigned vbits(vmask m) { return (unsigned)_mm256_movemask_ps(m); }
+HVDC_INLINE vmask vmask_from_bits(unsigned b) {
+    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    return _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)b), bit), bit));
+}
+HVDC_INLINE vf vkeep_finite(vf e) {
+    return _mm256_and_ps(_mm256_cmp_ps(_mm256_sub_ps(e, e), _mm256_setzero_ps(), _CMP_EQ_OQ), e);
+}
+HVDC_INLINE float vreduce_add(vf a) { /* pairwise, as the plain layer sums */
+    float t[8];
+    _mm256_storeu_ps(t, a);
+    return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+}
+HVDC_INLINE float vreduce_max(vf a) {
+    float t[8], m = 0.0f;
+    _mm256_storeu_ps(t, a);
+    for (int k = 0; k < 8; k++) m = t[k] > m ? t[k] : m;
+    return m;
+}
+HVDC_INLINE void vstore_i8_n(int8_t *q, vf v, int len) {
+    __m256i i = _mm256_cvtps_epi32(v);
+    __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+    __m128i b = _mm_packs_epi16(w, w);
+    if (len == VW) _mm_storel_epi64((__m128i *)q, b);
+    else { int8_t t[16]; _mm_storeu_si128((__m128i *)t, b); memcpy(q, t, (size_t)len); }
+}
+#if defined(__F16C__)
+HVDC_INLINE vhalf vto_half(vf a) { return _mm256_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+HVDC_INLINE vf vfrom_half(vhalf h) { return _mm256_cvtph_ps(h); }
+HVDC_INLINE void vstore_half_(void *p, vhalf h) { _mm_storeu_si128((__m128i *)p, h); }
+#else
+HVDC_INLINE vhalf vto_half(vf a) {
+    float t[8]; vhalf h;
+    _mm256_storeu_ps(t, a);
+    for (int k = 0; k < 8; k++) h.h[k] = (_Float16)t[k];
+    return h;
+}
+HVDC_INLINE vf vfrom_half(vhalf h) {
+    float t[8];
+    for (int k = 0; k < 8; k++) t[k] = (float)h.h[k];
+    return _mm256_loadu_ps(t);
+}
+HVDC_INLINE void vstore_half_(void *p, vhalf h) { memcpy(p, h.h, sizeof h.h); }
+#endif
+
+#else /* plain C --------------------------------------------------------------------------- */
+#define VW 8
+typedef struct { float v[8]; } vf;
+typedef unsigned vmask; /* bit k: lane k */
+typedef struct { _Float16 h[8]; } vhalf;
+
+#define VLANES(k) for (int k = 0; k < VW; k++)
+HVDC_INLINE vf vload(const float *p) { vf r; memcpy(r.v, p, sizeof r.v); return r; }
+HVDC_INLINE void vstore(float *p, vf v) { memcpy(p, v.v, sizeof v.v); }
+HVDC_INLINE vf vload_partial(const float *p, int len) {
+    vf r = {{0}};
+    memcpy(r.v, p, (size_t)len * sizeof(float));
+    return r;
+}
+HVDC_INLINE void vstore_partial(float *p, vf v, int len) { memcpy(p, v.v, (size_t)len * sizeof(float)); }
+HVDC_INLINE vf vset1(float a) { vf r; VLANES(k) r.v[k] = a; return r; }
+HVDC_INLINE vf vzero(void) { return vset1(0.0f); }
+HVDC_INLINE vf vadd(vf a, vf b) { VLANES(k) a.v[k] += b.v[k]; return a; }
+HVDC_INLINE vf vsub(vf a, vf b) { VLANES(k) a.v[k] -= b.v[k]; return a; }
+HVDC_INLINE vf vmul(vf a, vf b) { VLANES(k) a.v[k] *= b.v[k]; return a; }
+HVDC_INLINE vf vdiv(vf a, vf b) { VLANES(k) a.v[k] /= b.v[k]; return a; }
+HVDC_INLINE vf vabs(vf a) { VLANES(k) a.v[k] = fabsf(a.v[k]); return a; }
+HVDC_INLINE vf vmin(vf a, vf b) { VLANES(k) a.v[k] = a.v[k] < b.v[k] ? a.v[k] : b.v[k]; return a; }
+HVDC_INLINE vf vmax(vf a, vf b) { VLANES(k) a.v[k] = a.v[k] > b.v[k] ? a.v[k] : b.v[k]; return a; }
+HVDC_INLINE vf vround_even(vf a) { VLANES(k) a.v[k] = rintf(a.v[k]); return a; }
+HVDC_INLINE vmask vcmp_ge(vf a, vf b) { vmask m = 0; VLANES(k) m |= (unsigned)(a.v[k] >= b.v[k]) << k; return m; }
+HVDC_INLINE vmask vcmp_gt(vf a, vf b) { vmask m = 0; VLANES(k) m |= (unsigned)(a.v[k] > b.v[k]) << k; return m; }
+HVDC_INLINE vmask visnan(vf a) { vmask m = 0; VLANES(k) m |= (unsigned)(a.v[k] != a.v[k]) << k; return m; }
+HVDC_INLINE vf vselect(vmask m, vf if_set, vf if_clear) {
+    VLANES(k) if_clear.v[k] = ((m >> k) & 1u) ? if_set.v[k] : if_clear.v[k];
+    return if_clear;
+}
+HVDC_INLINE unsigned vbits(vmask m) { return m; }
+HVDC_INLINE vmask vmask_from_bits(unsigned b) { return b; }
+HVDC_INLINE vf vkeep_finite(vf e) { VLANES(k) e.v[k] = keep_finite(e.v[k]); return e; }
+HVDC_INLINE float vreduce_add(vf a) {
+    return ((a.v[0] + a.v[1]) + (a.v[2] + a.v[3])) + ((a.v[4] + a.v[5]) + (a.v[6] + a.v[7]));
+}
+HVDC_INLINE float vreduce_max(vf a) { float m = 0.0f; VLANES(k) m = a.v[k] > m ? a.v[k] : m; return m; }
+HVDC_INLINE void vstore_i8_n(int8_t *q, vf v, int len) { for (int k = 0; k < len; k++) q[k] = (int8_t)(int)v.v[k]; }
+HVDC_INLINE vhalf vto_half(vf a) { vhalf h; VLANES(k) h.h[k] = (_Float16)a.v[k]; return h; }
+HVDC_INLINE vf vfrom_half(vhalf h) { vf r; VLANES(k) r.v[k] = (float)h.h[k]; return r; }
+HVDC_INLINE void vstore_half_(void *p, vhalf h) { memcpy(p, h.h, sizeof h.h); }
+#undef VLANES
+#endif /* ---------------------------------------------------------------------------------- */
+
+/* the first len lanes; with len == VW (a constant in a kernel's loop) the test folds away */
+HVDC_INLINE vf vload_n(const float *p, int len) { return len == VW ? vload(p) : vload_partial(p, len); }
+HVDC_INLINE void vstore_n(float *p, vf v, int len) {
+    if (len == VW) vstore(p, v);
+    else vstore_partial(p, v, len);
+}
+/* VW halves (2 bytes each) at p, the first len of them */
+HVDC_INLINE void vstore_half(void *p, vhalf h, int len) {
+    if (len == VW) { vstore_half_(p, h); return; }
+    uint16_t t[VW];
+    vstore_half_(t, h);
+    memcpy(p, t, (size_t)len * 2);
+}
+/* the mask of the first len lanes, as vbits gives them */
+HVDC_INLINE unsigned lane_bits(int len) { return len >= 32 ? ~0u : (1u << len) - 1u; }
+/* bits b of VW lanes into ceil(len / 8) bytes at p, little-endian; b's bits from len on are 0 */
+HVDC_INLINE void store_lane_bits(uint8_t *p, unsigned b, int len) {
+    for (int k = 0; k < (len + 7) / 8; k++) p[k] = (uint8_t)(b >> (8 * k));
+}
+HVDC_INLINE unsigned load_lane_bits(const uint8_t *p, int len) {
+    unsigned b = 0;
+    for (int k = 0; k < (len + 7) / 8; k++) b |= (unsigned)p[k] << (8 * k);
+    return b;
+}
+
+#endif /* HVDC_SIMD_H */
