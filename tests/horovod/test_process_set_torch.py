@@ -3,13 +3,15 @@
 Runs under ``horovodrun -np 2`` and ``-np 3``, with Gloo and with MPI (see
 scripts/run_tests.sh).  Static process sets must be registered at
 ``hvd.init()``, for the whole process; this file registers one and holds only
-the tests that need it.  test_torch_compression.py, which drives every other
-Horovod option, registers none: with a static set registered, its launch at
-np=3 with Gloo aborted in about half the runs on a 2-core machine (a Gloo
-recv in Horovod's background loop timed out after 30 s; docs/development.md,
-"No static process set").
+the tests that need it, the two-phase transport's included.  No other file
+registers one: with a static set registered, a launch at np=3 with Gloo can
+abort on every rank (a Gloo receive in Horovod's background loop times out,
+then Horovod's shutdown throws in ProcessSetTable::Finalize;
+docs/development.md, "Static process sets and Gloo").
 """
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +21,11 @@ import horovod.torch as hvd
 
 from compression_cases import PATHS, SCHEMES, G, world_size_from_env
 from torch_injection import SPECS, check_run, run_injected
+
+import hvd_compress
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import two_phase_reference as tpr  # noqa: E402  (tests/two_phase_reference.py)
 
 # A proper subset of the ranks (all but the last): [0] at np=2, [0, 1] at np=3.
 _WORLD = world_size_from_env()
@@ -54,3 +61,28 @@ def test_the_rank_outside_the_set_waits_for_the_set_at_exit():
         time.sleep(2)
         got = hvd.allreduce(torch.ones(1), name="test.late_set_collective", op=hvd.Sum, process_set=SUBSET)
         assert got.item() == len(SUBSET.ranks)
+
+
+# 1000 elements (a pad of 2 at N=3), 100, 7 (padded), 2 (fewer elements than ranks at N=3)
+TWO_PHASE_SPECS = {"big.weight": (40, 25), "vec": (100,), "tiny": (7,), "pair": (2,)}
+
+
+def _two_phase_grad(name, rank, step, shape, micro=0):
+    return tpr.G(name, rank, step, shape)
+
+
+def test_two_phase_in_a_process_set():
+    """transport="two_phase" with process_set=<all ranks but the last> (np >= 3): the chunks
+    are owned by the set's ranks, and the result is the two-phase reference over them."""
+    if len(SUBSET.ranks) < 2:
+        pytest.skip("needs 3+ ranks (a set of at least two)")
+    steps = 3
+    comp = tpr.make_compressor(hvd_compress, "Int8", transport="two_phase")
+    got = run_injected(comp, steps=steps, specs=TWO_PHASE_SPECS, grad=_two_phase_grad, process_set=SUBSET)
+    if RANK not in SUBSET.ranks:
+        assert comp.stats.per_tensor() == {}  # outside the set: nothing compressed, nothing sent
+        return
+    for name, shape in TWO_PHASE_SPECS.items():
+        grads = [[tpr.G(name, r, s, shape).reshape(-1) for r in SUBSET.ranks] for s in range(steps)]
+        want = tpr.simulate("Int8", {}, grads, True).aggregated
+        tpr.assert_steps_match("Int8", [g[name] for g in got], want, f"{name} process_set={SUBSET.ranks}")

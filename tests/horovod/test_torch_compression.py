@@ -38,8 +38,8 @@ from torch_params import Params
 import hvd_compress
 
 # No static process set here: process_set= is tested in test_process_set_torch.py.  With
-# one registered, this file's launch at np=3 with Gloo aborted in about half the runs
-# (docs/development.md, "No static process set").
+# one registered, a launch at np=3 with Gloo can abort on every rank (docs/development.md,
+# "Static process sets and Gloo").
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
 

@@ -40,17 +40,10 @@ from hvd_compress.torch_adapter import TorchAdapter  # noqa: E402
 from torch_params import Params  # noqa: E402
 
 
-def _world_size_from_env():
-    for v in ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
-        if v in os.environ:
-            return int(os.environ[v])
-    return 1
-
-
-_WORLD = _world_size_from_env()
-# all ranks but the last ([0, 1] at np=3): two-phase inside a process set
-SUBSET = hvd.ProcessSet(list(range(_WORLD - 1))) if _WORLD >= 3 else None
-hvd.init(process_sets=[SUBSET] if SUBSET is not None else None)
+# No static process set here: process_set= with two_phase is tested in
+# test_process_set_torch.py, the one file that registers a set (docs/development.md,
+# "Static process sets and Gloo").
+hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
 torch.set_num_threads(1)
 
@@ -244,7 +237,7 @@ def test_conservation_end_to_end(sid, ef, op):
                                    err_msg=f"{sid} {name} op={op}: conservation")
 
 
-# --- bytes, 'auto', process sets ---------------------------------------------------------------------------
+# --- bytes, 'auto' -----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("sid", tpr.DETERMINISTIC + tpr.STOCHASTIC)
 def test_bytes_at_the_horovod_call(sid):
     """stats count the placeholder + N chunk payloads (alltoall) + 1 chunk payload (allgather)."""
@@ -286,30 +279,6 @@ def test_auto_picks_two_phase_from_3_ranks_and_64ki_elements():
         else:
             want = ref.simulate("Int8", {}, grads, error_feedback=True).aggregated
         tpr.assert_steps_match("Int8", [g[name] for g in got], want, f"auto {name} at N={SIZE}")
-
-
-def test_two_phase_in_a_process_set():
-    """process_set=<all ranks but the last> (np >= 3): chunks are owned by the set's ranks."""
-    if SUBSET is None:
-        pytest.skip("needs 3+ ranks")
-    # Every rank waits here for the set's members: a rank outside the set that ran
-    # ahead to the end of the file and shut Horovod down would unregister the set
-    # under the members ("Process set provided does not exist").
-    try:
-        if SUBSET.included():
-            _process_set_case()
-    finally:
-        hvd.allreduce(torch.zeros(1), name="two_phase_pset_done")
-
-
-def _process_set_case():
-    members = SUBSET.ranks
-    comp = tpr.make_compressor(hvd_compress, "Int8", transport="two_phase")
-    got = run_injected(comp, process_set=SUBSET, rank=RANK)
-    for name, shape in SPECS.items():
-        grads = [[tpr.G(name, r, s, shape).reshape(-1) for r in members] for s in range(STEPS)]
-        want = tpr.simulate("Int8", {}, grads, True).aggregated
-        tpr.assert_steps_match("Int8", [g[name] for g in got], want, f"{name} process_set={members}")
 
 
 # --- the vote's tie ----------------------------------------------------------------------------------------------

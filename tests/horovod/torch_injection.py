@@ -28,18 +28,19 @@ SPECS = {  # name -> shape; 'big' has > 256 elements so DGC really samples with 
 # --- driving the stock optimizer -------------------------------------------------------------------
 
 
-def inject(named, step, micro=0, order=None):
-    """backward() of sum(p * G_rank): afterwards p.grad == G_rank (accumulated over micro-batches)."""
+def inject(named, step, micro=0, order=None, grad=G):
+    """backward() of sum(p * G_rank): afterwards p.grad == G_rank (accumulated over micro-batches).
+    ``grad(name, rank, step, shape, micro)``: the gradients (default compression_cases.G)."""
     terms = named if order is None else order(step, named)
     loss = 0.0
     for name, p in terms:
-        loss = loss + (p * torch.from_numpy(G(name, hvd.rank(), step, tuple(p.shape), micro))).sum()
+        loss = loss + (p * torch.from_numpy(grad(name, hvd.rank(), step, tuple(p.shape), micro))).sum()
     loss.backward()
 
 
-def run_injected(comp, steps=3, specs=SPECS, order=None, bpps=1, **opt_kw):
-    """Drive the stock DistributedOptimizer with injected gradients; returns
-    ``[{name: aggregated grad (numpy)} per step]``."""
+def run_injected(comp, steps=3, specs=SPECS, order=None, bpps=1, grad=G, **opt_kw):
+    """Drive the stock DistributedOptimizer with injected gradients (``grad``, as in
+    :func:`inject`); returns ``[{name: aggregated grad (numpy)} per step]``."""
     model = Params(specs)
     named = list(model.named_parameters())
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), named_parameters=named,
@@ -48,7 +49,7 @@ def run_injected(comp, steps=3, specs=SPECS, order=None, bpps=1, **opt_kw):
     for step in range(steps):
         model.zero_grad(set_to_none=True)
         for micro in range(bpps):
-            inject(named, step, micro, order)
+            inject(named, step, micro, order, grad)
         opt.synchronize()
         out.append({name: p.grad.detach().clone().numpy() for name, p in named})
     return out

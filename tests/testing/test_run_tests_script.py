@@ -1,10 +1,12 @@
-"""scripts/run_tests.sh, the runner CI calls: what its summary says when a rank fails.
+"""scripts/run_tests.sh, the runner CI calls: what its summary says when a rank fails, and
+which crashed launches it runs once more.
 
 CI keeps only the tail of the log, so the summary at the end must say which test failed and
 why.  The runner here drives a fake virtual environment: its ``python -m pytest`` writes a
-passing junit report, its ``horovodrun`` writes one report per rank, and rank 1 of one launch
-fails one test with a known message.  Everything else the runner does (counting the
-reports, the exit code) is the real script.
+passing junit report, its ``horovodrun`` writes one report per rank, and in one launch rank 1
+fails one test with a known message (or dies without a report, printing a crash).
+Everything else the runner does (counting the reports, rerunning, the exit code) is the real
+script.
 """
 import os
 import stat
@@ -76,3 +78,79 @@ def test_the_summary_names_a_failing_ranks_tests_and_their_messages(tmp_path):
     # every other launch passed: two tests from the plain pytest, two per launch's rank 0
     n_files = len(list((REPO / "tests" / "horovod").glob("test_*.py")))
     assert lines[-1] == f"total: {2 + 2 * n_files} passed, 1 failed, 0 skipped", summary
+
+
+# Every launch passes, except two that crash on their first attempt: some rank writes no
+# report and the launch exits 134.  test_two_phase_torch.py's log shows Horovod's Gloo
+# timeout in its background loop (a cause outside the project: rerun once; the rerun
+# passes); test_smoke_torch.py's shows a segfault and nothing known (no rerun: a failure).
+# Each call is appended to $HVDC_TEST_OUT/calls.  Horovod's line reaches the log only if
+# pytest leaves the C-level stderr alone (--capture=sys): under pytest's default fd capture,
+# a process that aborts takes it with it, and so does this fake.
+CRASH_LINE = {
+    "test_two_phase_torch.py": "[1]<stderr>:[2026-01-01 00:00:00.000000: E horovod/common/operations.cc:697] [1]: "
+                               "Horovod background loop uncaught exception: [gloo/transport/tcp/unbound_buffer.cc:81] "
+                               "Timed out waiting 30000ms for recv operation to complete",
+    "test_smoke_torch.py": "[1]<stderr>:Fatal Python error: Segmentation fault",
+}
+FAKE_CRASHING_HOROVODRUN = f"""#!/usr/bin/env bash
+np=0; file=; xml=; capture=fd
+while [ $# -gt 0 ]; do
+  case "$1" in -np) np="$2"; shift;; *.py) file="$1";; --junitxml=*) xml="${{1#--junitxml=}}";;
+    --capture=*) capture="${{1#--capture=}}";; esac
+  shift
+done
+base="${{file##*/}}"
+echo "$base" >> "$HVDC_TEST_OUT/calls"
+attempt=$(grep -cx "$base" "$HVDC_TEST_OUT/calls")
+crash=
+case "$base" in
+  test_two_phase_torch.py) [ "$attempt" = 1 ] && crash='{CRASH_LINE["test_two_phase_torch.py"]}';;
+  test_smoke_torch.py) crash='{CRASH_LINE["test_smoke_torch.py"]}';;
+esac
+for r in $(seq 0 $((np-1))); do
+  [ -n "$crash" ] && [ "$r" = 1 ] && continue
+  echo '{PASSING}' > "${{xml//%RANK%/$r}}"
+done
+if [ -n "$crash" ]; then [ "$capture" = sys ] && echo "$crash"; echo "terminate called after throwing an instance of 'gloo::IoException'"; exit 134; fi
+exit 0
+"""
+
+
+def test_a_crash_is_rerun_only_for_a_cause_outside_the_project(tmp_path):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    _executable(venv / "bin" / "python", FAKE_PYTHON)
+    _executable(venv / "bin" / "horovodrun", FAKE_CRASHING_HOROVODRUN)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    env = dict(os.environ, HVD_COMPRESS_VENV=str(venv), HVDC_TEST_OUT=str(out_dir),
+               HVDC_CONTROLLERS="gloo", NP3_FILES="no_such_file.py")
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "run_tests.sh")], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    out = proc.stdout
+    assert proc.returncode != 0, out[-3000:]
+    calls = (out_dir / "calls").read_text().split()
+    assert calls.count("test_two_phase_torch.py") == 2 and calls.count("test_smoke_torch.py") == 1, calls
+    assert all(calls.count(f) == 1 for f in set(calls) - {"test_two_phase_torch.py"}), calls
+    summary = out[out.rindex("\nRERUN: "):].splitlines()[1:]
+    log = out_dir / "logs" / "test_two_phase_torch[np=2,gloo].log"
+    at = next(i for i, line in enumerate(summary) if line.startswith("RERUN: test_two_phase_torch[np=2,gloo]"))
+    assert summary[at] == ("RERUN: test_two_phase_torch[np=2,gloo] crashed (exit 134, some rank wrote no report): "
+                           "a Gloo receive in Horovod's background loop timed out (HOROVOD_GLOO_TIMEOUT_SECONDS) "
+                           "and Horovod's shutdown then aborted in ProcessSetTable::Finalize; "
+                           f"log {log}.attempt1"), summary
+    assert summary[at + 1] == "    the rerun: exit 0", summary
+    assert CRASH_LINE["test_two_phase_torch.py"] in Path(f"{log}.attempt1").read_text()
+    assert "Timed out" not in log.read_text()  # the log of the rerun, which passed
+    # the segfault: not rerun, reported with its log's lines, and a failure
+    crashed = next(i for i, line in enumerate(summary) if line.startswith("CRASHED"))
+    assert summary[crashed] == ("CRASHED (not rerun: no cause outside the project in its log): "
+                                "test_smoke_torch[np=2,gloo], exit 134, some rank wrote no report; "
+                                f"{out_dir}/logs/test_smoke_torch[np=2,gloo].log says:"), summary
+    assert f"    {CRASH_LINE['test_smoke_torch.py']}" in summary
+    assert "FAILED: test_smoke_torch[np=2,gloo] rank 1 (no report)" in summary
+    assert "FAILED: test_smoke_torch[np=2,gloo] (exit 134)" in summary
+    assert not any("two_phase" in line for line in summary if line.startswith("FAILED"))
+    n_files = len(list((REPO / "tests" / "horovod").glob("test_*.py")))
+    assert summary[-1] == f"total: {2 + 2 * n_files} passed, 1 failed, 0 skipped", summary
