@@ -15,13 +15,14 @@ resolves to the ``tf_keras`` package (Keras 2.21, installed with the
 ``[tensorflow]`` extra), which is also what ``horovod.tensorflow.keras``
 imports.  Use ``tf.keras`` everywhere (never ``import keras``, which is
 Keras 3) so model, optimizer and Horovod agree.  One gap remains in Horovod
-0.28.1: its Keras *callbacks* module imports ``keras.backend`` (Keras 3)
-directly; ``use_tf_keras_backend_in_horovod_callbacks()`` below points it at
-``tf.keras.backend`` so ``MetricAverageCallback`` and
+0.28.1: its Keras *callbacks* module binds ``keras.backend`` (Keras 3)
+directly; ``hvd_compress.horovod_compat.use_tf_keras_in_horovod_callbacks()``
+points it at tf_keras' backend so ``MetricAverageCallback`` and
 ``LearningRateWarmupCallback`` work.
 
 The hvd_compress part::
 
+    hvd_compress.horovod_compat.use_tf_keras_in_horovod_callbacks()  # before building Horovod's callbacks
     compression = hvd_compress.TopK(0.01)
     opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(...), compression=compression)
     model.fit(..., callbacks=[..., hvd_compress.tools.metrics.KerasCompressionCallback(compression)])
@@ -45,6 +46,7 @@ import tensorflow as tf  # noqa: E402
 import horovod.tensorflow as hvd_tf  # noqa: E402  (collectives with Min/Sum ops)
 import horovod.tensorflow.keras as hvd  # noqa: E402
 
+from hvd_compress.horovod_compat import use_tf_keras_in_horovod_callbacks  # noqa: E402
 from hvd_compress.tools.metrics import CompressionMeter, KerasCompressionCallback  # noqa: E402
 
 
@@ -102,20 +104,9 @@ class EpochLine(tf.keras.callbacks.Callback):
                              "bytes_sent": m["bytes_sent"], "bytes_dense_fp32": m["bytes_dense_fp32"]})
 
 
-def use_tf_keras_backend_in_horovod_callbacks():
-    """Horovod 0.28.1's ``horovod/tensorflow/keras/callbacks.py`` binds ``K`` to
-    ``keras.backend`` (``from keras import backend as K`` for TF >= 2.6).  With
-    TF 2.21 that ``keras`` is Keras 3, whose backend has no ``get_value``,
-    ``set_value`` or ``constant``, so ``MetricAverageCallback`` and the
-    learning-rate callbacks fail even under TF_USE_LEGACY_KERAS=1.  Point them
-    at ``tf.keras.backend`` (tf_keras, the Keras of the model and optimizer)."""
-    if not hasattr(hvd.callbacks.K, "get_value"):
-        hvd.callbacks.K = tf.keras.backend
-
-
 def main(argv=None):
     args = parse_args(argv)
-    use_tf_keras_backend_in_horovod_callbacks()
+    use_tf_keras_in_horovod_callbacks()  # Horovod's Keras callbacks bind Keras 3's backend otherwise
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     hvd.init()

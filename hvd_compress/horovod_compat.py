@@ -26,6 +26,10 @@ What is read:
   (``grads[j] is tensor``), not by a comprehension's loop index.  Autograph
   renames the functions (``tf__allreduce_grads``), so frames are matched by
   module and locals, never by function name.
+* **Keras** -- ``horovod.tensorflow.keras`` and its ``callbacks`` module bind
+  ``K`` by ``from keras import backend as K`` and hand it to every callback
+  they build; :func:`use_tf_keras_in_horovod_callbacks` rebinds it to
+  tf_keras' backend.
 """
 from __future__ import annotations
 
@@ -237,6 +241,91 @@ def find_keras_optimizer():
             if owner is not None and hasattr(owner, "_allreduce_grads"):
                 return owner
     return None
+
+
+#: the functions Horovod 0.28.1's Keras callbacks call on the backend they were given
+_KERAS2_BACKEND_FUNCTIONS = ("get_value", "set_value", "constant", "variable")
+
+
+class TFKerasBackendForHorovod:
+    """``tf_keras.backend`` as Horovod's Keras callbacks are given it by
+    :func:`use_tf_keras_in_horovod_callbacks`: every name is tf_keras', except
+    that :meth:`set_value` explains instead of failing obscurely on a Python
+    number.  tf_keras' optimizers keep ``momentum`` as a Python float (fixed
+    when the step is traced), which Horovod's momentum correction cannot
+    change."""
+
+    def __init__(self, backend):
+        self._backend = backend
+
+    def __getattr__(self, name):
+        return getattr(self._backend, name)
+
+    def set_value(self, x, value):
+        if isinstance(x, (int, float)) and not isinstance(x, bool):
+            if float(value) == float(x):
+                return  # nothing to change (momentum 0 under Horovod's momentum correction)
+            raise TypeError(f"Horovod's Keras callback tried to change a hyperparameter that the optimizer keeps "
+                            f"as a Python number ({x!r} -> {float(value)!r}), which a traced step never reads "
+                            f"again: tf_keras' optimizers keep momentum that way.  Pass "
+                            f"momentum_correction=False to LearningRateWarmupCallback / "
+                            f"LearningRateScheduleCallback, or use a tf.keras.optimizers.legacy optimizer, whose "
+                            f"momentum is a variable")
+        return self._backend.set_value(x, value)
+
+    def __repr__(self):
+        return f"TFKerasBackendForHorovod({self._backend.__name__})"
+
+
+def use_tf_keras_in_horovod_callbacks():
+    """Make Horovod's Keras callbacks work with the tf_keras that ``tf.keras``
+    is under ``TF_USE_LEGACY_KERAS=1``; call it before building them.
+
+    Horovod 0.28.1's ``horovod.tensorflow.keras.callbacks`` (and
+    ``horovod.tensorflow.keras`` itself) do ``from keras import backend as
+    K`` and pass ``K`` to every callback they build.  Under TensorFlow 2.16
+    and later that ``keras`` is Keras 3, whose backend has no ``get_value``,
+    ``set_value`` or ``constant``, so ``MetricAverageCallback`` fails at the
+    first epoch end (``module 'keras.backend' has no attribute 'constant'``)
+    and ``LearningRateWarmupCallback`` / ``LearningRateScheduleCallback`` at
+    the first batch, whatever the compression.  This rebinds both modules'
+    ``K`` to tf_keras' backend (:class:`TFKerasBackendForHorovod`), the Keras 2
+    of the model and optimizer that Horovod's Keras ``DistributedOptimizer``
+    needs anyway.
+
+    Idempotent, and a no-op (returns False) where ``K`` already is a Keras 2
+    backend; returns True when it rebound ``K``.  Raises ImportError when
+    tf_keras is not installed, and RuntimeError when ``tf.keras`` is Keras 3
+    (``TF_USE_LEGACY_KERAS=1`` was not set before TensorFlow was imported).
+    Callbacks built before the call keep the backend they were given.
+    """
+    import horovod.tensorflow.keras as hvd_keras
+    from horovod.tensorflow.keras import callbacks as hvd_callbacks
+    modules = (hvd_keras, hvd_callbacks)
+    if all(_is_keras2_backend(getattr(m, "K", None)) for m in modules):
+        return False
+    import tensorflow as tf
+    try:
+        import tf_keras
+    except ImportError as err:
+        raise ImportError(f"use_tf_keras_in_horovod_callbacks needs the tf_keras package (Keras 2 for TensorFlow; "
+                          f"Horovod's Keras callbacks and DistributedOptimizer need Keras 2): install the one that "
+                          f"matches TensorFlow {tf.__version__}, e.g. pip install 'tf_keras~="
+                          f"{'.'.join(tf.__version__.split('.')[:2])}.0' (scripts/install.sh does)") from err
+    keras_name = getattr(tf.keras, "__name__", "")
+    if not keras_name.startswith("tf_keras"):
+        raise RuntimeError(f"tf.keras is Keras 3 here ({keras_name}), and Horovod 0.28.1's Keras integration "
+                           f"needs Keras 2: set the environment variable TF_USE_LEGACY_KERAS=1 before TensorFlow is "
+                           f"imported (tf.keras is then tf_keras), and build the model and optimizer with tf.keras, "
+                           f"never 'import keras'")
+    backend = TFKerasBackendForHorovod(tf_keras.backend)
+    for m in modules:
+        m.K = backend
+    return True
+
+
+def _is_keras2_backend(backend) -> bool:
+    return backend is not None and all(hasattr(backend, f) for f in _KERAS2_BACKEND_FUNCTIONS)
 
 
 # The adapters import this module from their first compress call, when Horovod

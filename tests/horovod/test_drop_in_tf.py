@@ -1,4 +1,4 @@
-"""Drop-in fidelity for the TF patterns people already have (issue 14).
+"""Drop-in fidelity for the TF patterns people already have.
 
 Runs under ``horovodrun -np 2`` with Gloo and MPI (scripts/run_tests.sh).
 
@@ -17,6 +17,13 @@ Runs under ``horovodrun -np 2`` with Gloo and MPI (scripts/run_tests.sh).
    ``sparse_as_dense``.  The check: renaming the variables apart must not
    change a single bit of the result, and the compressor keeps one residual
    per variable.
+3. **Horovod's own Keras callbacks** in a ``model.fit`` with a compressor,
+   after ``hvd_compress.horovod_compat.use_tf_keras_in_horovod_callbacks()``
+   (Horovod 0.28.1's callbacks bind Keras 3's backend otherwise):
+   ``BroadcastGlobalVariablesCallback`` makes rank-specific starting weights
+   equal, ``MetricAverageCallback`` reports the mean of the ranks' losses,
+   ``LearningRateWarmupCallback`` and ``LearningRateScheduleCallback`` set the
+   learning rate their formulas give, batch by batch.
 
 Every rank injects a rank-specific gradient ``w_r * v + b_r`` (the loss
 ``sum(w_r v^2 / 2 + b_r v)``), so error feedback carries real mass between steps.
@@ -202,3 +209,74 @@ def test_same_named_variables_topk_ratio_one_is_none(path):
     got = PATHS[path](_variables([(2,), (3,)]), hvd_compress.TopK(1.0))
     want = PATHS[path](_variables([(2,), (3,)]), hvd_compress.none())
     _assert_same(got, want, exact=False)
+
+
+# --- 3. Horovod's own Keras callbacks --------------------------------------------------------
+class _LocalLoss(tf.keras.callbacks.Callback):
+    """The epoch's loss as Keras computed it on this rank; placed before
+    ``MetricAverageCallback``, which averages the logs in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.losses = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.losses.append(float(logs["loss"]))
+
+
+class _LearningRates(tf.keras.callbacks.Callback):
+    """The learning rate each batch runs with; placed after the callbacks that set it."""
+
+    def __init__(self):
+        super().__init__()
+        self.lrs = []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.lrs.append(float(self.model.optimizer.lr.numpy()))
+
+
+def test_horovod_keras_callbacks_in_model_fit():
+    import tf_keras
+    from horovod.tensorflow.keras import callbacks as hvd_callbacks
+
+    from hvd_compress.horovod_compat import TFKerasBackendForHorovod, use_tf_keras_in_horovod_callbacks
+
+    use_tf_keras_in_horovod_callbacks()
+    for module in (hvdk, hvd_callbacks):
+        assert isinstance(module.K, TFKerasBackendForHorovod) and module.K.constant is tf_keras.backend.constant
+    assert use_tf_keras_in_horovod_callbacks() is False  # idempotent
+
+    size, steps, lr, epochs = hvd.size(), 4, 0.05, 4
+    tf.keras.utils.set_random_seed(100 + RANK)  # different starting weights on every rank
+    model = tf.keras.Sequential([tf.keras.layers.Dense(8, activation="tanh", input_shape=(6,)),
+                                 tf.keras.layers.Dense(1)])
+    starts = hvd.allgather(tf.constant(np.concatenate([w.ravel() for w in model.get_weights()])[None])).numpy()
+    assert not np.allclose(starts[0], starts[1])
+    model.compile(loss="mse", optimizer=hvdk.DistributedOptimizer(tf.keras.optimizers.SGD(lr),
+                                                                  compression=hvd_compress.TopK(0.5)))
+    rng = np.random.default_rng(RANK)  # rank-specific data: the local losses differ
+    x = rng.normal(size=(steps * 8, 6)).astype(np.float32)
+    y = (x @ np.linspace(-1, 1, 6) + RANK).astype(np.float32)[:, None]
+    local, rates = _LocalLoss(), _LearningRates()
+    history = model.fit(x, y, batch_size=8, epochs=epochs, shuffle=False, verbose=0, callbacks=[
+        hvd_callbacks.BroadcastGlobalVariablesCallback(0),
+        local,
+        hvd_callbacks.MetricAverageCallback(),
+        hvd_callbacks.LearningRateWarmupCallback(initial_lr=lr, warmup_epochs=2, steps_per_epoch=steps),
+        hvd_callbacks.LearningRateScheduleCallback(initial_lr=lr, multiplier=0.5, start_epoch=2),
+        rates])
+
+    ends = hvd.allgather(tf.constant(np.concatenate([w.ravel() for w in model.get_weights()])[None])).numpy()
+    np.testing.assert_array_equal(ends[0], ends[1])  # one starting point, the same averaged updates
+    losses = hvd.allgather(tf.constant([local.losses], tf.float64)).numpy()
+    assert not np.allclose(losses[0], losses[1])
+    np.testing.assert_allclose(history.history["loss"], losses.mean(axis=0), rtol=1e-5)
+    want = []
+    for epoch in range(epochs):
+        for batch in range(steps):
+            if epoch < 2:  # warmup over 2 epochs, per batch, from about lr/size up to lr
+                e = epoch + batch / steps + 1 / steps
+                want.append(lr / size * (e * (size - 1) / 2 + 1))
+            else:  # staircase from epoch 2: lr * 0.5 ** (epoch - 2), set at each epoch's first batch
+                want.append(lr * 0.5 ** (epoch - 2))
+    np.testing.assert_allclose(rates.lrs, want, rtol=1e-6)
