@@ -21,9 +21,7 @@ from ..schemes.base import EncodeContext
 REPEATS = 3
 
 
-def probe_link(numels, version, process_set):
-    """Seconds of a blocking fp32 allreduce of each size, minimum of
-    :data:`REPEATS`, under names ``hvdc.auto.probe.<version>.<numel>.<i>``."""
+def _time_allreduces(numels, prefix, process_set):
     import horovod.torch as hvd
     out = []
     for numel in numels:
@@ -31,10 +29,22 @@ def probe_link(numels, version, process_set):
         best = float("inf")
         for i in range(REPEATS):
             t0 = time.perf_counter()
-            hvd.allreduce(x, name=f"hvdc.auto.probe.{version}.{numel}.{i}", op=hvd.Sum, process_set=process_set)
+            hvd.allreduce(x, name=f"{prefix}.{numel}.{i}", op=hvd.Sum, process_set=process_set)
             best = min(best, time.perf_counter() - t0)
         out.append(best)
     return out
+
+
+def probe_link(numels, version, process_set):
+    """Seconds of a blocking fp32 allreduce of each size, minimum of
+    :data:`REPEATS`, under names ``hvdc.auto.probe.<version>.<numel>.<i>``."""
+    return _time_allreduces(numels, f"hvdc.auto.probe.{version}", process_set)
+
+
+def probe_early(numels, process_set):
+    """The same timings at the first ``compress``, to choose how to
+    calibrate (names ``hvdc.auto.probe_early.<numel>.<i>``)."""
+    return _time_allreduces(numels, "hvdc.auto.probe_early", process_set)
 
 
 def _codec_once(B, scheme, x, residual, shape, size, ctx, ws):
@@ -43,28 +53,61 @@ def _codec_once(B, scheme, x, residual, shape, size, ctx, ws):
     fused kernels where the transports would use them (``ws``: the scheme's
     workspace, kept across the timing rounds as across training steps)."""
     transport = scheme.transport_for(shape)
-    if transport != "powersgd":
-        from ..kernels.torch_cpu import codec_for
-        from ..memory import ResidualMemory
-        codec = codec_for(scheme, None if residual is None else ResidualMemory(), x)
-        if codec is not None:
-            return _fused_codec_once(codec, transport, x, residual, size, ctx, ws)
-    acc = x if residual is None else x + residual
     if transport == "powersgd":
-        n, m = scheme.matrix_shape(shape)
-        q = torch.randn(m, scheme.rank)
-        p_local, matrix = scheme.first_round(B, acc, q, shape)
+        return _powersgd_once(scheme, x, residual, shape, size, ws)
+    from ..kernels.torch_cpu import codec_for
+    from ..memory import ResidualMemory
+    codec = codec_for(scheme, None if residual is None else ResidualMemory(), x)
+    if codec is not None:
+        return _fused_codec_once(codec, transport, x, residual, size, ctx, ws)
+    acc = x if residual is None else x + residual
+    payload, sent = scheme.encode(B, acc, ctx)
+    local = {k: v for k, v in payload.items() if k.startswith("_")}
+    wire = {k: v for k, v in payload.items() if not k.startswith("_")}
+    if transport == "allgather":
+        scheme.aggregate(B, [wire] * size, acc.numel(), local)
+    else:
+        scheme.decode_reduced(B, wire["reduce"], acc.numel(), local)
+    return None if residual is None else acc - sent
+
+
+class _Residual:
+    """The one memory state a timed PowerSGD codec asks its adapter for."""
+
+    def __init__(self, residual):
+        self.residual = residual
+
+    def get_memory(self, name, key, numel, like):
+        return self.residual
+
+
+def _powersgd_once(scheme, x, residual, shape, size, ws):
+    """PowerSGD's rounds as the transport runs them in PyTorch
+    (:mod:`hvd_compress.kernels.torch_lowrank`; the eager chain where that is
+    off), with ``size`` identical ranks standing in for the sums."""
+    from ..kernels.torch_lowrank import codec_for
+    from ..memory import ResidualMemory
+    memory = None if residual is None else ResidualMemory()
+    codec = codec_for(scheme, memory, x)
+    n, m = scheme.matrix_shape(shape)
+    if codec is None:
+        from ..backend import backend_for
+        B = backend_for(x)
+        acc = x if residual is None else x + residual
+        p_local, matrix = scheme.first_round(B, acc, torch.randn(m, scheme.rank), shape)
         p, q_local = scheme.second_round(B, p_local * size, matrix)
         _, sent = scheme.finish(B, p, q_local, q_local * size)
-    else:
-        payload, sent = scheme.encode(B, acc, ctx)
-        local = {k: v for k, v in payload.items() if k.startswith("_")}
-        wire = {k: v for k, v in payload.items() if not k.startswith("_")}
-        if transport == "allgather":
-            scheme.aggregate(B, [wire] * size, acc.numel(), local)
-        else:
-            scheme.decode_reduced(B, wire["reduce"], acc.numel(), local)
-    return None if residual is None else acc - sent
+        return None if residual is None else acc - sent
+    q = ws.get("_timing_q")
+    if q is None:
+        q = ws["_timing_q"] = torch.randn(scheme.rank, m).t()  # laid out as the transport keeps Q
+    adapter = _Residual(residual)
+    p_flat, mat, acc, state = codec.first_round(adapter, "hvdc.auto.codec", x, q, shape, ws)
+    p = codec.orthonormalize([p_flat.reshape(n, scheme.rank) * size])[0]
+    q_flat, qt_local = codec.second_round(p, mat, ws)
+    out = ws.setdefault("_timing_out", torch.empty_like(x))
+    codec.finish(adapter, "hvdc.auto.codec", p, qt_local, q_flat * size, None, acc, mat, state, ws, out)
+    return residual
 
 
 def _fused_codec_once(codec, transport, x, residual, size, ctx, ws):
@@ -156,6 +199,16 @@ def check_same_plan(labels, version, process_set):
         raise PlanMismatchError(f"hvd_compress.Auto: ranks would apply different plans at plan version {version} "
                                 f"(ranks {differ} differ from rank 0; plan hashes {hashes}); every rank must "
                                 f"build the same Auto and see the same tensors")
+
+
+def ready():
+    """Whether Horovod runs (a direct call of ``plan_for`` outside training
+    has nothing to probe: its calibration stays dense)."""
+    try:
+        import horovod.torch as hvd
+        return bool(hvd.is_initialized())
+    except (ImportError, ValueError):
+        return False
 
 
 def world():

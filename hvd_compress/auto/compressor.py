@@ -4,7 +4,15 @@ measured link and encode cost (PyTorch and TensorFlow).
 Life of an ``Auto``:
 
 1. **Calibrate** (the first ``calibration_steps`` communications of each
-   tensor): dense, like ``none``, while the step time is measured.
+   tensor) while the step time is measured.  At the first ``compress``
+   every rank times a few small blocking allreduces
+   (:data:`EARLY_PROBE_NUMELS`, averaged over ranks) and fits the link; a
+   tensor on which a plain allreduce is clearly losing there -- a safe
+   compressed candidate (:data:`PROVISIONAL_LABELS`, at the conservative
+   codec cost :data:`PROVISIONAL_CODEC_S_PER_ELEMENT`) predicted at least
+   :data:`PROVISIONAL_GAIN` faster -- is calibrated with that candidate and
+   error feedback, the others dense, like ``none``
+   (``calibrate_compressed=False``: all dense).
 2. **Decide** at the first ``compress`` of the next step, on every rank:
    time blocking allreduces of ``probe_numels`` elements (fit of latency and
    bandwidth, :func:`hvd_compress.auto.planner.fit_link`) and each candidate's error
@@ -60,6 +68,29 @@ from ..memory import ResidualMemory
 from ..schemes.base import check_range
 
 DEFAULT_PROBE_NUMELS = (1 << 10, 1 << 16, 1 << 20)
+#: the allreduces timed at the first ``compress`` to choose how to calibrate:
+#: small, so that even a slow link answers in a few tens of milliseconds
+EARLY_PROBE_NUMELS = (1 << 10, 1 << 15)
+#: the candidates a tensor may be calibrated with, where present: every
+#: element kept to 8 bits, or the largest tenth of them, with error feedback
+PROVISIONAL_LABELS = ("FP16", "Int8", "TopK(0.1)")
+#: the codec cost assumed for them before anything is timed (seconds per
+#: element): several times what the fused kernels measure, so that only a link
+#: that clearly loses to them calibrates compressed
+PROVISIONAL_CODEC_S_PER_ELEMENT = 10e-9
+#: how much faster than a plain allreduce a provisional candidate must be predicted
+PROVISIONAL_GAIN = 0.5
+
+
+def provisional_choice(numel, shape, workers, link, candidates):
+    """The label a tensor is calibrated with: the best of the
+    :data:`PROVISIONAL_LABELS` among ``candidates`` at the conservative cost
+    :data:`PROVISIONAL_CODEC_S_PER_ELEMENT`, where it is predicted at least
+    :data:`PROVISIONAL_GAIN` faster than ``none`` on ``link``; else ``none``."""
+    from .planner import choose
+    safe = [candidates[0]] + [c for c in candidates[1:] if c.label in PROVISIONAL_LABELS]
+    costs = {c.label: PROVISIONAL_CODEC_S_PER_ELEMENT * numel for c in safe[1:]}
+    return choose(numel, shape, workers, link, safe, costs, min_gain=PROVISIONAL_GAIN).label
 
 
 def require_global_process_set():
@@ -108,12 +139,15 @@ class Auto(Compressor):
             alone, the same on any machine (a reproducible plan, or a test of
             the decisions).  A candidate without a cost is not chosen;
             ``none`` without one costs 0.
+        calibrate_compressed: probe the link at the first ``compress`` and
+            calibrate the tensors a plain allreduce clearly loses on with a
+            safe compressed candidate (PyTorch; TensorFlow calibrates dense).
     """
 
     def __init__(self, rules=(), calibration_steps=5, recheck_every=1000, topk_ratios=(0.1, 0.01),
                  min_topk_ratio=0.01, powersgd_rank=4, include_sign=False, min_gain=0.1, replan_threshold=0.1,
                  probe_numels=DEFAULT_PROBE_NUMELS, exclude=(), seed=0, momentum=0.0, nesterov=False,
-                 codec_costs=None):
+                 codec_costs=None, calibrate_compressed=True):
         from ..memory import MomentumMemory, momentum_memory
         from ..policy import Rule
         from ..schemes import NoCompression
@@ -136,6 +170,9 @@ class Auto(Compressor):
             raise ValueError(f"exclude must be a list of candidate labels among {labels[1:]}; got {exclude!r}")
         self.candidates = [c for c in candidates if c.label not in exclude]
         self.codec_costs = check_codec_costs(codec_costs, labels)
+        if not isinstance(calibrate_compressed, bool):
+            raise ValueError(f"calibrate_compressed must be True or False; got {calibrate_compressed!r}")
+        self.calibrate_compressed = calibrate_compressed
         # the lossy phases keep a residual; the dense ones keep only the velocity, if any
         self._feedback = momentum_memory(NoCompression(), momentum, nesterov, error_feedback=True) or ResidualMemory()
         self._dense_memory = MomentumMemory(momentum, nesterov, error_feedback=False) if momentum else None
@@ -159,6 +196,12 @@ class Auto(Compressor):
         self._phases = {}
         self._tf_decided = self._tf_error = None  # TF: the check step decided last, and its error
         self._tf_plan_json = ""  # TF: the plan as last written to or read from its variable
+        #: the link fitted from the early probe (None: not probed), and each
+        #: tensor's calibration candidate (label; "none": dense)
+        self.early_link = None
+        self.provisional = {}
+        #: what measures and agrees (None: :mod:`hvd_compress.auto.calibration`, PyTorch)
+        self._cal = None
 
     # --- Horovod's interface ----------------------------------------------------------
     def compress(self, tensor):
@@ -187,6 +230,8 @@ class Auto(Compressor):
             from .tf import modes
             return modes(self)
         calls = self._calls[key] = self._calls.get(key, 0) + 1
+        if calls == 1 and not self.history and key not in self.provisional:
+            self._calibrate_with(key, numel, shape)
         if key == next(iter(self.tensors)) and calls <= self.calibration_steps + 1:
             self._step_times.append(time.perf_counter())
         if self._next_check and calls >= self._next_check:
@@ -201,8 +246,10 @@ class Auto(Compressor):
         phases = self._phases.get(key)
         if phases is None:
             by_label = {c.label: c for c in self.candidates}
-            phases = [Phase(0, self.candidates[0].scheme, self._dense_memory, "allgather")]
-            lossy_before = False
+            first = self.provisional.get(key, NONE_LABEL)
+            lossy_before = first != NONE_LABEL
+            phases = [Phase(0, by_label[first].scheme, self._feedback if lossy_before else self._dense_memory,
+                            "allgather")]
             for start, choices, _ in self.history:
                 label = choices[key].label if key in choices else NONE_LABEL
                 scheme = by_label[label].scheme
@@ -217,13 +264,37 @@ class Auto(Compressor):
             self._phases[key] = phases
         return phases
 
+    # --- calibrating ------------------------------------------------------------------
+    def _calibration(self):
+        if self._cal is None:
+            from . import calibration
+            return calibration
+        return self._cal
+
+    def _calibrate_with(self, key, numel, shape):
+        """Choose the candidate ``key`` is calibrated with (at its first call,
+        before any plan): probe the link once (at the first ``compress`` of
+        this Auto on every rank, where the fingerprint check blocks too), then
+        :func:`provisional_choice`."""
+        cal = self._calibration()
+        if not self.calibrate_compressed or not cal.ready():
+            self.provisional[key] = NONE_LABEL
+            return
+        ps, size, _ = cal.world()
+        if self.early_link is None:
+            probes = cal.probe_early(EARLY_PROBE_NUMELS, ps)
+            avg = cal.average_over_ranks(probes, "early", ps)
+            self.early_link = fit_link([4 * n for n in EARLY_PROBE_NUMELS], avg, size)
+        self.provisional[key] = provisional_choice(numel, shape, size, self.early_link, self.candidates)
+        self._phases.pop(key, None)
+
     # --- deciding ---------------------------------------------------------------------
     def _decide(self, start, cal=None, step_times=None):
         """Measure, agree and (maybe) adopt a plan; the same steps on every rank.
         ``cal``: the framework's measurements (default :mod:`hvd_compress.auto.calibration`,
         PyTorch); ``step_times``: clock readings of the calibration steps."""
         if cal is None:
-            from . import calibration as cal
+            cal = self._calibration()
         ps, size, rank = cal.world()
         version = len(self.history)
         keys = sorted(k for k in self.tensors if self._pinned(k) is None)
@@ -336,6 +407,9 @@ class Auto(Compressor):
         return {"tensors": {k: [n, list(s)] for k, (n, s) in self.tensors.items()}, "calls": self._calls,
                 "next_check": self._next_check, "step_s": self.step_s, "codec_s": self.codec_s,
                 "link": None if self.link is None else [self.link.latency_s, self.link.bytes_per_s],
+                "early_link": None if self.early_link is None else [self.early_link.latency_s,
+                                                                    self.early_link.bytes_per_s],
+                "provisional": self.provisional,
                 "history": [[start, {k: list(astuple(c)) for k, c in ch.items()}, v] for start, ch, v in self.history]}
 
     def load_state_dict(self, state, allow_other_rank=False):
@@ -356,6 +430,9 @@ class Auto(Compressor):
         self._calls, self._next_check = dict(saved["calls"]), saved["next_check"]
         self.step_s, self.codec_s = saved["step_s"], saved["codec_s"]
         self.link = None if saved["link"] is None else Link(*saved["link"])
+        early = saved.get("early_link")
+        self.early_link = None if early is None else Link(*early)
+        self.provisional = dict(saved.get("provisional", {}))
         self.history = [(start, {k: Choice(*c) for k, c in ch.items()}, v) for start, ch, v in saved["history"]]
 
     def reset_state(self):

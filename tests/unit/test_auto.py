@@ -271,9 +271,17 @@ class OneRankCalibration:
 
     def __init__(self, link, size=2):
         self.link, self.size = link, size
+        self.probed = []
+
+    def ready(self):
+        return True
 
     def world(self):
         return None, self.size, 0
+
+    def probe_early(self, numels, process_set):
+        self.probed.append(tuple(numels))
+        return self.probe_link(numels, "early", process_set)
 
     def probe_link(self, numels, version, process_set):
         return [comm_time("allreduce", 4 * n, self.size, self.link.bytes_per_s, self.link.latency_s)[1]
@@ -309,3 +317,67 @@ def test_fixed_codec_costs_replace_the_timings(link, compressed):
     assert (chosen[weight] != "none") == compressed and chosen[weight] in ("none", *costs), auto.describe()
     assert chosen[bias] == "none", auto.describe()
     assert auto.config()["codec_costs"] == costs
+
+
+@pytest.mark.parametrize("link, big_label", [(SLOW, "TopK(0.1)"), (FAST, "none")])
+def test_calibration_runs_a_safe_compressed_scheme_where_dense_clearly_loses(link, big_label):
+    """The first compress probes the link with small allreduces, once; a
+    tensor a plain allreduce clearly loses on is calibrated with a safe
+    compressed candidate and error feedback, the others dense."""
+    from hvd_compress.auto.compressor import EARLY_PROBE_NUMELS
+    cal = OneRankCalibration(link)
+    auto = hvd_compress.Auto(calibration_steps=5)
+    auto._cal = cal
+    for key, (numel, shape) in TENSORS.items():
+        (phase,) = auto.plan_for(key, numel, shape)
+    assert cal.probed == [EARLY_PROBE_NUMELS]
+    assert auto.provisional == {BIG[0]: big_label, SMALL[0]: "none"}
+    (big,) = auto._phases_of(BIG[0])
+    assert (big.scheme.name, big.memory is not None) == (("TopK", True) if big_label != "none"
+                                                          else ("NoCompression", False))
+    (small,) = auto._phases_of(SMALL[0])
+    assert (small.scheme.name, small.memory) == ("NoCompression", None)
+    for key, (numel, shape) in TENSORS.items():  # later steps probe nothing more
+        auto.plan_for(key, numel, shape)
+    assert len(cal.probed) == 1
+
+
+def test_a_compressed_calibration_flushes_its_residual_when_the_plan_is_none():
+    auto = hvd_compress.Auto(calibration_steps=5)
+    auto._cal = OneRankCalibration(SLOW)
+    auto.plan_for(BIG[0], *BIG[1])
+    plain = Choice("none", 2.0, 2.0, 16384)
+    auto.history = [(5, {BIG[0]: plain}, 0)]
+    auto._phases = {}
+    got = [(p.start, p.scheme.name, p.memory is not None) for p in auto._phases_of(BIG[0])]
+    assert got == [(0, "TopK", True), (5, "NoCompression", True), (6, "NoCompression", False)]
+
+
+def test_dense_calibration_when_asked_or_without_horovod():
+    auto = hvd_compress.Auto(calibrate_compressed=False)
+    auto._cal = cal = OneRankCalibration(SLOW)
+    (phase,) = auto.plan_for(BIG[0], *BIG[1])
+    assert phase.scheme.name == "NoCompression" and not cal.probed
+    (phase,) = hvd_compress.Auto().plan_for(BIG[0], *BIG[1])  # no Horovod running here: nothing to probe
+    assert phase.scheme.name == "NoCompression"
+    with pytest.raises(ValueError, match="calibrate_compressed"):
+        hvd_compress.Auto(calibrate_compressed=1)
+
+
+@pytest.mark.parametrize("kernels", ["1", "0"])
+def test_powersgd_is_timed_as_the_transport_runs_it(kernels, monkeypatch):
+    """PowerSGD's codec cost is timed through the torch codec the transport
+    uses (the eager chain with HVDC_KERNELS=0), once per shape."""
+    from hvd_compress.auto import calibration
+    from hvd_compress.kernels import torch_lowrank
+    from hvd_compress.schemes import PowerSGD
+    monkeypatch.setenv("HVDC_KERNELS", kernels)
+    calls = []
+    real = torch_lowrank.LowRankCodec.first_round
+    monkeypatch.setattr(torch_lowrank.LowRankCodec, "first_round",
+                        lambda self, *a: calls.append(1) or real(self, *a))
+    tensors = {"a": (4096, (64, 64)), "b": (4096, (64, 64))}
+    rows = calibration.measure_codecs(tensors, ["a", "b"], [default_candidates()[-1]], 2, lambda c, s: True)
+    assert rows[0] == rows[1] and rows[0][0] > 0
+    assert len(calls) == (calibration.REPEATS + 1 if kernels == "1" else 0)
+    assert isinstance(default_candidates()[-1].scheme, PowerSGD)
