@@ -6,7 +6,7 @@
 #      (bit-exact for deterministic schemes, same distribution for stochastic ones)
 #   2. host-sync check of every hot path (torch.cuda.set_sync_debug_mode)
 #   3. bench micro on CUDA at 16M and 256M elements, in copies of a device-to-device
-#      dst.copy_(src); the targets judged at 256M
+#      dst.copy_(src); the speed targets judged at 256M
 # Writes micro_cuda.json (bench micro's format), gpu_check.json and gpu_check.log
 # to --out (default docs/results).  Without CUDA, or with --cpu-fallback, the same
 # checks run on the CPU at small sizes (default --out out/gpu_check) and the

@@ -5,8 +5,8 @@
 # with 2 processes, and also with 3 for the files listed in NP3_FILES.  An entry
 # "file.py:gloo" runs at 3 processes with that controller only: the TF files'
 # 3-process launches with MPI repeated what Gloo at 3 and MPI at 2 already cover
-# (the same Horovod core ops under the compressor; torch runs MPI at 3) and cost
-# 420 s of a 4450 s run (docs/development.md, "CI wall time").
+# (the same Horovod core ops under the compressor; torch runs MPI at 3) at a cost
+# in CI wall time (docs/development.md, "CI wall time", has the measured times).
 # Any failure, or a run that collects no test (pytest's exit code 5), fails.
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

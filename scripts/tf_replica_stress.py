@@ -6,7 +6,7 @@ after every step the weights of every replica are gathered and compared bit for 
 
 Prints, on rank 0, the first step at which each scheme's replicas differed (an
 empty dict when none did) and exits 1 if any did.  docs/design/reliability.md quotes what
-it measured with the fixed aggregate and with the old chain of adds put back.
+it finds with the backend's sum over a stacked axis and with a chain of adds in its place.
 """
 import argparse
 import os

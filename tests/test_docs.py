@@ -3,6 +3,9 @@ point at files that exist.
 
 * No history words: the story of how something was found (which session, which CI
   run, which issue, "before this change") belongs in ``git log`` and CHANGELOG.md.
+* The same in the source a reader of the code meets (hvd_compress/, scripts/,
+  examples/: code, comments, docstrings, tool output), where "the issue" (the
+  task that asked for a thing) counts too.  Tests may name the bug they guard.
 * Every relative link ``[text](path)`` / ``![alt](path)`` resolves to a file or folder,
   and its ``#anchor``, if any, to a heading of that page (GitHub's slugs).
 * Every ``docs/....md`` path that a source file, script, test or document names exists
@@ -94,6 +97,40 @@ def test_history_words_are_found():
 def test_no_history_words(doc):
     found = history_words(doc.read_text(encoding="utf-8"))
     assert not found, f"{doc.relative_to(REPO)} tells history (move it to CHANGELOG.md or git log): {found}"
+
+
+#: in source, "the issue" is the task that asked for a thing: history as well
+SOURCE_HISTORY = re.compile(r"\b(?:the|this) issue(?:'s)?\b", re.IGNORECASE)
+SOURCE_SUFFIXES = (".py", ".c", ".cc", ".h", ".sh")
+
+
+def source_files():
+    """The library, the scripts and the examples, in the languages they are written in."""
+    files = [p for p in (REPO / "hvd_compress").rglob("*") if p.suffix in SOURCE_SUFFIXES]
+    files += [p for p in (REPO / "scripts").iterdir() if p.suffix in SOURCE_SUFFIXES]
+    files += list((REPO / "examples").glob("*.py"))
+    return sorted(files)
+
+
+def source_history_words(text: str):
+    return sorted(history_words(text) + [(n, m.group(0)) for n, line in enumerate(text.splitlines(), 1)
+                                         for m in SOURCE_HISTORY.finditer(line)])
+
+
+def test_history_words_in_source_are_found():
+    sample = ("# 12 ms -> 3 ms in session 14\nx = 1  # the issue's target\n"
+              "    help='the issue allows 8 minutes'\n# slow since stop 31, fixed in CI stop 32\n")
+    assert [w.lower() for _, w in source_history_words(sample)] == [
+        "session 14", "the issue's", "the issue", "ci stop", "stop 31"]
+    assert source_history_words("# tissue; a reissue; issues every collective; stop the session\n") == []
+
+
+def test_no_history_words_in_source():
+    files = source_files()
+    assert len([p for p in files if p.suffix == ".py"]) > 80 and any(p.suffix == ".c" for p in files)
+    found = {str(p.relative_to(REPO)): words for p in files
+             if (words := source_history_words(p.read_text(encoding="utf-8")))}
+    assert not found, f"source tells history (move it to CHANGELOG.md or git log; keep the why): {found}"
 
 
 def test_broken_links_are_found(tmp_path):

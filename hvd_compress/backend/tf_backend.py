@@ -70,8 +70,8 @@ class TensorFlowBackend:
         Why not a chain of adds: Grappler's arithmetic optimizer may rewrite such
         a chain into one AddN whose input order varies from process to process
         (measured: 1 to 3 fresh processes in 10 summed three tensors in another
-        order; none with that optimizer switched off), so ranks rounded
-        differently and TF replicas drifted apart by an ulp (a CI failure).  A
+        order; none with that optimizer switched off), so ranks would round
+        differently and TF replicas drift apart by an ulp.  A
         reduction over axis 0 of a stack is one op that nothing reorders, and
         it sums in index order (checked against the sequential sum in
         tests/unit/test_backend.py)."""

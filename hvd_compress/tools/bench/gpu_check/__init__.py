@@ -40,7 +40,7 @@ printed, when not.  Three parts, each reported on stdout and in
    buffer of the same device, ``torch.cuda.synchronize()`` after each, medians)
    on CUDA at 16M and 256M elements, written to ``micro_cuda.json`` in bench
    micro's own format, plus the quantizers with error feedback forced on.  The
-   issue's targets are judged at 256M: encode+decode+EF <= 8x the copy for
+   speed targets are judged at 256M: encode+decode+EF <= 8x the copy for
    Top-K/DGC, <= 4x for quantizers.
 
 **CPU fallback** (``--cpu-fallback``, automatic without CUDA): the same code

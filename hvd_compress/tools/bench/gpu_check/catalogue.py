@@ -82,7 +82,7 @@ def each_case(only=None, results=None, log=None):
 
 
 #: extra micro specs: the quantizers whose error feedback is off by default,
-#: with it on (the issue's target is for encode + decode + error feedback)
+#: with it on (the speed targets are for encode + decode + error feedback)
 EF_SPECS = ("FP16(error_feedback=True)", "BF16(error_feedback=True)", "QSGD(error_feedback=True)",
             "TernGrad(error_feedback=True)", "SignSGD(error_feedback=True)")
 

@@ -99,7 +99,7 @@ def _parser():
     ap.add_argument("--threads", type=int, default=None, help="CPU fallback: threads of the side under test")
     ap.add_argument("--tf", choices=("auto", "on", "off"), default="auto")
     ap.add_argument("--budget-s", type=float, default=420.0, help="leave out micro sizes that would start "
-                    "after this many seconds (default %(default)s; the issue allows 8 minutes in all)")
+                    "after this many seconds (default %(default)s, so that the whole check fits in 8 minutes)")
     ap.add_argument("--strict", action="store_true", help="also fail on a sync in a fixed-size scheme not "
                     "listed as known, and on a missed speed target")
     return ap
