@@ -101,7 +101,7 @@ class TopKCodec(TFCodec):
 
 class SignCodec(TFCodec):
     """SignSGD (a majority vote), EFSignSGD (scaled signs) and OneBit (each side of
-    zero sent as its mean), by their :class:`.SignMode`."""
+    zero sent as its mean), by their :class:`~hvd_compress.kernels.constants.SignMode`."""
 
     #: the payload part that carries the scales, by mode
     SCALE_PART = {SignMode.SIGNSGD: None, SignMode.EFSIGNSGD: "scale", SignMode.ONEBIT: "means"}

@@ -90,7 +90,7 @@ class Int8Codec(Codec):
 
 
 class SignCodec(Codec):
-    """SignSGD (a majority vote) and EFSignSGD (scaled signs), by their :class:`.SignMode`."""
+    """SignSGD (a majority vote) and EFSignSGD (scaled signs), by their :class:`~hvd_compress.kernels.constants.SignMode`."""
 
     def __init__(self, lib, scheme, mode):
         super().__init__(lib, scheme)
