@@ -24,8 +24,14 @@ In a Horovod elastic script, one line after building the state::
   again for the new number of ranks; in-flight bookkeeping is dropped; the
   configuration fingerprint is agreed again at the next exchange (a joining
   worker built differently gets ``ConfigMismatchError`` on every rank);
-  ``Auto()`` measures and plans again for the new world.  Surviving ranks
-  keep their residuals: they are keyed by parameter name, not by rank.
+  ``Auto()`` measures and plans again for the new world (PyTorch).  Surviving
+  ranks keep their residuals: they are keyed by parameter name, not by rank.
+  TensorFlow: hvd_compress's traced graph holds the rank and the number of
+  ranks, so Horovod's cached allreduce function for this compressor and a
+  Keras model's ``train_function`` are dropped and traced again
+  (:func:`hvd_compress.horovod_compat.retrace_after_reset`); a ``tf.function``
+  of your own around ``DistributedGradientTape`` must be built again in a
+  reset callback.
 * ``state.sync()`` broadcasts only what must be equal on every rank: the
   per-tensor step counters (schedules and seeded draws read them), so that a
   joining worker continues the survivors' count.  Joining workers start with
@@ -140,8 +146,9 @@ class ElasticCompression:
         self.state = state
         #: the compressor's state_dict() at the last commit (None: none yet, i.e. empty)
         self._saved = None
-        #: (rank, size) at which the current two-phase chunks were cut
+        #: (rank, size) at which the current two-phase chunks were cut, and at the last commit
         self._world = self.ops.rank_and_size()
+        self._saved_world = self._world
         #: {process id: (residual tensors, squared norm)} of every rank at the last commit
         self.members = {}
         compression._elastic = self
@@ -193,6 +200,7 @@ class ElasticCompression:
 
     def save(self):
         self._saved = self.compression.state_dict()
+        self._saved_world = self._world
 
     # --- rollback ----------------------------------------------------------------------
     def restore(self):
@@ -200,6 +208,8 @@ class ElasticCompression:
             self.compression.reset_state()
         else:
             self.compression.load_state_dict(self._saved, allow_other_rank=True)
+        # the restored two-phase residuals were cut for the world of that commit
+        self._world = self._saved_world
 
     # --- membership change -------------------------------------------------------------------
     def on_reset(self):
@@ -212,6 +222,9 @@ class ElasticCompression:
         replan = getattr(self.compression, "replan_after_reset", None)
         if replan is not None:
             replan()
+        if self.framework == "tensorflow":
+            from .horovod_compat import retrace_after_reset
+            retrace_after_reset(self.compression, self.state)
         self._world = self.ops.rank_and_size()
 
     def sync(self):

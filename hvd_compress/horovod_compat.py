@@ -331,3 +331,39 @@ def _is_keras2_backend(backend) -> bool:
 # The adapters import this module from their first compress call, when Horovod
 # is already imported: warn now if it is not the release these readers know.
 check_version()
+
+
+def retrace_after_reset(compression, state):
+    """Elastic TF: make the next step trace hvd_compress's graph again for the
+    new world (its rank, size and two-phase chunk shapes are fixed when a step
+    is traced, while Horovod's own ops read the size at run time).
+
+    Horovod 0.28.1 keeps one ``tf.function`` per (name, devices, compression,
+    ...) in the closure dict ``cache`` of ``_make_cached_allreduce_grads_fn``
+    (wrapped by ``horovod.tensorflow.util._cache``: keys ``(args, eager)``); ``DistributedGradientTape``
+    asks for it at every construction, the Keras ``DistributedOptimizer`` keeps
+    it as ``_allreduce_grads``.  The entries made with ``compression`` are
+    dropped and made again, the state's optimizer (if it holds one of them)
+    gets the new one, and a Keras model's ``train_function`` is dropped so
+    that ``fit`` traces anew.  A step function of the user's own
+    (``tf.function`` around a ``DistributedGradientTape``) must be built anew
+    after a reset: ``state.register_reset_callbacks``."""
+    import horovod.tensorflow as hvd_tf
+    wrapper = hvd_tf._make_cached_allreduce_grads_fn
+    cells = dict(zip(wrapper.__code__.co_freevars, wrapper.__closure__ or ()))
+    cache = cells["cache"].cell_contents if "cache" in cells else None
+    if not isinstance(cache, dict):
+        raise RuntimeError("hvd_compress.elastic: Horovod's TF allreduce-function cache is not where Horovod 0.28.1 "
+                           "keeps it; a step traced before the reset would keep the old world's sizes")
+    optimizer = getattr(state, "optimizer", None)
+    for key in [k for k in cache if any(arg is compression for arg in k[0])]:
+        old = cache.pop(key)
+        new = wrapper(*key[0])
+        if optimizer is not None and getattr(optimizer, "_allreduce_grads", None) is old:
+            optimizer._allreduce_grads = new
+        helper = getattr(optimizer, "_agg_helper", None)
+        if helper is not None and getattr(helper, "_allreduce_grads", None) is old:
+            helper._allreduce_grads = new
+    model = getattr(state, "model", None)
+    if model is not None and hasattr(model, "train_function"):
+        model.train_function = None

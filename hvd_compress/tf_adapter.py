@@ -268,6 +268,51 @@ class TFAdapter(AdapterBase):
         which.assign(names.index(scheme.name))
         comp.stats.record(key, lambda: names[int(which.numpy())], 4 * numel, counter, calls=calls)
 
+    # --- elastic Horovod (eager, between steps) -----------------------------------------
+    def _owned_chunks(self):
+        """{key: (residual variable, owned chunk variable)} of the two-phase tensors."""
+        out = {}
+        for key, v in self.residuals.items():
+            if key.endswith(OWNED_CHUNK_SUFFIX):
+                base = key[:-len(OWNED_CHUNK_SUFFIX)]
+                out[base] = (self.residuals.get(base), v)
+        return out
+
+    def residual_mass(self, rank, size):
+        owned = self._owned_chunks()
+        tensors, sumsq = 0, 0.0
+        for key, v in self.residuals.items():
+            if key.endswith(OWNED_CHUNK_SUFFIX):
+                continue
+            r = v.numpy().astype("float64")
+            if key in owned:
+                r = fold_into(r, owned[key][1].numpy(), rank, size, key)
+            s = float((r * r).sum())
+            if s > 0:
+                tensors, sumsq = tensors + 1, sumsq + s
+        return tensors, sumsq
+
+    def fold_owned_chunks(self, rank, size):
+        for key, (residual, owned) in self._owned_chunks().items():
+            residual.assign(fold_into(residual.numpy(), owned.numpy(), rank, size, key))
+            # the next trace cuts chunks for the new world: a new variable of the new chunk size
+            del self.residuals[key + OWNED_CHUNK_SUFFIX]
+            self.params.of(key).owned_chunk_residual = None
+
+    def forget_in_flight(self):
+        self.pending_rounds = []
+        self.fingerprint_checked = False
+
+    def step_counts(self):
+        return {key: int(v.numpy()) for key, v in self.steps.items()}
+
+    def set_step_counts(self, steps):
+        for key, v in self.steps.items():
+            v.assign(int(steps.get(key, 0)))
+        for key, step in steps.items():
+            if key not in self.steps:
+                self._var(self.steps, key, int(step), tf.int64)
+
     # --- checkpoints ----------------------------------------------------------------
     def checkpointable(self):
         return self.state_module
@@ -293,6 +338,22 @@ class TFAdapter(AdapterBase):
                 store[key].assign(value)
             else:  # the ParamState picks it up from its slot at the first use
                 self._var(store, key, value, tf.int64 if kind == "step" else tf.float32)
+
+
+def fold_into(residual, owned, rank, size, key="?"):
+    """numpy: ``residual`` plus the two-phase ``owned`` chunk residual at the
+    place of chunk ``rank`` of ``size`` (see torch_adapter.folded_residual)."""
+    import numpy as np
+    residual = np.array(residual, copy=True)
+    numel = residual.size
+    chunk = -(-numel // size)
+    if owned.size != chunk:
+        raise RuntimeError(f"hvd_compress: the two-phase residual of {key!r} has {owned.size} elements, not the "
+                           f"{chunk} of a chunk of {numel} elements over {size} ranks: it cannot be folded back, "
+                           f"which would drop its gradient mass")
+    start, stop = min(rank * chunk, numel), min((rank + 1) * chunk, numel)
+    residual[start:stop] += owned[:stop - start]
+    return residual
 
 
 def tf_checkpoint_slot(module, kind, key, name=None):

@@ -140,3 +140,38 @@ def test_step_counts_round_trip_and_absent_keys_restart():
     assert adapter.step_counts() == {"a": 2, "b": 1}
     adapter.set_step_counts({"a": 7, "c": 3})
     assert adapter.step_counts() == {"a": 7, "c": 3}
+
+
+def test_tf_adapter_folds_the_owned_chunk_and_drops_its_variable():
+    """TensorFlow: the stage-2 residual variable is added into the stage-1 one
+    and removed, so the next trace makes one of the new chunk size."""
+    tf = pytest.importorskip("tensorflow")
+    from hvd_compress.state import OWNED_CHUNK_RESIDUAL, RESIDUAL
+    from hvd_compress.tf_adapter import TFAdapter, fold_into
+    adapter = TFAdapter()
+    adapter._memory_variable(RESIDUAL, "w", lambda: tf.constant([1.0, 0, 0, 0, 0]))
+    adapter._memory_variable(OWNED_CHUNK_RESIDUAL, "w", lambda: tf.constant([2.0, 3.0]))
+    tensors, sumsq = adapter.residual_mass(1, 3)  # chunks of 2: rank 1 owns elements 2 and 3
+    assert tensors == 1 and sumsq == pytest.approx(1 + 4 + 9)
+    adapter.fold_owned_chunks(1, 3)
+    np.testing.assert_array_equal(adapter.residuals["w"].numpy(), [1, 0, 2, 3, 0])
+    assert set(adapter.residuals) == {"w"} and adapter.params["w"].owned_chunk_residual is None
+    with pytest.raises(RuntimeError, match="cannot be folded back"):
+        fold_into(np.zeros(5), np.ones(2), 0, 2)
+    adapter.next_step("w")
+    adapter.set_step_counts({"w": 5, "v": 2})
+    assert adapter.step_counts() == {"w": 5, "v": 2}
+
+
+def test_unregistered_compressor_is_refused_in_an_elastic_job(monkeypatch):
+    from hvd_compress.compressor import ElasticNotRegistered
+    monkeypatch.setenv("HOROVOD_ELASTIC", "1")
+    with pytest.raises(ElasticNotRegistered, match=r"hvd_compress.elastic.register\(state, compression\)"):
+        hvd_compress.TopK(0.1).compress(torch.ones(10))
+
+
+def test_forget_in_flight_makes_the_fingerprint_agreed_again():
+    adapter = InProcessAdapter(World(2), 0)
+    adapter.fingerprint_checked, adapter.pending_rounds = True, ["x"]
+    adapter.forget_in_flight()
+    assert adapter.fingerprint_checked is False and adapter.pending_rounds == []

