@@ -1,5 +1,7 @@
-"""Elastic Horovod with hvd_compress in Keras: Horovod's
-``tensorflow2_keras_mnist_elastic.py`` with one compression line added.
+"""Elastic Horovod with hvd_compress in Keras: Horovod's TF2 elastic example
+(``hvd.elastic.KerasState``, ``@hvd.elastic.run``, commits every few batches)
+with one compression line added; the step is Keras' compiled one
+(``model.train_on_batch``).
 
     horovodrun --gloo --min-np 2 --max-np 3 --host-discovery-script ./discover_hosts.sh \\
         python examples/tf2_keras_elastic.py --compression topk --ratio 0.01
@@ -68,15 +70,21 @@ def main():
         log0(hvd.rank(), f"reset: now {hvd.size()} workers")
 
     state.register_reset_callbacks([on_state_reset])
-    callbacks = [hvd.elastic.CommitStateCallback(state, batches_per_commit=args.batches_per_commit),
-                 hvd.elastic.UpdateBatchStateCallback(state),
-                 hvd.elastic.UpdateEpochStateCallback(state)]
 
     @hvd.elastic.run
     def train(state):
-        state.model.fit(x_train, y_train, batch_size=args.batch_size, epochs=args.epochs - state.epoch,
-                        steps_per_epoch=len(x_train) // (args.batch_size * hvd.size()), callbacks=callbacks,
-                        verbose=1 if hvd.rank() == 0 else 0)
+        for state.epoch in range(state.epoch, args.epochs):
+            batches = len(x_train) // (args.batch_size * hvd.size())
+            for state.batch in range(state.batch, batches):
+                # this worker's share of the epoch's batch: rank r of N takes every N-th example
+                start = (state.batch * hvd.size() + hvd.rank()) * args.batch_size
+                loss, _ = model.train_on_batch(x_train[start:start + args.batch_size],
+                                               y_train[start:start + args.batch_size])
+                if state.batch % args.batches_per_commit == 0:
+                    state.commit()
+            log0(hvd.rank(), f"epoch {state.epoch}: loss {loss:.4f}, {hvd.size()} workers")
+            state.batch = 0
+            state.commit()
 
     train(state)
     _, accuracy = model.evaluate(x_test, y_test, verbose=0)

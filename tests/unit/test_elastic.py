@@ -175,3 +175,15 @@ def test_forget_in_flight_makes_the_fingerprint_agreed_again():
     adapter.fingerprint_checked, adapter.pending_rounds = True, ["x"]
     adapter.forget_in_flight()
     assert adapter.fingerprint_checked is False and adapter.pending_rounds == []
+
+
+def test_auto_replans_after_a_reset_and_keeps_its_residuals():
+    auto = hvd_compress.Auto()
+    adapter = InProcessAdapter(World(2), 0)
+    auto._adapters["torch"] = adapter
+    adapter.params.of("w").residual = torch.ones(4)
+    auto.history = [(5, {}, 0)]
+    auto.tensors = {"w": (4, (4,))}
+    auto.replan_after_reset()
+    assert auto.history == [] and auto.tensors == {} and auto.early_link is None
+    assert torch.equal(adapter.params["w"].residual, torch.ones(4))
