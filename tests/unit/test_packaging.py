@@ -104,7 +104,8 @@ def test_wheel_ships_tools_and_their_data(tmp_path):
     for want in ("hvd_compress/__init__.py", "hvd_compress/schemes/base.py", "hvd_compress/tools/cli.py",
                  "hvd_compress/tools/bench/micro.py", "hvd_compress/tools/testing/cluster.py",
                  "hvd_compress/tools/data/micro.json", "hvd_compress/kernels/hvdc_kernels.c",
-                 "hvd_compress/kernels/hvdc_kernels.h", "hvd_compress/kernels/hvdc_tf_ops.cc",
+                 "hvd_compress/kernels/hvdc_kernels.h", "hvd_compress/kernels/hvdc_simd.h",
+                 "hvd_compress/kernels/hvdc_tf_ops.cc",
                  "hvd_compress/kernels/native.py"):
         assert want in names, f"{want} missing from {wheel.name}"
     entry = next(n for n in names if n.endswith("entry_points.txt"))
