@@ -23,6 +23,10 @@ other, and times per step (median over ``--steps`` after warm-up steps):
   step -- its encode and decode, and two small allreduces per bucket (DDP) or
   per matrix (Horovod), which on localhost cost little.
 
+Each is a median of wall seconds, and (``*_cpu``) of the process's CPU
+seconds over all its threads, which the load of other processes on a shared
+machine inflates less than the wall time.
+
 Horovod's side also reports ``compress_s`` and ``decompress_s``, the time in
 the compressor's ``compress`` and ``decompress`` per step, summed over
 tensors (``decompress`` includes waiting for the P and Q allreduces).
@@ -61,18 +65,25 @@ def _model(args):
     return torch_model(args.model, _parse_count(args.params))
 
 
-def _timed_steps(step, steps, warmup):
+def _timed_steps(step, steps, warmup, row=None, name=None):
+    """Median wall seconds of a step; with ``row``, also the median CPU
+    seconds of the whole process (every thread: DDP runs the hook's later
+    rounds on Gloo's threads, Horovod its collectives on its own) as
+    ``row[name + "_cpu"]``, which the load of other processes inflates less."""
     for _ in range(warmup):
         step()
-    times = []
+    times, cpu = [], []
     for _ in range(steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         step()
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    if row is not None:
+        row[name + "_cpu"] = statistics.median(cpu)
     return statistics.median(times)
 
 
-def _local_compute(args):
+def _local_compute(args, row):
     """forward + backward + SGD step, no communication: the model alone."""
     import torch
     model, batch, loss_fn = _model(args)
@@ -83,7 +94,7 @@ def _local_compute(args):
         opt.zero_grad()
         loss_fn(model(x), y).backward()
         opt.step()
-    return _timed_steps(step, args.steps, args.warmup)
+    return _timed_steps(step, args.steps, args.warmup, row, "compute_s")
 
 
 # ----------------------------------------------------------------------------- DDP
@@ -95,7 +106,8 @@ def _ddp_worker(rank, args, port, out_path):
     torch.set_num_threads(args.threads)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=args.np)
-    row = {"side": "ddp", "compute_s": _local_compute(args)}
+    row = {"side": "ddp"}
+    row["compute_s"] = _local_compute(args, row)
     for mode in ("dense", "powersgd"):
         model, batch, loss_fn = _model(args)
         # one bucket: under Gloo the hook's chained allreduces of two buckets interleave in a
@@ -114,7 +126,7 @@ def _ddp_worker(rank, args, port, out_path):
             loss_fn(ddp(x), y).backward()
             opt.step()
         dist.barrier()
-        row[f"{mode}_s"] = _timed_steps(step, args.steps, max(args.warmup, 3))
+        row[f"{mode}_s"] = _timed_steps(step, args.steps, max(args.warmup, 3), row, f"{mode}_s")
     dist.barrier()
     if rank == 0:
         with open(out_path, "w") as f:
@@ -143,7 +155,8 @@ def _hvd_worker(args):
     import hvd_compress
     torch.set_num_threads(args.threads)
     hvd.init()
-    row = {"side": "horovod", "compute_s": _local_compute(args)}
+    row = {"side": "horovod"}
+    row["compute_s"] = _local_compute(args, row)
     for mode in ("dense", "powersgd"):
         model, batch, loss_fn = _model(args)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -171,7 +184,7 @@ def _hvd_worker(args):
             loss_fn(model(x), y).backward()
             opt.step()
             per_step.append(dict(timing))
-        row[f"{mode}_s"] = _timed_steps(step, args.steps, max(args.warmup, 3))
+        row[f"{mode}_s"] = _timed_steps(step, args.steps, max(args.warmup, 3), row, f"{mode}_s")
         if mode == "powersgd":
             timed_steps = per_step[-args.steps:]
             row["compress_s"] = statistics.median(t["compress"] for t in timed_steps)
@@ -220,6 +233,7 @@ def main(argv=None):
     rows = [run_ddp(args), run_horovod(args)]
     for r in rows:
         r["powersgd_overhead_s"] = r["powersgd_s"] - r["compute_s"]
+        r["powersgd_overhead_s_cpu"] = r["powersgd_s_cpu"] - r["compute_s_cpu"]
     ms = lambda v: f"{1e3 * v:8.1f}"  # noqa: E731
     print(f"PowerSGD({args.rank}), {args.model} {args.params}, batch {args.batch}, {args.np} processes, "
           f"Gloo on localhost, {args.threads} thread(s); median ms per step")
@@ -228,9 +242,14 @@ def main(argv=None):
         print(f"{r['side']:<9}{ms(r['compute_s'])}{ms(r['dense_s'])}{ms(r['powersgd_s'])}"
               f"{ms(r['powersgd_overhead_s'])}{ms(r['compress_s']) if 'compress_s' in r else '       -'}"
               f"{ms(r['decompress_s']) if 'decompress_s' in r else '       -'}")
+    print("CPU seconds of the process per step (every thread):")
+    for r in rows:
+        print(f"{r['side']:<9}{ms(r['compute_s_cpu'])}{ms(r['dense_s_cpu'])}{ms(r['powersgd_s_cpu'])}"
+              f"{ms(r['powersgd_overhead_s_cpu'])}")
     ddp, hv = rows
-    print(f"PowerSGD's overhead per step: Horovod + hvd_compress / DDP hook = "
-          f"{hv['powersgd_overhead_s'] / ddp['powersgd_overhead_s']:.2f}")
+    print(f"PowerSGD's overhead per step, Horovod + hvd_compress / DDP hook: "
+          f"{hv['powersgd_overhead_s'] / ddp['powersgd_overhead_s']:.2f} (wall), "
+          f"{hv['powersgd_overhead_s_cpu'] / ddp['powersgd_overhead_s_cpu']:.2f} (CPU)")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"settings": {k: v for k, v in vars(args).items() if k not in ("out", "role")},

@@ -1,0 +1,130 @@
+#!/usr/bin/env python
+"""What Auto's calibration costs, without the emulated cluster.
+
+    .venv/bin/python scripts/auto_calibration_cost.py [--params 16M] [--e2e docs/results/e2e.json] \
+        [--out docs/results/auto_calibration_cost.json]
+
+Two parts, for the torch MLP of ``bench e2e`` (its weight shapes):
+
+1. **Decision step, measured here**: the CPU time of timing every candidate
+   on every distinct tensor shape (``hvd_compress.auto.calibration.measure_codecs``,
+   what the decision step runs besides the link probe), one thread, twice in
+   the same process: PowerSGD timed through its preallocated torch rounds (as
+   the transport runs it) and through the scheme's eager chain.
+2. **Calibration steps, from the cost model**: for each link of the e2e
+   results (the measured rate of its ``none`` row), the candidate each tensor
+   is calibrated with (``provisional_choice``) and the predicted communication
+   + codec seconds per step of that calibration against a dense one, with the
+   measured ``none`` step of that link beside it.  The early probe's
+   predicted time is included.  This is the cost model's prediction, not a
+   measurement on the cluster (``bench e2e --schemes "none,Auto()"`` is).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def _count(s):
+    s = str(s).strip().upper()
+    mult = {"K": 10**3, "M": 10**6}.get(s[-1:], 1)
+    return int(float(s[:-1] if mult > 1 else s) * mult)
+
+
+def mlp_tensors(params):
+    from hvd_compress.tools.bench.models import mlp_width
+    d_in, classes = 1024, 10
+    h = mlp_width(params, d_in, classes)
+    dims = [d_in, h, h, classes]
+    out = {}
+    for i in range(3):
+        out[f"{i}.weight"] = (dims[i] * dims[i + 1], (dims[i + 1], dims[i]))
+        out[f"{i}.bias"] = (dims[i + 1], (dims[i + 1],))
+    return out
+
+
+def decision_step_seconds(tensors, eager_powersgd):
+    import hvd_compress.kernels.torch_lowrank as tl
+    from hvd_compress.auto import calibration
+    from hvd_compress.auto.planner import applies, default_candidates
+    real = tl.codec_for
+    if eager_powersgd:
+        tl.codec_for = lambda *a: None
+    try:
+        keys = sorted(tensors)
+        t0 = time.process_time()
+        rows = calibration.measure_codecs(tensors, keys, default_candidates(), 2, applies)
+        return time.process_time() - t0, dict(zip(keys, rows))
+    finally:
+        tl.codec_for = real
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--params", default="16M")
+    ap.add_argument("--e2e", default=os.path.join(ROOT, "docs/results/e2e.json"))
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    import torch
+    torch.set_num_threads(1)
+    from hvd_compress.auto.compressor import EARLY_PROBE_NUMELS, provisional_choice
+    from hvd_compress.auto.planner import Link, comm_time, default_candidates, predict_comm
+    tensors = mlp_tensors(_count(args.params))
+    result = {"params": args.params, "tensors": tensors}
+
+    new_s, new_rows = decision_step_seconds(tensors, eager_powersgd=False)
+    eager_s, eager_rows = decision_step_seconds(tensors, eager_powersgd=True)
+    labels = [c.label for c in default_candidates()]
+    result["decision_step"] = {"powersgd_codec_s": new_s, "powersgd_eager_s": eager_s, "candidates": labels,
+                               "codec_s_codec": new_rows, "codec_s_eager": eager_rows}
+    print(f"decision step's codec timings, {args.params} MLP ({len(tensors)} tensors), one thread, CPU time: "
+          f"{new_s:.2f} s with PowerSGD's torch rounds, {eager_s:.2f} s with its eager chain")
+    j = labels.index(next(label for label in labels if label.startswith("PowerSGD")))
+    for key in sorted(tensors):
+        if new_rows[key][j] > 0:
+            print(f"  {key} {tensors[key][1]}: PowerSGD encode + decode {1e3 * new_rows[key][j]:.1f} ms "
+                  f"(torch rounds) vs {1e3 * eager_rows[key][j]:.1f} ms (eager chain), minimum of the timed rounds")
+
+    rows = json.load(open(args.e2e))
+    workers, cands = 2, default_candidates()
+    by_label = {c.label: c for c in cands}
+    result["links"] = []
+    print(f"{'link':>10} {'none step':>10} {'dense comm':>11} {'calibrated':>11} {'probe':>8}  choices")
+    for r in rows:
+        if r.get("scheme") != "none" or r.get("framework") != "torch" or r.get("model") != "mlp":
+            continue
+        mbit = r.get("link_mbit") or r.get("link_measured_mbit")
+        link = Link(latency_s=50e-6, bytes_per_s=mbit * 1e6 / 8)
+        dense = cal = 0.0
+        choices = {}
+        for key, (numel, shape) in sorted(tensors.items()):
+            label = provisional_choice(numel, shape, workers, link, cands)
+            choices[key] = label
+            dense += predict_comm(cands[0].scheme, numel, shape, workers, link)[1]
+            cost = 0.0 if label == "none" else 10e-9 * numel
+            cal += predict_comm(by_label[label].scheme, numel, shape, workers, link)[1] + cost
+        probe = sum(3 * comm_time("allreduce", 4 * n, workers, link.bytes_per_s, link.latency_s)[1]
+                    for n in EARLY_PROBE_NUMELS)
+        name = f"{mbit:.0f} Mbit/s" + ("" if r.get("link_mbit") else " (unshaped)")
+        compressed = sorted({v for v in choices.values() if v != "none"})
+        print(f"{name:>10} {r['median_step_s']:>9.2f}s {dense:>10.3f}s {cal:>10.3f}s {1e3 * probe:>6.1f}ms  "
+              f"{', '.join(compressed) or 'all dense'}")
+        result["links"].append({"link_mbit": mbit, "shaped": bool(r.get("link_mbit")),
+                                "none_step_s_measured": r["median_step_s"], "dense_comm_s_predicted": dense,
+                                "calibration_comm_codec_s_predicted": cal, "early_probe_s_predicted": probe,
+                                "choices": choices})
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+#!/usr/bin/env python
+"""PowerSGD's products on this CPU, each as a multiple of a copy.
+
+    .venv/bin/python scripts/powersgd_products.py [--rows 15625] [--cols 1024] [--rank 4] [--reps 7] \
+        [--out docs/results/powersgd_products.json]
+
+One thread.  Each operation runs between two ``dst.copy_(src)`` of the same
+``rows x cols`` float32 matrix, and its thread CPU time is divided by the
+mean of theirs (median over ``--reps``): the load of other processes
+inflates it less than wall time.  What ``hvd_compress.kernels.torch_lowrank``
+chose from: the layouts of the two thin products, the outer product by a
+``gemm`` of inner dimension ``rank`` against ``rank`` multiply-adds over
+cache-sized row blocks, and the finish it runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=15625)
+    ap.add_argument("--cols", type=int, default=1024)
+    ap.add_argument("--rank", type=int, default=4)
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    import torch
+    torch.set_num_threads(1)
+    from hvd_compress.kernels import torch_lowrank as tl
+    n, m, r = args.rows, args.cols, args.rank
+    gen = torch.Generator().manual_seed(0)
+    src, dst = torch.randn(n, m, generator=gen), torch.empty(n, m)
+    mat, grad, out = torch.randn(n, m, generator=gen), torch.randn(n, m, generator=gen), torch.empty(n, m)
+    q_row = torch.randn(m, r, generator=gen)
+    q_col = q_row.t().contiguous().t()
+    p_row = torch.linalg.qr(torch.randn(n, r, generator=gen)).Q.contiguous()
+    p_col = torch.linalg.qr(p_row).Q  # column-major, as the QR returns it
+    qt = torch.randn(r, m, generator=gen)
+    p_out, q_out = torch.empty(n, r), torch.empty(m, r)
+    ws = {}
+
+    def ratio(f):
+        f()
+        dst.copy_(src)
+        rs = []
+        for _ in range(args.reps):
+            t0 = time.thread_time()
+            dst.copy_(src)
+            t1 = time.thread_time()
+            f()
+            t2 = time.thread_time()
+            dst.copy_(src)
+            t3 = time.thread_time()
+            rs.append((t2 - t1) / ((t1 - t0 + t3 - t2) / 2))
+        rs.sort()
+        return rs[len(rs) // 2]
+
+    def finish():
+        tl._outer_and_residual(p_col, qt, qt, out, mat, ws)
+
+    ops = [
+        ("M += g (in place)", lambda: mat.add_(grad)),
+        ("P = M Q, Q column-major (the codec)", lambda: torch.mm(mat, q_col, out=p_out)),
+        ("P = M Q, Q row-major", lambda: torch.mm(mat, q_row, out=p_out)),
+        ("Q^T = P^T M, P column-major (the codec)", lambda: torch.mm(p_col.t(), mat)),
+        ("Q = M^T P (the eager chain)", lambda: torch.mm(mat.t(), p_row, out=q_out)),
+        ("out = P Q^T by gemm", lambda: torch.mm(p_row, qt, out=out)),
+        ("out = P Q^T by gemm, P column-major", lambda: torch.mm(p_col, qt, out=out)),
+        ("out = P Q^T, rank 1, by gemm", lambda: torch.mm(p_row[:, :1], qt[:1], out=out)),
+        ("out = P Q^T by multiply-adds in row blocks (the codec)", lambda: tl._outer(p_col, qt, out, ws)),
+        ("finish: aggregate + residual + NaN test (the codec)", finish),
+    ]
+    rows = []
+    print(f"{n} x {m} float32, rank {r}, one thread: thread CPU time / dst.copy_(src)")
+    for name, f in ops:
+        x = ratio(f)
+        rows.append({"op": name, "ratio_to_copy": x})
+        print(f"  {x:6.2f}  {name}")
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump({"rows": n, "cols": m, "rank": r, "reps": args.reps, "loadavg_1m": os.getloadavg()[0],
+                       "torch": torch.__version__, "blas": "mkl" if torch.backends.mkl.is_available() else "other",
+                       "ops": rows}, fh, indent=1)
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
