@@ -2,10 +2,11 @@
 --min-np 2 --max-np 3 --host-discovery-script``) in which a host is removed,
 added back, and a worker is killed with SIGKILL in the middle of a step.
 
-Two jobs: PyTorch (TopK(0.01) and Int8 two-phase, against Horovod's uncompressed
+Three jobs: PyTorch (TopK(0.01) and Int8 two-phase, against Horovod's uncompressed
 optimizer on the same schedule) and TensorFlow (TopK(0.01) through Keras'
 compiled step and a ``DistributedGradientTape`` loop, alternating; no killed
-worker there: see tests/testing/elastic_worker_tf.py).
+worker there: see tests/testing/elastic_worker_tf.py); and a worker joining with
+another configuration, which must be an error on every rank, not a hang.
 
 Plain pytest, no root: the "hosts" are ``localhost`` (2 slots) and ``127.0.0.1``
 (1 slot), two names of this machine that Horovod's elastic driver treats as two
@@ -121,3 +122,75 @@ def test_tf_keras_and_tape_host_removed_and_added(tmp_path):
     assert r["lost_reported"]["ranks"] == 1, r
     assert r["lost_reported"]["norm"] == pytest.approx(r["lost_expected_norm"], rel=1e-5), r
     assert r["final_loss"] <= TF_TOPK_FINAL_LOSS * result["initial_loss"], r
+
+
+MISMATCH_WORKER = r'''
+import os, sys, time
+import torch
+import horovod.torch as hvd
+import hvd_compress
+import hvd_compress.elastic
+from hvd_compress.fingerprint import ConfigMismatchError
+
+hvd.init()
+hosts_file = sys.argv[1]
+host = os.environ.get("HOROVOD_HOSTNAME")
+compression = hvd_compress.TopK(0.02 if host == "127.0.0.1" else 0.01)  # the joining worker differs
+model = torch.nn.Linear(64, 16)
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                               named_parameters=model.named_parameters(), compression=compression)
+state = hvd.elastic.TorchState(model=model, optimizer=opt, step=0)
+hvd_compress.elastic.register(state, compression)
+
+@hvd.elastic.run
+def train(state):
+    while state.step < 300:
+        opt.zero_grad()
+        model(torch.randn(8, 64)).sum().backward()
+        opt.step()
+        state.step += 1
+        if state.step == 5 and hvd.rank() == 0:
+            with open(hosts_file + ".tmp", "w") as f:
+                f.write("localhost:2\n127.0.0.1:1\n")
+            os.replace(hosts_file + ".tmp", hosts_file)
+        time.sleep(0.05)
+        state.commit()
+
+try:
+    train(state)
+    print(f"MISMATCH_RESULT rank={hvd.rank()} host={host} trained", flush=True)
+except ConfigMismatchError as e:
+    print(f"MISMATCH_RESULT rank={hvd.rank()} host={host} refused: {e}", flush=True)
+    sys.exit(3)
+'''
+
+
+def test_joining_worker_with_another_configuration_is_an_error_on_every_rank(tmp_path):
+    """2 workers train; a third joins with TopK(0.02) instead of TopK(0.01): at the first exchange
+    after the reset every rank, the joining one included, raises ConfigMismatchError naming the
+    field, and the job ends (non-zero) instead of hanging."""
+    worker = tmp_path / "mismatch_worker.py"
+    worker.write_text(MISMATCH_WORKER)
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:2\n")
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    discover.chmod(stat.S_IRWXU)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1", HOROVOD_GLOO_TIMEOUT_SECONDS="60",
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    cmd = [HVDRUN, "-np", "2", "--min-np", "2", "--max-np", "3", "--host-discovery-script", str(discover),
+           "--elastic-timeout", "60", "--network-interface", "lo", "--gloo", PY, str(worker), str(hosts)]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                         cwd=str(REPO), start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=JOB_BOUND_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+        pytest.fail(f"the job hung instead of refusing the joining worker:\n{out[-6000:]}")
+    assert p.returncode != 0, out[-6000:]
+    refused = [line for line in out.splitlines() if "MISMATCH_RESULT" in line and "refused" in line]
+    assert len(refused) == 3, out[-6000:]
+    assert any("host=127.0.0.1" in line for line in refused), refused
+    assert all("compression differs" in line and "0.02" in line for line in refused), refused
+    assert "trained" not in out
