@@ -201,12 +201,15 @@ class Compressor:
         B = backend_for(tensor)
         if not B.is_floating(tensor):
             return tensor, None  # integers and bools always pass through
+        if B.name == "tensorflow" and self._built_in_tf_trace:
+            from .tf_state import owner_across_traces
+            owner = owner_across_traces(self, tensor)
+            if owner is not self:  # a retrace's compressor: the first one's state, its stats
+                self._adapters, self.stats = owner._adapters, owner.stats
+                return owner.compress(tensor)
         if not self._recipe_checked:
             self._recipe_checked = True
             check_optimizer_momentum(self, B.name, tensor)
-        if B.name == "tensorflow" and self._built_in_tf_trace:
-            from .tf_adapter import adapter_shared_across_traces
-            return adapter_shared_across_traces(self, tensor).compress(self, tensor)
         return self.adapter_for(B.name).compress(self, tensor)
 
     def decompress(self, tensor, ctx):

@@ -3,13 +3,14 @@ TF allgather, the variable's name read from Horovod's frames.
 
 Horovod always traces ``compress`` inside a ``tf.function`` (and inside a
 ``tf.cond`` on the world size), so Python here runs once per trace.  All
-state therefore lives in variables created under ``tf.init_scope()`` and is
-updated with ``assign`` ops that the outputs depend on; counters are read in
-the graph, not in Python.
+state therefore lives in variables made once per key outside every trace
+(:mod:`hvd_compress.tf_state`: keys that follow the ``tf.Variable``, state
+that a retrace may add, compressors rebuilt by a retrace) and is updated with
+``assign`` ops that the outputs depend on; counters are read in the graph, not
+in Python.
 """
 from __future__ import annotations
 
-import weakref
 from dataclasses import replace
 
 import tensorflow as tf
@@ -20,43 +21,8 @@ from .backend import backend_for
 from .fingerprint import compare, describe_side
 from .state import OWNED_CHUNK_RESIDUAL, OWNED_CHUNK_SUFFIX, RESIDUAL
 from .transports import RESOLVED, ResolvedPending
+from .tf_state import VariableKeys, state_variable
 from .transports.base import pending_fields
-
-
-#: TF state of compressors built inside traced functions, by
-#: (configuration fingerprint, process set id, ids of the variables reduced)
-_STATE_SHARED_ACROSS_TRACES: dict = {}
-
-
-def adapter_shared_across_traces(comp, tensor):
-    """The state of a compressor that was built while a ``tf.function`` was
-    being traced, shared with every earlier such compressor of the same
-    configuration that reduces the same variables.
-
-    A retrace (a new Python argument, a new input signature) runs the step's
-    Python again and so builds a new compressor; it must continue the error
-    feedback, step counters and PowerSGD's Q of the previous trace's object
-    (TF also refuses variables created after the first call).  What is shared
-    is defined by what Horovod reduces: the *same* ``tf.Variable`` objects in
-    the same process set, with an identical configuration.  Another model or
-    another optimizer over other variables gets its own state, and a model
-    rebuilt after its old variables died gets fresh state (the entry goes
-    with the variables).  Compressors built outside any traced function are
-    never merged: one object, one state.
-    """
-    import horovod.tensorflow as hvd
-    caller = horovod_compat.find_tf_caller(tensor)
-    ps = caller.process_set if caller.process_set is not None else hvd.global_process_set
-    variables = caller.variables or []
-    scope = (comp.fingerprint(), getattr(ps, "process_set_id", None), tuple(id(v) for v in variables))
-    adapter = _STATE_SHARED_ACROSS_TRACES.get(scope)
-    if adapter is None:
-        adapter = comp.adapter_for("tensorflow")
-        _STATE_SHARED_ACROSS_TRACES[scope] = adapter
-        for v in variables:  # ids are reused once objects die: forget the entry with them
-            weakref.finalize(v, _STATE_SHARED_ACROSS_TRACES.pop, scope, None)
-    comp.use_adapter("tensorflow", adapter)  # state_dict() / tf_checkpointable() of this object see it
-    return adapter
 
 
 class TFAdapter(AdapterBase):
@@ -88,17 +54,32 @@ class TFAdapter(AdapterBase):
         self.call_counters = {}
         self.scheme_index = {}
         self.scheme_names = {}
+        self.variable_keys = VariableKeys()
 
     def caller_info(self, tensor):
         import horovod.tensorflow as hvd
         caller = horovod_compat.find_tf_caller(tensor)
         ps = caller.process_set if caller.process_set is not None else hvd.global_process_set
-        key = caller.key
-        if key is None and caller.variables is not None:
+        if caller.variables is None:
+            return CallerInfo(None, ps, ps.rank(), ps.size(), None)
+        keys = self.keys_for(caller.variables)
+        params = [(k, tuple(v.shape.as_list())) for k, v in zip(keys, caller.variables)]
+        if caller.index is None:
             # Horovod's gradient list was found but not this gradient in it
             key = self.fallback_key(tensor, tuple(tensor.shape.as_list()))
             horovod_compat.warn_fallback_key(key, "TensorFlow")
-        return CallerInfo(key, ps, ps.rank(), ps.size(), caller.params())
+        else:
+            key = keys[caller.index]
+        return CallerInfo(key, ps, ps.rank(), ps.size(), params)
+
+    def keys_for(self, variables):
+        """The state key of each variable in a list Horovod reduces (:class:`~hvd_compress.tf_state.VariableKeys`)."""
+        return self.variable_keys.keys_for(variables)
+
+    def key_of(self, variable):
+        """The state key of ``variable`` (for ``state_dict()`` entries such as
+        ``residual/<key>``), or None if no gradient of it has been compressed."""
+        return self.variable_keys.key_of(variable)
 
     def pin_shape(self, tensor, info):
         # Keras' DistributedOptimizer(sparse_as_dense=True) densifies an
@@ -143,10 +124,8 @@ class TFAdapter(AdapterBase):
 
     def _var(self, store, key, init, dtype):
         v = store.get(key)
-        if v is None:
-            with tf.init_scope():  # created once, outside the traced function
-                v = tf.Variable(init() if callable(init) else init, dtype=dtype, trainable=False,
-                                name="hvdc_" + "".join(c if c.isalnum() else "_" for c in key))
+        if v is None:  # created once, outside every trace
+            v = state_variable(init, dtype, name="hvdc_" + "".join(c if c.isalnum() else "_" for c in key))
             store[key] = v
         return v
 

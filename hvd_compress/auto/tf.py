@@ -44,6 +44,7 @@ from ..compressor import Phase
 from ..naming import stable_hash
 from ..schemes.base import EncodeContext
 from ..tf_adapter import TFAdapter, tf_checkpoint_slot
+from ..tf_state import state_variable
 from ..transports import RESOLVED, ResolvedPending
 from ..transports.base import pending_fields
 
@@ -308,8 +309,7 @@ class AutoTFAdapter(TFAdapter):
     def reset(self):
         super().reset()
         if getattr(self, "plan_var", None) is None:
-            with tf.init_scope():
-                self.plan_var = tf.Variable("", dtype=tf.string, trainable=False, name="hvdc_auto_plan")
+            self.plan_var = state_variable("", tf.string, name="hvdc_auto_plan")
             self.state_module.auto_plan = self.plan_var
             self.mode_vars, self.timestamps = {}, None
             return
@@ -331,8 +331,7 @@ class AutoTFAdapter(TFAdapter):
             return None
         n = auto.calibration_steps + 1
         if self.timestamps is None:
-            with tf.init_scope():
-                self.timestamps = tf.Variable(tf.zeros([n], tf.float64), trainable=False, name="hvdc_auto_stamps")
+            self.timestamps = state_variable(lambda: tf.zeros([n], tf.float64), tf.float64, name="hvdc_auto_stamps")
         index = tf.minimum(step - 1, n - 1)
         value = tf.where(step <= n, tf.timestamp(), tf.gather(self.timestamps, index))
         return self.timestamps.scatter_nd_update(tf.reshape(index, [1, 1]), tf.reshape(value, [1]))

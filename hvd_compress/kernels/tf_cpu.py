@@ -191,7 +191,8 @@ class _TimingResidual:
     calibration): every key's residual is one scratch variable."""
 
     def __init__(self, numel):
-        self.variable = tf.Variable(tf.zeros([numel], tf.float32), trainable=False)
+        from ..tf_state import state_variable  # made outside every trace: Auto times codecs at a trace
+        self.variable = state_variable(lambda: tf.zeros([numel], tf.float32), tf.float32)
 
     def residual_variable(self, key):
         return self.variable

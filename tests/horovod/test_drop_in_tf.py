@@ -24,6 +24,15 @@ Runs under ``horovodrun -np 2`` with Gloo and MPI (scripts/run_tests.sh).
    equal, ``MetricAverageCallback`` reports the mean of the ranks' losses,
    ``LearningRateWarmupCallback`` and ``LearningRateScheduleCallback`` set the
    learning rate their formulas give, batch by batch.
+4. **Local variables with gradient aggregation**: the Keras optimizer (current
+   and legacy) with ``register_local_var`` and ``backward_passes_per_step``,
+   and the tape with ``register_local_source``, one compressor through all of
+   them, each step traced three times.  The check: against ``none``, local
+   variables and tensors sent whole are equal, every other tensor differs by
+   exactly what the ranks' residuals hold, and every variable has its own key.
+5. **Auto() built inside the traced step**, in the tape step and in a Keras
+   ``train_step`` under ``model.fit``, traced more than once: one plan, the
+   replicas identical.
 
 Every rank injects a rank-specific gradient ``w_r * v + b_r`` (the loss
 ``sum(w_r v^2 / 2 + b_r v)``), so error feedback carries real mass between steps.
@@ -280,3 +289,201 @@ def test_horovod_keras_callbacks_in_model_fit():
             else:  # staircase from epoch 2: lr * 0.5 ** (epoch - 2), set at each epoch's first batch
                 want.append(lr * 0.5 ** (epoch - 2))
     np.testing.assert_allclose(rates.lrs, want, rtol=1e-6)
+
+
+# --- 4. local variables with gradient aggregation, one compressor through every path ------------
+# A compressor object is passed to several optimizers and tapes, each over its own unnamed
+# variables, some of them registered as local: Horovod caches its traced allreduce function per
+# compression object and optimizer name, so every Keras SGD (legacy or current) reaches the same
+# traced function with a different variable list, and that function retraces.
+LOCAL_SCHEMES = {
+    "TopK(0.01)": lambda: hvd_compress.TopK(0.01),
+    "PowerSGD(2)": lambda: hvd_compress.PowerSGD(2),
+    "EFSignSGD": lambda: hvd_compress.EFSignSGD(),
+    # decides after one communication; FP16 and Int8 left out to halve the branches each trace
+    # builds (the tests of section 4 run Auto's every candidate)
+    "Auto": lambda: hvd_compress.Auto(calibration_steps=1, probe_numels=(256, 4096), exclude=("FP16", "Int8")),
+}
+LOCAL_SHAPES = [(1,), (2,), (1,), (2,), (2,), (1,)]
+LR, BPPS, LOCAL_STEPS = 0.5, 4, 8
+
+
+def _linear_loss(variables):
+    """A loss whose gradient does not depend on the weights: rank ``r``'s gradient of
+    variable ``i`` is ``G[r, i]``, the same at every step, so the updates of any two
+    runs can be compared element by element and their mass accounted for."""
+    return tf.add_n([tf.reduce_sum(_constant_grad(i, v.shape) * v) for i, v in enumerate(variables)])
+
+
+def _constant_grad(i, shape):
+    n = int(np.prod(shape))
+    return tf.constant((np.cos(np.arange(n) * 1.7 + i) * (1 + RANK) + 0.3 * i).reshape(shape), tf.float32)
+
+
+def _local_pattern(path, comp, local, average):
+    """Train fresh unnamed variables of LOCAL_SHAPES for LOCAL_STEPS steps along ``path``
+    with ``local`` (indices) registered as local; the step takes a Python argument that
+    changes at steps 0, 1 and 5, so it is traced at the first call (twice: it creates
+    variables), again at the second, and again later."""
+    variables = _variables(LOCAL_SHAPES)
+    if path == "tape":
+        opt = tf.keras.optimizers.SGD(LR)
+
+        @tf.function
+        def step(phase):
+            with tf.GradientTape() as tape:
+                loss = _linear_loss(variables)
+            tape = hvd.DistributedGradientTape(tape, compression=comp)
+            for i in local:
+                tape.register_local_source(variables[i])
+            opt.apply_gradients(zip(tape.gradient(loss, variables), variables))
+    else:
+        sgd = tf.keras.optimizers.legacy.SGD if path == "keras-legacy" else tf.keras.optimizers.SGD
+        opt = hvdk.DistributedOptimizer(sgd(LR), backward_passes_per_step=BPPS, average_aggregated_gradients=average,
+                                        sparse_as_dense=True, compression=comp)
+        for i in local:
+            opt.register_local_var(variables[i])
+
+        @tf.function
+        def step(phase):
+            opt.apply_gradients(opt._compute_gradients(lambda: _linear_loss(variables), var_list=variables))
+
+    for s in range(LOCAL_STEPS):
+        step(0 if s == 0 else 1 if s < 5 else 2)
+    assert step.experimental_get_tracing_count() >= 3
+    return [v.numpy() for v in variables], variables
+
+
+LOCAL_PATHS = [("keras", (1, 2), True), ("keras-legacy", (0, 3), False), ("tape", (4,), None)]
+_DENSE_RUNS = {}  # (path, local, average) -> the weights ``none`` gives, computed once
+
+
+def _dense_run(path, local, average):
+    if (path, local, average) not in _DENSE_RUNS:
+        _DENSE_RUNS[path, local, average] = _local_pattern(path, hvd.Compression.none, local, average)[0]
+    return _DENSE_RUNS[path, local, average]
+
+
+def _residual_of(comp, variable):
+    """The error-feedback residual a compressor keeps for ``variable`` (zeros where none)."""
+    key = comp.adapter_for("tensorflow").key_of(variable)
+    residual = comp.state_dict()["tensorflow"].get(f"residual/{key}") if key is not None else None
+    return np.zeros(variable.shape, np.float32) if residual is None else residual.reshape(variable.shape)
+
+
+@pytest.mark.parametrize("scheme", list(LOCAL_SCHEMES))
+def test_local_variables_with_aggregation_every_path(scheme):
+    """One compressor through the Keras optimizer (current and legacy: both reach
+    Horovod's one cached allreduce function for "DistributedSGD", with other
+    variables and another subset of them local) with ``backward_passes_per_step``,
+    and through the tape with a local source, each step traced three times.
+    Against ``none`` run the same way: local variables and every tensor the
+    scheme sends whole are equal; for every other tensor the difference is
+    exactly what the ranks' residuals still hold.  Every variable that reached
+    the allreduce has a key of its own."""
+    comp = LOCAL_SCHEMES[scheme]()
+    size = hvd.size()
+    adapter = comp.adapter_for("tensorflow")
+    keys = []
+    for n, (path, local, average) in enumerate(LOCAL_PATHS):
+        got, variables = _local_pattern(path, comp, local, average)
+        keys += [adapter.key_of(v) for i, v in enumerate(variables) if i not in local]
+        want = _dense_run(path, local, average)
+        steps_per_update = BPPS if path != "tape" and average else 1
+        for i, (g, w) in enumerate(zip(got, want)):
+            label = f"{path} #{n} variable {i} {LOCAL_SHAPES[i]}"
+            if i in local:
+                np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6, err_msg=label)
+                continue
+            # sum over ranks of what was not sent = size * steps_per_update * (w_c - w_none) / lr
+            held = hvd.allreduce(tf.constant(_residual_of(comp, variables[i])), op=hvd.Sum,
+                                 name=f"test.local.{scheme}.{n}.{i}").numpy()
+            np.testing.assert_allclose(size * steps_per_update * (g - w) / LR, held, rtol=1e-4, atol=1e-4,
+                                       err_msg=label)
+            exact = scheme == "PowerSGD(2)" or (scheme in ("TopK(0.01)", "EFSignSGD") and LOCAL_SHAPES[i] == (1,))
+            if exact:
+                np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6, err_msg=label)
+    assert None not in keys and len(set(keys)) == len(keys), keys
+
+
+# --- 5. Auto() built inside the traced step, traced more than once -----------------------------
+def _replicas_identical(values, name):
+    flat = tf.constant(np.concatenate([np.ravel(v) for v in values]), tf.float32)
+    gathered = hvd.allgather(tf.reshape(flat, [1, -1]), name=name).numpy()
+    return all(np.array_equal(gathered[0], row) for row in gathered)
+
+
+def _assert_one_auto_state(built):
+    """Every Auto a trace built sees the one plan the first one decided."""
+    assert len(built) >= 2, len(built)
+    plans = [auto.current_plan() for auto in built]
+    assert plans[0] and all(p == plans[0] for p in plans), plans
+
+
+def test_auto_built_inside_tape_step_across_retraces():
+    """Horovod's synthetic-benchmark pattern with ``compression = hvd_compress.Auto()``
+    inside the step: traced for ``first_batch=True`` (twice: variables are created),
+    again for ``False``; past calibration, so the plan is decided in the traced step."""
+    variables = _variables(LOCAL_SHAPES + [(16, 8)])
+    opt = tf.keras.optimizers.SGD(LR)
+    built = []
+
+    @tf.function
+    def step(first_batch):
+        compression = hvd_compress.Auto(calibration_steps=2, probe_numels=(256, 4096))
+        built.append(compression)
+        with tf.GradientTape() as tape:
+            loss = _linear_loss(variables)
+        tape = hvd.DistributedGradientTape(tape, compression=compression)
+        opt.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        if first_batch:
+            hvd.broadcast_variables(variables, root_rank=0)
+
+    for s in range(6):
+        step(s == 0)
+    assert step.experimental_get_tracing_count() >= 2
+    _assert_one_auto_state(built)
+    assert _replicas_identical([v.numpy() for v in variables], "test.auto_inside.tape")
+
+
+class _AutoInTrainStep(tf.keras.Model):
+    """A Keras model whose ``train_step`` builds ``Auto()`` and Horovod's tape, as
+    the synthetic benchmark builds them in its step; ``model.fit`` traces it."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden = tf.keras.layers.Dense(8, activation="tanh")
+        self.out = tf.keras.layers.Dense(1)
+        self.built_autos = []
+
+    def call(self, x):
+        return self.out(self.hidden(x))
+
+    def train_step(self, data):
+        x, y = data
+        compression = hvd_compress.Auto(calibration_steps=2, probe_numels=(256, 4096))
+        self.built_autos.append(compression)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(self(x, training=True) - y))
+        tape = hvd.DistributedGradientTape(tape, compression=compression)
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        return {"loss": loss}
+
+
+def test_auto_built_inside_keras_train_step_across_retraces():
+    """``model.fit`` with Auto built in ``train_step``: the train function is traced at
+    the first call, then again when a second ``fit`` feeds batches of a static shape."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((32, 6)).astype(np.float32)
+    y = (x @ rng.standard_normal((6, 1))).astype(np.float32)
+    model = _AutoInTrainStep()
+    model.compile(optimizer=tf.keras.optimizers.SGD(0.05))
+    model(x[:1])
+    hvd.broadcast_variables(model.variables, root_rank=0)
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)  # a (None, 6) batch
+    static = tf.data.Dataset.from_tensor_slices((x, y)).batch(8, drop_remainder=True)  # an (8, 6) batch
+    model.fit(static, epochs=1, verbose=0)
+    assert model.train_function.experimental_get_tracing_count() >= 2
+    _assert_one_auto_state(model.built_autos)
+    assert _replicas_identical(model.get_weights(), "test.auto_inside.keras")
