@@ -172,11 +172,13 @@ def test_demo_script_is_the_documented_command():
     assert "horovodrun" in text and "-np 2" in text
 
 
-@pytest.mark.parametrize("scheme, min_ratio", [(["topk", "--ratio", "0.01"], 20), (["powersgd"], 2), (["int8"], 3.5)],
-                         ids=["topk", "powersgd", "int8"])
+@pytest.mark.parametrize("scheme, min_ratio", [(["topk", "--ratio", "0.01"], 20), (["powersgd"], 2), (["int8"], 3.5),
+                                               (["auto"], 1.0)],
+                         ids=["topk", "powersgd", "int8", "auto"])
 def test_tf2_synthetic_benchmark_with_compression_built_in_step(scheme, min_ratio):
     """Horovod's TF2 benchmark pattern: the compressor is built inside the
-    traced step, which retraces; every trace's compressor continues one state."""
+    traced step, which retraces; every trace's compressor continues one state
+    (``Auto()`` too: dense while it calibrates, over these 5 steps)."""
     rc, out, _ = horovodrun(["examples/tf2_synthetic_benchmark_compression_in_step.py", "--batch-size", "8",
                              "--num-warmup-batches", "1", "--num-batches-per-iter", "2", "--num-iters", "2",
                              "--compression", *scheme])
