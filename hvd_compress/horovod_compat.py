@@ -201,11 +201,10 @@ def find_tf_caller(tensor) -> TFCaller:
         variables = loc.get("vars")
         if variables is not None and "grads" in loc:
             variables = list(variables)
+            # By identity only: a loop index ``i`` is no evidence -- Python 3.11 keeps the
+            # comprehension's ``i`` in a frame of its own, 3.12+ in this one (PEP 709),
+            # and in the ``groups`` path ``i`` counts groups, not variables.
             index = _index_of(tensor, loc["grads"])
-            if index is None and isinstance(loc.get("i"), int):
-                index = loc["i"]  # a loop index, if the identity was lost on the way
-            if index is not None and not 0 <= index < len(variables):
-                index = None
             return TFCaller(process_set, variables, index, unique_keys([v.name for v in variables]))
     return TFCaller(process_set, None, None)
 

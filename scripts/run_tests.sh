@@ -8,9 +8,19 @@
 # (the same Horovod core ops under the compressor; torch runs MPI at 3) at a cost
 # in CI wall time (docs/development.md, "CI wall time", has the measured times).
 # Any failure, or a run that collects no test (pytest's exit code 5), fails.
+# The venv is the one scripts/install.sh made for $PYTHON (scripts/venv_path.sh;
+# .venv when PYTHON is unset).  A framework that this venv's Horovod was built
+# without (HVD_COMPRESS_FRAMEWORKS) skips its tests/horovod/*_<framework>.py
+# files, each reported as SKIPPED with the reason and counted as skipped.
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="${HVD_COMPRESS_VENV:-$REPO/.venv}"
+# shellcheck source=scripts/venv_path.sh
+. "$REPO/scripts/venv_path.sh"
+if [ -n "${PYTHON:-}" ]; then
+  VENV="$(hvdc_venv_path "$REPO" "$(hvdc_python_minor "$PYTHON")")" || { echo "cannot run PYTHON=$PYTHON" >&2; exit 1; }
+else
+  VENV="${HVD_COMPRESS_VENV:-$REPO/.venv}"
+fi
 PY="$VENV/bin/python"
 HVDRUN="$VENV/bin/horovodrun"
 OUT="${HVDC_TEST_OUT:-$REPO/out/tests}"
@@ -144,9 +154,32 @@ launch() { # label np controller test-file xml-prefix
   record_exit "$label" "$rc"
   return 0
 }
+# the frameworks this venv's Horovod was built with: its extension libraries, found without importing
+# torch or TF (a framework that was built but does not import fails its tests; it is not skipped)
+HOROVOD_BUILT="$("$PY" - <<'PYEOF' 2>/dev/null
+import glob, importlib.util, os
+spec = importlib.util.find_spec("horovod")
+root = spec.submodule_search_locations[0] if spec else ""
+print(" ".join(fw for fw in ("torch", "tensorflow") if root and glob.glob(os.path.join(root, fw, "mpi_lib*.so"))))
+PYEOF
+)"
+built_with() { # torch / tensorflow -> true if this venv's Horovod has that framework
+  case " $HOROVOD_BUILT " in *" $1 "*) return 0;; esac; return 1
+}
+skipped_files=()
 shopt -s nullglob
 for test_file in tests/horovod/test_*.py; do
   base="$(basename "$test_file")"
+  case "$base" in
+    *_torch.py) framework=torch;;
+    *_tf.py) framework=tensorflow;;
+    *) framework="";;
+  esac
+  if [ -n "$framework" ] && ! built_with "$framework"; then
+    skipped_files+=("SKIPPED: $base: the Horovod in $VENV was built without $framework (HVD_COMPRESS_FRAMEWORKS)")
+    skipped=$((skipped + 1))
+    continue
+  fi
   for ctl in $CONTROLLERS; do
     nps="2"; case " $(echo $NP3_FILES) " in *" $base "*|*" $base:$ctl "*) nps="2 3";; esac
     for np in $nps; do
@@ -163,10 +196,12 @@ done
 
 if [ ${#reruns[@]} -gt 0 ]; then echo; printf '%s\n' "${reruns[@]}"; fi
 if [ ${#crashes[@]} -gt 0 ]; then echo; printf '%s\n' "${crashes[@]}"; fi
+if [ ${#skipped_files[@]} -gt 0 ]; then echo; printf '%s\n' "${skipped_files[@]}"; fi
 echo
 for entry in "${failures[@]}"; do # an indented entry says why the FAILED line above it failed
   case "$entry" in "    "*) printf '%s\n' "$entry";; *) printf 'FAILED: %s\n' "$entry";; esac
 done
 [ -n "${HVDC_CI_START:-}" ] && echo "wall time since CI start (set-up included): $(( $(date +%s) - HVDC_CI_START )) s"
+echo "python: $("$PY" --version 2>&1) in $VENV"
 echo "total: $passed passed, $failed failed, $skipped skipped"
 [ $failed -eq 0 ] && [ ${#failures[@]} -eq 0 ] && [ $passed -gt 0 ]

@@ -1,8 +1,11 @@
 """Unit tests of hvd_compress.horovod_compat's pure parts and of collective
 names; the frame readers are exercised under horovodrun
 (tests/horovod/test_drop_in_tf.py, test_drop_in_torch.py)."""
+import importlib.util
 import sys
+import types
 import warnings
+from pathlib import Path
 
 import pytest
 from hypothesis import given, strategies as st
@@ -122,3 +125,109 @@ def test_the_backend_explains_a_hyperparameter_kept_as_a_python_number():
     backend.set_value(0.0, 0.0)  # momentum 0 under Horovod's momentum correction: nothing to change
     with pytest.raises(TypeError, match="momentum_correction=False"):
         backend.set_value(0.9, 0.45)
+
+
+# --- the frame readers on this Python's frames ------------------------------------------
+# Python 3.12 inlines comprehensions into the function's frame (PEP 709); up to 3.11
+# a comprehension has a frame of its own.  horovod_call_shapes.py replays the calls
+# through which Horovod 0.28.1 reaches ``compress``, loaded under Horovod's module name,
+# so these tests read the frames this interpreter really makes.
+HOROVOD_SHAPES = Path(__file__).with_name("horovod_call_shapes.py")
+
+
+@pytest.fixture(scope="module")
+def hvd_shapes():
+    spec = importlib.util.spec_from_file_location("horovod.tensorflow", HOROVOD_SHAPES)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.__name__ == "horovod.tensorflow"
+    return module
+
+
+class Recorder:
+    """A Compression whose ``compress`` asks the frame readers what Horovod is reducing."""
+
+    def __init__(self, find):
+        self.find, self.seen = find, []
+
+    def compress(self, tensor):
+        self.seen.append((tensor, self.find(tensor)))
+        return tensor, None
+
+
+class Var:  # what the readers use of a tf.Variable
+    def __init__(self, name):
+        self.name = name
+
+
+def _torch_parameters(monkeypatch):
+    """Factories of a parameter and of a gradient: torch's when installed, else a
+    stand-in ``torch`` module (the reader only asks ``isinstance(p, torch.Tensor)``)."""
+    try:
+        import torch
+        return lambda: torch.zeros(2, requires_grad=True), lambda: torch.zeros(2)
+    except ImportError:
+        fake = types.ModuleType("torch")
+
+        class Tensor:
+            grad = None
+        fake.Tensor = Tensor
+        monkeypatch.setitem(sys.modules, "torch", fake)
+        return Tensor, object
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["per_parameter", "grouped"])
+def test_torch_reader_finds_the_parameter_and_optimizer(hvd_shapes, monkeypatch, grouped):
+    make_param, make_grad = _torch_parameters(monkeypatch)
+    params = [make_param() for _ in range(3)]
+    for p in params:
+        p.grad = make_grad()
+    recorder = Recorder(lambda tensor: horovod_compat.find_torch_caller())
+    opt = hvd_shapes.TorchDistributedOptimizer([(f"layer{k}.weight", p) for k, p in enumerate(params)],
+                                               recorder, process_set="the process set")
+    if grouped:
+        opt._grouped_allreduce_grad_async(params)
+    else:
+        for p in params:
+            opt._allreduce_grad_async(p)
+    assert [caller.optimizer for _, caller in recorder.seen] == [opt] * 3
+    assert [caller.key for _, caller in recorder.seen] == ["layer0.weight", "layer1.weight", "layer2.weight"]
+    assert recorder.seen[0][1].process_set == "the process set"
+
+
+@pytest.mark.parametrize("groups", [None, 2, "list"], ids=["ungrouped", "groups=2", "groups=list"])
+def test_tf_reader_finds_each_variable_and_numbers_repeated_names(hvd_shapes, groups):
+    names = ["Variable:0", "dense/kernel:0", "Variable:0", "dense/bias:0"]
+    keys = ["Variable:0#0", "dense/kernel:0", "Variable:0#1", "dense/bias:0"]
+    if groups == "list":  # Horovod matches list groups by name, so its names must differ
+        names[2] = "Variable_1:0"
+        keys = names
+    variables = [Var(n) for n in names]
+    grads = [object() for _ in variables]
+    recorder = Recorder(horovod_compat.find_tf_caller)
+    if groups == "list":
+        groups = [[variables[3], variables[0]]]  # the rest go one per group
+    allreduce_grads = hvd_shapes.make_allreduce_grads_fn(recorder, groups, process_set="the process set")
+    assert allreduce_grads(grads, variables) == grads
+    found = {id(tensor): caller for tensor, caller in recorder.seen}
+    assert [found[id(g)].key for g in grads] == keys
+    assert all(caller.process_set == "the process set" and caller.variables == variables
+               for caller in found.values())
+
+
+def test_tf_reader_leaves_a_gradient_it_cannot_place_unkeyed(hvd_shapes):
+    """A tensor that is not one of ``grads`` gets no key (the adapter then warns and uses
+    a shape key) -- never a loop index, which Python 3.11 keeps in the comprehension's
+    frame and 3.12 in the function's."""
+    variables = [Var("a:0"), Var("b:0")]
+    recorder = Recorder(lambda tensor: horovod_compat.find_tf_caller(object()))
+    hvd_shapes.make_allreduce_grads_fn(recorder, None, process_set="ps")([object(), object()], variables)
+    assert [caller.key for _, caller in recorder.seen] == [None, None]
+    assert all(caller.variables == variables for _, caller in recorder.seen)
+
+
+def test_keras_reader_finds_the_wrapping_optimizer(hvd_shapes):
+    recorder = Recorder(lambda tensor: horovod_compat.find_keras_optimizer())
+    keras_opt = hvd_shapes.KerasDistributedOptimizer(hvd_shapes.make_allreduce_grads_fn(recorder, None, "ps"))
+    keras_opt._allreduce([object(), object()], [Var("a:0"), Var("b:0")])
+    assert [found for _, found in recorder.seen] == [keras_opt, keras_opt]

@@ -110,3 +110,19 @@ def test_wheel_ships_tools_and_their_data(tmp_path):
         assert want in names, f"{want} missing from {wheel.name}"
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "hvd-compress = hvd_compress.tools.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
+
+
+def test_python_requires_admits_exactly_the_classified_pythons():
+    """setup.cfg's ``python_requires`` and its ``Programming Language :: Python :: 3.x``
+    classifiers name the same Pythons (the tested ones), this one among them."""
+    import configparser
+    import re
+    from packaging.specifiers import SpecifierSet
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "setup.cfg")
+    spec = SpecifierSet(cfg["options"]["python_requires"])
+    classified = {m.group(1) for line in cfg["metadata"]["classifiers"].splitlines()
+                  if (m := re.fullmatch(r"Programming Language :: Python :: (3\.\d+)", line.strip()))}
+    admitted = {f"3.{minor}" for minor in range(0, 30) if spec.contains(f"3.{minor}.0")}
+    assert classified == admitted, (classified, admitted)
+    assert "{}.{}".format(*sys.version_info[:2]) in admitted

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The test suite on the Pythons other than CI's 3.11: for each interpreter,
+# scripts/install.sh sets up its own venv (.venv-py312, .venv-py313: Horovod
+# 0.28.1 built for that Python, wheel cached per Python), then
+#   full (default):  scripts/run_tests.sh -- every plain test, and every
+#                    tests/horovod file under horovodrun at np=2 over Gloo
+#                    (HVDC_CONTROLLERS and NP3_FILES widen it);
+#   --unit-only:     pytest tests/unit only.
+# Each Python's log goes to out/python_versions/py3NN.log; the summary at the end
+# has one line per Python (its test totals and wall time) and says FAILED for any
+# Python whose install or tests failed.  docs/development.md quotes the last run.
+#
+# Usage: scripts/test_python_versions.sh [--unit-only] [--unit-only-for 3.13] [PYTHON ...]
+#   default PYTHONs: python3.12 and python3.13 (pyenv's 3.12.1 / 3.13.0 where PATH has none)
+#   --unit-only-for X.Y: that Python runs the unit tests only, the others the full run
+set -uo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="$REPO/out/python_versions"
+UNIT_ONLY_ALL=0; UNIT_ONLY_FOR=""; PYTHONS=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --unit-only) UNIT_ONLY_ALL=1; shift;;
+    --unit-only-for) [ $# -ge 2 ] || { echo "--unit-only-for needs a version, e.g. 3.13" >&2; exit 2; }
+                     UNIT_ONLY_FOR+=" $2"; shift 2;;
+    -h|--help) sed -n '2,17p' "${BASH_SOURCE[0]}"; exit 0;;
+    -*) echo "unknown option '$1' (allowed: --unit-only, --unit-only-for X.Y, PYTHON paths)" >&2; exit 2;;
+    *) PYTHONS+=("$1"); shift;;
+  esac
+done
+if [ ${#PYTHONS[@]} = 0 ]; then
+  for v in 3.12:3.12.1 3.13:3.13.0; do
+    if command -v "python${v%%:*}" >/dev/null; then PYTHONS+=("$(command -v "python${v%%:*}")")
+    elif [ -x "$HOME/.pyenv/versions/${v#*:}/bin/python" ]; then PYTHONS+=("$HOME/.pyenv/versions/${v#*:}/bin/python")
+    else echo "no Python ${v%%:*} found (python${v%%:*} on PATH or ~/.pyenv/versions/${v#*:})" >&2; exit 2
+    fi
+  done
+fi
+# shellcheck source=scripts/venv_path.sh
+. "$REPO/scripts/venv_path.sh"
+export TF_USE_LEGACY_KERAS=1 TF_CPP_MIN_LOG_LEVEL=3 PYTHONUNBUFFERED=1 PYTHONHASHSEED=0
+mkdir -p "$OUT"
+summary=(); bad=0
+for python in "${PYTHONS[@]}"; do
+  minor="$(hvdc_python_minor "$python")" || { summary+=("FAILED: $python does not run"); bad=1; continue; }
+  version="$("$python" -c 'import platform; print(platform.python_version())')"
+  short="${version%.*}"
+  log="$OUT/py$minor.log"
+  mode=full
+  if [ $UNIT_ONLY_ALL = 1 ] || case " $UNIT_ONLY_FOR " in *" $short "*) true;; *) false;; esac; then mode=unit; fi
+  echo; echo "=== Python $version ($python): install, then the $mode run; log: $log"
+  start=$SECONDS
+  {
+    install_start=$SECONDS
+    bash "$REPO/scripts/install.sh" --python "$python"
+    install_rc=$?
+    echo "=== install: exit $install_rc in $((SECONDS - install_start)) s"
+    if [ $install_rc = 0 ]; then
+      venv="$(hvdc_venv_path "$REPO" "$minor")"
+      if [ $mode = unit ]; then
+        "$venv/bin/python" -m pytest -p no:cacheprovider -ra -q tests/unit
+      else
+        PYTHON="$python" HVDC_CONTROLLERS="${HVDC_CONTROLLERS:-gloo}" NP3_FILES="${NP3_FILES:-}" \
+          HVDC_TEST_OUT="$OUT/py$minor" bash "$REPO/scripts/run_tests.sh"
+      fi
+      echo "=== tests: exit $?"
+    fi
+  } > "$log" 2>&1 < /dev/null
+  took=$((SECONDS - start))
+  tests_rc="$(sed -n 's/^=== tests: exit //p' "$log" | tail -1)"
+  if [ "$mode" = unit ]; then
+    totals="$(grep -E '^[0-9]+ (passed|failed)|^=+ .*(passed|failed).* in ' "$log" | tail -1 | tr -d '=')"
+  else
+    totals="$(grep '^total: ' "$log" | tail -1)"
+  fi
+  if [ -z "$tests_rc" ]; then
+    summary+=("FAILED: Python $version: install failed after $took s (see $log)"); bad=1
+  elif [ "$tests_rc" != 0 ]; then
+    summary+=("FAILED: Python $version, $mode run: ${totals:-no totals} (exit $tests_rc, $took s; see $log)"); bad=1
+  else
+    summary+=("ok: Python $version, $mode run: ${totals# } ($took s with the install)")
+  fi
+  grep -E '^SKIPPED|^FAILED' "$log" | sed 's/^/    /' | head -20
+done
+echo; echo "=== summary (scripts/test_python_versions.sh)"
+printf '%s\n' "${summary[@]}"
+exit $bad
