@@ -10,8 +10,8 @@
 # Any failure, or a run that collects no test (pytest's exit code 5), fails.
 # The venv is the one scripts/install.sh made for $PYTHON (scripts/venv_path.sh;
 # .venv when PYTHON is unset).  A framework that this venv's Horovod was built
-# without (HVD_COMPRESS_FRAMEWORKS) skips its tests/horovod/*_<framework>.py
-# files, each reported as SKIPPED with the reason and counted as skipped.
+# without (HVD_COMPRESS_FRAMEWORKS) skips its tests/horovod files (named *_torch*.py,
+# *_tf*.py), each reported as SKIPPED with the reason and counted as skipped.
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=scripts/venv_path.sh
@@ -171,8 +171,8 @@ shopt -s nullglob
 for test_file in tests/horovod/test_*.py; do
   base="$(basename "$test_file")"
   case "$base" in
-    *_torch.py) framework=torch;;
-    *_tf.py) framework=tensorflow;;
+    *_torch.py|*_torch_*.py) framework=torch;;
+    *_tf.py|*_tf_*.py) framework=tensorflow;;
     *) framework="";;
   esac
   if [ -n "$framework" ] && ! built_with "$framework"; then

@@ -154,3 +154,31 @@ def test_a_crash_is_rerun_only_for_a_cause_outside_the_project(tmp_path):
     assert not any("two_phase" in line for line in summary if line.startswith("FAILED"))
     n_files = len(list((REPO / "tests" / "horovod").glob("test_*.py")))
     assert summary[-1] == f"total: {2 + 2 * n_files} passed, 1 failed, 0 skipped", summary
+
+
+def test_files_of_a_framework_horovod_was_built_without_are_skipped_and_reported(tmp_path):
+    """A TF-only Horovod (HVD_COMPRESS_FRAMEWORKS=tensorflow): the torch files are not
+    launched; each is named on a SKIPPED line with the reason and counted as skipped."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    # the runner's one bare `python -` (stdin script, no arguments) asks which frameworks Horovod has
+    tf_only = FAKE_PYTHON.replace("exec ", 'if [ "$1" = - ] && [ $# = 1 ]; then cat > /dev/null; echo tensorflow; '
+                                           'exit 0; fi\nexec ', 1)
+    _executable(venv / "bin" / "python", tf_only)
+    launched = tmp_path / "launched"
+    _executable(venv / "bin" / "horovodrun",
+                FAKE_HOROVODRUN.replace("rc=0\n", f'rc=0\necho "$file" >> {launched}\n', 1))
+    env = dict(os.environ, HVD_COMPRESS_VENV=str(venv), HVDC_TEST_OUT=str(tmp_path / "out"),
+               HVDC_CONTROLLERS="gloo", NP3_FILES="no_such_file.py")
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "run_tests.sh")], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    out = proc.stdout
+    assert proc.returncode == 0, out[-3000:]
+    files = sorted(p.name for p in (REPO / "tests" / "horovod").glob("test_*.py"))
+    torch_files = [f for f in files if "_torch" in f]
+    tf_files = [f for f in files if "_tf" in f]
+    assert torch_files and tf_files and sorted(torch_files + tf_files) == files
+    assert sorted(Path(f).name for f in launched.read_text().split()) == tf_files
+    for f in torch_files:
+        assert f"SKIPPED: {f}: the Horovod in {venv} was built without torch (HVD_COMPRESS_FRAMEWORKS)" in out
+    assert out.splitlines()[-1] == f"total: {2 + 2 * len(tf_files)} passed, 0 failed, {len(torch_files)} skipped"
