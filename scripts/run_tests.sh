@@ -86,7 +86,10 @@ run() { # label, command...
 }
 
 # 1. tests that need no horovodrun around them
-run "pytest" "$PY" -m pytest -p no:cacheprovider -ra -q --junitxml="$OUT/plain.xml" tests --ignore=tests/horovod "$@"
+# HVDC_PLAIN_TESTS narrows this run (scripts/test_python_versions.sh: tests/unit), HVDC_HOROVOD_FILES
+# the horovodrun launches (names under tests/horovod/); both default to everything
+# shellcheck disable=SC2086  # HVDC_PLAIN_TESTS is a list of paths
+run "pytest" "$PY" -m pytest -p no:cacheprovider -ra -q --junitxml="$OUT/plain.xml" ${HVDC_PLAIN_TESTS:-tests} --ignore=tests/horovod "$@"
 count "$OUT/plain.xml" "pytest"
 
 # 2. tests that run inside horovodrun, one launch per file and configuration.
@@ -168,7 +171,16 @@ built_with() { # torch / tensorflow -> true if this venv's Horovod has that fram
 }
 skipped_files=()
 shopt -s nullglob
-for test_file in tests/horovod/test_*.py; do
+HOROVOD_FILES=()
+if [ -n "${HVDC_HOROVOD_FILES:-}" ]; then
+  for f in $HVDC_HOROVOD_FILES; do
+    [ -f "tests/horovod/$f" ] || { echo "HVDC_HOROVOD_FILES: no tests/horovod/$f" >&2; exit 2; }
+    HOROVOD_FILES+=("tests/horovod/$f")
+  done
+else
+  HOROVOD_FILES=(tests/horovod/test_*.py)
+fi
+for test_file in "${HOROVOD_FILES[@]}"; do
   base="$(basename "$test_file")"
   case "$base" in
     *_torch.py|*_torch_*.py) framework=torch;;

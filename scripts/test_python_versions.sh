@@ -1,29 +1,35 @@
 #!/usr/bin/env bash
-# The test suite on the Pythons other than CI's 3.11: for each interpreter,
+# The tests on the Pythons other than CI's 3.11.  For each interpreter,
 # scripts/install.sh sets up its own venv (.venv-py312, .venv-py313: Horovod
-# 0.28.1 built for that Python, wheel cached per Python), then
-#   full (default):  scripts/run_tests.sh -- every plain test, and every
-#                    tests/horovod file under horovodrun at np=2 over Gloo
-#                    (HVDC_CONTROLLERS and NP3_FILES widen it);
-#   --unit-only:     pytest tests/unit only.
+# 0.28.1 built for that Python, its wheel cached per Python), then one of
+#   default:      tests/unit, and under horovodrun at np=2 over Gloo the files
+#                 that exercise what the Python version can change -- reading
+#                 parameter names and keys from Horovod's frames (Python 3.12
+#                 inlines comprehensions, PEP 709): $VERSION_FILES below;
+#   --full:       scripts/run_tests.sh's whole suite, Horovod files at np=2 over
+#                 Gloo (HVDC_CONTROLLERS and NP3_FILES widen it);
+#   --unit-only:  tests/unit only, installed with --no-horovod.
 # Each Python's log goes to out/python_versions/py3NN.log; the summary at the end
-# has one line per Python (its test totals and wall time) and says FAILED for any
-# Python whose install or tests failed.  docs/development.md quotes the last run.
+# has one line per Python (its totals and wall time, install included) and says
+# FAILED for any Python whose install or tests failed.  docs/development.md
+# quotes the last run.
 #
-# Usage: scripts/test_python_versions.sh [--unit-only] [--unit-only-for 3.13] [PYTHON ...]
+# Usage: scripts/test_python_versions.sh [--full | --unit-only] [--unit-only-for X.Y] [PYTHON ...]
 #   default PYTHONs: python3.12 and python3.13 (pyenv's 3.12.1 / 3.13.0 where PATH has none)
-#   --unit-only-for X.Y: that Python runs the unit tests only, the others the full run
+#   --unit-only-for X.Y: that Python runs tests/unit only, the others as chosen
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="$REPO/out/python_versions"
-UNIT_ONLY_ALL=0; UNIT_ONLY_FOR=""; PYTHONS=()
+VERSION_FILES="${HVDC_VERSION_FILES:-test_smoke_torch.py test_smoke_tf.py test_drop_in_torch.py test_drop_in_tf.py test_training_tf.py}"
+MODE=versions; UNIT_ONLY_FOR=""; PYTHONS=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    --unit-only) UNIT_ONLY_ALL=1; shift;;
+    --full) MODE=full; shift;;
+    --unit-only) MODE=unit; shift;;
     --unit-only-for) [ $# -ge 2 ] || { echo "--unit-only-for needs a version, e.g. 3.13" >&2; exit 2; }
                      UNIT_ONLY_FOR+=" $2"; shift 2;;
-    -h|--help) sed -n '2,17p' "${BASH_SOURCE[0]}"; exit 0;;
-    -*) echo "unknown option '$1' (allowed: --unit-only, --unit-only-for X.Y, PYTHON paths)" >&2; exit 2;;
+    -h|--help) sed -n '2,20p' "${BASH_SOURCE[0]}"; exit 0;;
+    -*) echo "unknown option '$1' (allowed: --full, --unit-only, --unit-only-for X.Y, PYTHON paths)" >&2; exit 2;;
     *) PYTHONS+=("$1"); shift;;
   esac
 done
@@ -45,23 +51,28 @@ for python in "${PYTHONS[@]}"; do
   version="$("$python" -c 'import platform; print(platform.python_version())')"
   short="${version%.*}"
   log="$OUT/py$minor.log"
-  mode=full
-  if [ $UNIT_ONLY_ALL = 1 ] || case " $UNIT_ONLY_FOR " in *" $short "*) true;; *) false;; esac; then mode=unit; fi
+  mode=$MODE
+  case " $UNIT_ONLY_FOR " in *" $short "*) mode=unit;; esac
   echo; echo "=== Python $version ($python): install, then the $mode run; log: $log"
   start=$SECONDS
   {
     install_start=$SECONDS
-    bash "$REPO/scripts/install.sh" --python "$python"
+    if [ $mode = unit ]; then
+      bash "$REPO/scripts/install.sh" --python "$python" --no-horovod
+    else
+      bash "$REPO/scripts/install.sh" --python "$python"
+    fi
     install_rc=$?
     echo "=== install: exit $install_rc in $((SECONDS - install_start)) s"
     if [ $install_rc = 0 ]; then
       venv="$(hvdc_venv_path "$REPO" "$minor")"
-      if [ $mode = unit ]; then
-        "$venv/bin/python" -m pytest -p no:cacheprovider -ra -q tests/unit
-      else
-        PYTHON="$python" HVDC_CONTROLLERS="${HVDC_CONTROLLERS:-gloo}" NP3_FILES="${NP3_FILES:-}" \
-          HVDC_TEST_OUT="$OUT/py$minor" bash "$REPO/scripts/run_tests.sh"
-      fi
+      case $mode in
+        unit) "$venv/bin/python" -m pytest -p no:cacheprovider -ra -q tests/unit;;
+        versions) PYTHON="$python" HVDC_CONTROLLERS=gloo NP3_FILES="" HVDC_PLAIN_TESTS=tests/unit \
+                    HVDC_HOROVOD_FILES="$VERSION_FILES" HVDC_TEST_OUT="$OUT/py$minor" bash "$REPO/scripts/run_tests.sh";;
+        full) PYTHON="$python" HVDC_CONTROLLERS="${HVDC_CONTROLLERS:-gloo}" NP3_FILES="${NP3_FILES:-}" \
+                HVDC_TEST_OUT="$OUT/py$minor" bash "$REPO/scripts/run_tests.sh";;
+      esac
       echo "=== tests: exit $?"
     fi
   } > "$log" 2>&1 < /dev/null
