@@ -14,7 +14,8 @@
 #   5. hvd_compress's fused CPU kernels, compiled once for this machine.
 # Every step says what it does; any failure stops the script with the reason.
 #
-# Usage: scripts/install.sh [--python PATH]      (or PYTHON=PATH scripts/install.sh)
+# Usage: scripts/install.sh [--python PATH] [--no-horovod]     (or PYTHON=PATH scripts/install.sh)
+#   --no-horovod (or HVD_COMPRESS_HOROVOD=0): everything but Horovod, enough for tests/unit
 # Python 3.11, 3.12 and 3.13 are supported.  On 3.11 torch is the CPU build;
 # for 3.12 and 3.13 PyPI has torch 2.13.0 only as its CUDA build (about 2.7 GB
 # of downloads, 4.9 GB in the venv), which runs on the CPU as well:
@@ -32,13 +33,15 @@ die() { printf '\n!!! [install] FAILED: %s\n' "$*" >&2; exit 1; }
 trap 'die "command failed (exit $?) at line $LINENO: $BASH_COMMAND"' ERR
 
 PYTHON_GIVEN="${PYTHON:-}"
+WITH_HOROVOD="${HVD_COMPRESS_HOROVOD:-1}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --python) [ $# -ge 2 ] || die "--python needs a path to a Python 3.11, 3.12 or 3.13 interpreter"
               PYTHON_GIVEN="$2"; shift 2;;
     --python=*) PYTHON_GIVEN="${1#--python=}"; shift;;
-    -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}"; exit 0;;
-    *) die "unknown argument '$1' (allowed: --python PATH)";;
+    --no-horovod) WITH_HOROVOD=0; shift;;
+    -h|--help) sed -n '2,26p' "${BASH_SOURCE[0]}"; exit 0;;
+    *) die "unknown argument '$1' (allowed: --python PATH, --no-horovod)";;
   esac
 done
 if [ -n "$PYTHON_GIVEN" ]; then
@@ -119,8 +122,17 @@ else
   step "installing Python packages into $VENV: ${BASE_PKGS[*]}"
   "${PIP[@]}" install -q "${BASE_PKGS[@]}" || die "pip install of base packages failed"
 fi
+# torch's CUDA build (PyPI's torch for 3.12/3.13) brings triton, whose import (torch.profiler, torch._dynamo)
+# crashes with a segmentation fault in a process that has loaded TensorFlow; torch runs on the CPU without it
+if [ $WITH_TORCH = 1 ] && [ $WITH_TF = 1 ] && "${PIP[@]}" show -q triton >/dev/null 2>&1; then
+  step "removing triton (torch's GPU compiler): importing it next to TensorFlow crashes the process"
+  "${PIP[@]}" uninstall -y -q triton || die "pip uninstall triton failed"
+fi
 
-# --- 3. Horovod ----------------------------------------------------------------
+# --- 3. Horovod (skipped with --no-horovod) ---------------------------------------
+if [ "$WITH_HOROVOD" != 1 ]; then  # (the else branch, the build, is not indented)
+  step "skipping Horovod (--no-horovod / HVD_COMPRESS_HOROVOD=0): tests/unit runs, tests/horovod does not"
+else
 # GPU images set HVD_COMPRESS_GPU_OPERATIONS=NCCL (docker/Dockerfile.cuda); the CPU build leaves it empty
 GPU_OPS="${HVD_COMPRESS_GPU_OPERATIONS:-}"
 FW_KEY=""
@@ -178,6 +190,8 @@ else
   "${PIP[@]}" install -q --no-deps --force-reinstall "$WHEEL_DIR"/horovod-*.whl || die "installing the Horovod wheel failed"
 fi
 
+fi  # step 3
+
 # --- 4. hvd_compress -----------------------------------------------------------
 if "$PY" -c 'import hvd_compress' 2>/dev/null && "$PY" -m pip show -q hvd_compress >/dev/null 2>&1; then
   step "hvd_compress installed (editable)"
@@ -191,6 +205,7 @@ step "building hvd_compress's fused CPU kernels"
 "$PY" -m hvd_compress.kernels || die "building the fused kernels failed (a C compiler is needed; HVDC_KERNELS=0 runs without them)"
 
 # --- 6. verify -------------------------------------------------------------------
+if [ "$WITH_HOROVOD" = 1 ]; then  # (not indented)
 step "checking the Horovod build"
 CHECK="$("$VENV/bin/horovodrun" --check-build)"
 echo "$CHECK"
@@ -200,4 +215,5 @@ WANT=(Gloo MPI)
 for want in "${WANT[@]}"; do
   echo "$CHECK" | grep -Eq "\[X\] $want" || die "horovodrun --check-build does not list $want as available"
 done
+fi  # step 6
 step "done ($("$PY" --version), frameworks: $FRAMEWORKS): activate with 'source $VENV/bin/activate'"

@@ -6,15 +6,17 @@
 #                 that exercise what the Python version can change -- reading
 #                 parameter names and keys from Horovod's frames (Python 3.12
 #                 inlines comprehensions, PEP 709): $VERSION_FILES below;
+#   --horovod-only: those Horovod files, with tests/unit/test_horovod_compat.py
+#                 as the plain part;
 #   --full:       scripts/run_tests.sh's whole suite, Horovod files at np=2 over
 #                 Gloo (HVDC_CONTROLLERS and NP3_FILES widen it);
 #   --unit-only:  tests/unit only, installed with --no-horovod.
-# Each Python's log goes to out/python_versions/py3NN.log; the summary at the end
+# Each Python's log goes to out/python_versions/py3NN-<mode>.log; the summary at the end
 # has one line per Python (its totals and wall time, install included) and says
 # FAILED for any Python whose install or tests failed.  docs/development.md
 # quotes the last run.
 #
-# Usage: scripts/test_python_versions.sh [--full | --unit-only] [--unit-only-for X.Y] [PYTHON ...]
+# Usage: scripts/test_python_versions.sh [--full | --unit-only | --horovod-only] [--unit-only-for X.Y] [PYTHON ...]
 #   default PYTHONs: python3.12 and python3.13 (pyenv's 3.12.1 / 3.13.0 where PATH has none)
 #   --unit-only-for X.Y: that Python runs tests/unit only, the others as chosen
 set -uo pipefail
@@ -26,10 +28,11 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --full) MODE=full; shift;;
     --unit-only) MODE=unit; shift;;
+    --horovod-only) MODE=horovod; shift;;
     --unit-only-for) [ $# -ge 2 ] || { echo "--unit-only-for needs a version, e.g. 3.13" >&2; exit 2; }
                      UNIT_ONLY_FOR+=" $2"; shift 2;;
-    -h|--help) sed -n '2,20p' "${BASH_SOURCE[0]}"; exit 0;;
-    -*) echo "unknown option '$1' (allowed: --full, --unit-only, --unit-only-for X.Y, PYTHON paths)" >&2; exit 2;;
+    -h|--help) sed -n '2,22p' "${BASH_SOURCE[0]}"; exit 0;;
+    -*) echo "unknown option '$1' (allowed: --full, --unit-only, --horovod-only, --unit-only-for X.Y, PYTHON paths)" >&2; exit 2;;
     *) PYTHONS+=("$1"); shift;;
   esac
 done
@@ -50,9 +53,9 @@ for python in "${PYTHONS[@]}"; do
   minor="$(hvdc_python_minor "$python")" || { summary+=("FAILED: $python does not run"); bad=1; continue; }
   version="$("$python" -c 'import platform; print(platform.python_version())')"
   short="${version%.*}"
-  log="$OUT/py$minor.log"
   mode=$MODE
   case " $UNIT_ONLY_FOR " in *" $short "*) mode=unit;; esac
+  log="$OUT/py$minor-$mode.log"
   echo; echo "=== Python $version ($python): install, then the $mode run; log: $log"
   start=$SECONDS
   {
@@ -68,8 +71,10 @@ for python in "${PYTHONS[@]}"; do
       venv="$(hvdc_venv_path "$REPO" "$minor")"
       case $mode in
         unit) "$venv/bin/python" -m pytest -p no:cacheprovider -ra -q tests/unit;;
-        versions) PYTHON="$python" HVDC_CONTROLLERS=gloo NP3_FILES="" HVDC_PLAIN_TESTS=tests/unit \
-                    HVDC_HOROVOD_FILES="$VERSION_FILES" HVDC_TEST_OUT="$OUT/py$minor" bash "$REPO/scripts/run_tests.sh";;
+        versions|horovod)
+          plain=tests/unit; [ $mode = horovod ] && plain=tests/unit/test_horovod_compat.py
+          PYTHON="$python" HVDC_CONTROLLERS=gloo NP3_FILES="" HVDC_PLAIN_TESTS="$plain" \
+            HVDC_HOROVOD_FILES="$VERSION_FILES" HVDC_TEST_OUT="$OUT/py$minor" bash "$REPO/scripts/run_tests.sh";;
         full) PYTHON="$python" HVDC_CONTROLLERS="${HVDC_CONTROLLERS:-gloo}" NP3_FILES="${NP3_FILES:-}" \
                 HVDC_TEST_OUT="$OUT/py$minor" bash "$REPO/scripts/run_tests.sh";;
       esac

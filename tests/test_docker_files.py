@@ -163,7 +163,7 @@ def test_cuda_dockerfile_is_marked_untested():
 @pytest.mark.parametrize("kind", sorted(DOCKERFILES))
 def test_dockerignore_keeps_venv_git_and_keys_out(kind):
     ignore = (DOCKER / f"{DOCKERFILES[kind].name}.dockerignore").read_text().split()
-    for pattern in (".venv", ".git", "**/id_*", "**/known_hosts"):
+    for pattern in (".venv", ".venv-py*", ".git", "**/id_*", "**/known_hosts"):
         assert pattern in ignore
 
 
@@ -219,7 +219,7 @@ def test_no_key_material_in_the_repository():
                                text=True, check=True).stdout.split()
     else:
         files = [str(p.relative_to(REPO)) for p in REPO.rglob("*") if p.is_file()
-                 and ".venv" not in p.parts]
+                 and not any(part.startswith(".venv") for part in p.parts)]
     for rel in files:
         p = REPO / rel
         if not p.is_file() or p.stat().st_size > 2_000_000:

@@ -15,13 +15,16 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "build_docs.sh"
-VENV = Path(os.environ.get("HVD_COMPRESS_VENV", REPO / ".venv"))
 
 
 def _venv():
-    if (VENV / "bin" / "python").exists():
-        return VENV
-    return Path(sys.executable).resolve().parents[1]  # the interpreter running the tests
+    """$HVD_COMPRESS_VENV, else the venv of the interpreter running the tests (on
+    Python 3.12 that is .venv-py312, not the 3.11 .venv), else the repository's .venv."""
+    if os.environ.get("HVD_COMPRESS_VENV"):
+        return Path(os.environ["HVD_COMPRESS_VENV"])
+    if sys.prefix != sys.base_prefix and (Path(sys.prefix) / "bin" / "python").exists():
+        return Path(sys.prefix)
+    return REPO / ".venv"
 
 
 def _pdoc_missing():
