@@ -70,6 +70,8 @@ def test_finders_outside_horovod_find_nothing():
 def horovod_keras(monkeypatch):
     """horovod.tensorflow.keras and its callbacks module, their ``K`` restored after the test."""
     pytest.importorskip("tf_keras")
+    pytest.importorskip("horovod.tensorflow.keras",
+                        reason="Horovod with TensorFlow is not installed (scripts/install.sh --no-horovod)")
     import horovod.tensorflow.keras as hvd_keras
     from horovod.tensorflow.keras import callbacks as hvd_callbacks
     for module in (hvd_keras, hvd_callbacks):
