@@ -67,7 +67,9 @@ FAULT_ENV = {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(GLOO_TIMEOUT_S), "PYTHONUNBUFFE
 #: exit within this many seconds of the fault (measured on the loaded 2-core CI machine:
 #: Gloo link cut 34 s, MPI link cut 12 s, kill 1-4 s)
 EXIT_BOUND_S = 60
-STARTUP_S = 240           # horovodrun start-up + a few steps on a busy machine
+#: horovodrun start-up + a few steps on a busy machine: a hang bound (Horovod launches took up to 280 s
+#: beside two busy processes, docs/development.md, "Stress run")
+STARTUP_S = 600
 MIN_STEPS = 5
 CLEAN_AFTER_EXIT_S = 20   # worker processes gone this long after horovodrun exits
 LINGER_AFTER_LINK_UP_S = 60
