@@ -106,7 +106,7 @@ OUTSIDE_PATTERNS=(
   "Horovod background loop uncaught exception.*(Timed out waiting [0-9]+ms for recv|Application timeout caused pair closure)"
 )
 OUTSIDE_CAUSES=(
-  "a Gloo receive in Horovod's background loop timed out (HOROVOD_GLOO_TIMEOUT_SECONDS) and Horovod's shutdown then aborted in ProcessSetTable::Finalize"
+  "a Gloo receive in Horovod's background loop timed out (HOROVOD_GLOO_TIMEOUT_SECONDS), and Horovod shut down (with a static process set, by aborting in ProcessSetTable::Finalize)"
 )
 outside_cause() { # log -> the cause of the first OUTSIDE_PATTERNS entry the log matches, or nothing
   local i

@@ -137,8 +137,9 @@ def test_a_crash_is_rerun_only_for_a_cause_outside_the_project(tmp_path):
     log = out_dir / "logs" / "test_two_phase_torch[np=2,gloo].log"
     at = next(i for i, line in enumerate(summary) if line.startswith("RERUN: test_two_phase_torch[np=2,gloo]"))
     assert summary[at] == ("RERUN: test_two_phase_torch[np=2,gloo] crashed (exit 134, some rank wrote no report): "
-                           "a Gloo receive in Horovod's background loop timed out (HOROVOD_GLOO_TIMEOUT_SECONDS) "
-                           "and Horovod's shutdown then aborted in ProcessSetTable::Finalize; "
+                           "a Gloo receive in Horovod's background loop timed out (HOROVOD_GLOO_TIMEOUT_SECONDS), "
+                           "and Horovod shut down (with a static process set, by aborting in "
+                           "ProcessSetTable::Finalize); "
                            f"log {log}.attempt1"), summary
     assert summary[at + 1] == "    the rerun: exit 0", summary
     assert CRASH_LINE["test_two_phase_torch.py"] in Path(f"{log}.attempt1").read_text()
