@@ -64,7 +64,7 @@ def main(argv=None):
         return rs[len(rs) // 2]
 
     def finish():
-        tl._outer_and_residual(p_col, qt, qt, out, mat, ws)
+        tl._outer_and_residual(p_col, qt, qt, out, mat, ws, True)
 
     ops = [
         ("M += g (in place)", lambda: mat.add_(grad)),

@@ -155,7 +155,7 @@ class LowRankCodec:
         if self.memory is None:
             _outer(p, qt_scaled, agg, ws)
         elif self.in_place_residual:
-            _outer_and_residual(p, qt_scaled, qt_local, agg, mat, ws)
+            _outer_and_residual(p, qt_scaled, qt_local, agg, mat, ws, adapter.B.host_reads_are_free(mat))
         else:
             # the memory's update first: ``acc`` may share the gradient's buffer that ``out`` is
             sent = torch.empty((n, m), dtype=torch.float32, device=mat.device)  # the memory may keep it
@@ -166,15 +166,16 @@ class LowRankCodec:
         return out, deps
 
     @staticmethod
-    def next_q(q_state, q_sum, size, q_start):
+    def next_q(q_state, q_sum, size, q_start, host_reads_are_free):
         """``sum Q_i / size`` into the stored Q (in place); entries that are
-        not finite fall back to the seeded starting values ``q_start``."""
+        not finite fall back to the seeded starting values ``q_start``.
+        ``host_reads_are_free`` (the backend's answer for this tensor) allows
+        the all-finite test on the host that skips the fallback pass."""
         m, r = q_state.shape
         q_state.copy_(q_sum.reshape(m, r))
         q_state.div_(float(size))
-        if _is_cpu(q_state):
-            if bool(torch.isfinite(q_state).all()):
-                return q_state
+        if host_reads_are_free and bool(torch.isfinite(q_state).all()):
+            return q_state
         q_state.copy_(torch.where(torch.isfinite(q_state), q_state, q_start))
         return q_state
 
@@ -216,13 +217,15 @@ def _outer(p, qt, out, ws):
         _outer_block(p[i:i + step], qt, out[i:i + step])
 
 
-def _outer_and_residual(p, qt_scaled, qt_local, agg, mat, ws):
+def _outer_and_residual(p, qt_scaled, qt_local, agg, mat, ws, host_reads_are_free):
     """``agg = p qt_scaled`` and ``mat -= p qt_local`` with non-finite entries
     of the new residual set to zero; on the CPU one row block at a time, the
     block of what was sent built in a cached scratch block and the residual's
     block summed while cached (a NaN or Inf makes its sum non-finite; the
-    blocks that have one are cleaned after the loop)."""
-    if not _is_cpu(mat):
+    blocks that have one are cleaned after the loop).  Where a host read is
+    not free (a device, or the sync check walking the device path) it is one
+    gemm, one addmm and a cleaning pass on the device, with nothing read back."""
+    if not host_reads_are_free:
         torch.mm(p, qt_scaled, out=agg)
         mat.addmm_(p, qt_local, alpha=-1.0)
         torch.nan_to_num(mat, nan=0.0, posinf=0.0, neginf=0.0, out=mat)  # no host read on the device

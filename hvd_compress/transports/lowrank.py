@@ -130,7 +130,7 @@ class LowRankTransport(Transport):
         out, deps = codec.finish(adapter, pending.key, pending.p, pending.q_local, q_flat, scale, pending.acc,
                                  pending.matrix, pending.memory_state, ws, pending.out)
         q_state = adapter.get_state(pending.key, "Q", None)
-        codec.next_q(q_state, q_flat, pending.size, ws["lowrank.Q0"])
+        codec.next_q(q_state, q_flat, pending.size, ws["lowrank.Q0"], B.host_reads_are_free(q_state))
         return to_gradient(pending, out, None, deps)
 
 
