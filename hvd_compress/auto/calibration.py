@@ -21,6 +21,19 @@ from ..schemes.base import EncodeContext
 REPEATS = 3
 
 
+def require_global_process_set():
+    """Auto's measurement and agreement collectives run on the global process
+    set; an optimizer on a smaller set would leave them waiting for ranks
+    that never call them, so refuse it (on every rank of that set)."""
+    from .. import horovod_compat
+    caller = horovod_compat.find_torch_caller()
+    ps = caller.process_set if caller.optimizer is not None else None
+    if ps is not None and getattr(ps, "process_set_id", 0) != 0:
+        raise NotImplementedError(f"hvd_compress.Auto supports the global process set only; this optimizer "
+                                  f"reduces over process set {getattr(ps, 'process_set_id', ps)}: use a fixed "
+                                  f"compressor or hvd_compress.Policy there")
+
+
 def _time_allreduces(numels, prefix, process_set):
     import horovod.torch as hvd
     out = []
@@ -72,10 +85,12 @@ def _codec_once(B, scheme, x, residual, shape, size, ctx, ws):
 
 
 class _Residual:
-    """The one memory state a timed PowerSGD codec asks its adapter for."""
+    """What a timed PowerSGD codec asks its adapter for: the one memory
+    state, and the backend (``B``)."""
 
-    def __init__(self, residual):
+    def __init__(self, residual, backend):
         self.residual = residual
+        self.B = backend
 
     def get_memory(self, name, key, numel, like):
         return self.residual
@@ -101,7 +116,8 @@ def _powersgd_once(scheme, x, residual, shape, size, ws):
     q = ws.get("_timing_q")
     if q is None:
         q = ws["_timing_q"] = torch.randn(scheme.rank, m).t()  # laid out as the transport keeps Q
-    adapter = _Residual(residual)
+    from ..backend import backend_for
+    adapter = _Residual(residual, backend_for(x))
     p_flat, mat, acc, state = codec.first_round(adapter, "hvdc.auto.codec", x, q, shape, ws)
     p = codec.orthonormalize([p_flat.reshape(n, scheme.rank) * size])[0]
     q_flat, qt_local = codec.second_round(p, mat, ws)

@@ -5,13 +5,10 @@ Life of an ``Auto``:
 
 1. **Calibrate** (the first ``calibration_steps`` communications of each
    tensor) while the step time is measured.  At the first ``compress``
-   every rank times a few small blocking allreduces
-   (:data:`EARLY_PROBE_NUMELS`, averaged over ranks) and fits the link; a
-   tensor on which a plain allreduce is clearly losing there -- a safe
-   compressed candidate (:data:`PROVISIONAL_LABELS`, at the conservative
-   codec cost :data:`PROVISIONAL_CODEC_S_PER_ELEMENT`) predicted at least
-   :data:`PROVISIONAL_GAIN` faster -- is calibrated with that candidate and
-   error feedback, the others dense, like ``none``
+   every rank times a few small allreduces and fits the link; a tensor on
+   which a plain allreduce clearly loses there is calibrated with a safe
+   compressed candidate and error feedback
+   (:func:`hvd_compress.auto.planner.provisional_choice`), the others dense
    (``calibrate_compressed=False``: all dense).
 2. **Decide** at the first ``compress`` of the next step, on every rank:
    time blocking allreduces of ``probe_numels`` elements (fit of latency and
@@ -34,21 +31,9 @@ So ``sum(sent) + residual == sum(gradients)`` holds across re-plans.
 A plan version is a phase, as in :class:`~hvd_compress.Schedule`: its side
 collectives are named ``<key>@<version>``.
 
-**TensorFlow** (:mod:`hvd_compress.auto.tf`): Horovod traces ``compress``
-once, so the same life runs differently.  Each candidate's codec cost is
-timed at the first trace, eagerly, on random tensors of the real shapes
-(compiled, call overhead subtracted).  The traced graph holds every mode of
-every tensor (none, the one-step flush, each lossy candidate) in a
-``tf.switch_case`` on a per-tensor mode variable; at check steps a host
-callback (``tf.py_function``) probes the link, agrees with the other ranks
-and returns the new modes, so a re-plan needs no retrace.  The step time
-comes from ``tf.timestamp()``.  The plan is also kept as JSON in a
-variable of :meth:`~hvd_compress.Compressor.tf_checkpointable`, so
-``tf.train.Checkpoint`` resumes it.  Limits: the codec costs are timed once,
-before the dense calibration steps, on this machine's load at that moment;
-the graph holds every candidate's branch (longer traces, and a residual
-variable per tensor from the start); the host callback needs a graph that
-runs Python (not XLA, not a SavedModel served without Python).
+**TensorFlow** (:mod:`hvd_compress.auto.tf`) runs the same life inside a
+graph traced once: codecs timed at the first trace, every candidate behind a
+per-tensor mode switch, measurements and agreement in a host callback.
 
 Only the global process set is supported, one framework per ``Auto``
 object, and tensors first seen after calibration are not planned.
@@ -59,51 +44,15 @@ import json
 import statistics
 import threading
 import time
-from dataclasses import astuple
 
-from .planner import (NONE_LABEL, Choice, applies, check_codec_costs, default_candidates, fit_link,
-                      fixed_codec_seconds, format_plan, plan, predicted_total)
+from . import saved_plan
+from .planner import (EARLY_PROBE_NUMELS, NONE_LABEL, Choice, applies, check_codec_costs, default_candidates,
+                      fit_link, fixed_codec_seconds, format_plan, plan, predicted_total, provisional_choice)
 from ..compressor import Compressor, Phase
 from ..memory import ResidualMemory
 from ..schemes.base import check_range
 
 DEFAULT_PROBE_NUMELS = (1 << 10, 1 << 16, 1 << 20)
-#: the allreduces timed at the first ``compress`` to choose how to calibrate:
-#: small, so that even a slow link answers in a few tens of milliseconds
-EARLY_PROBE_NUMELS = (1 << 10, 1 << 15)
-#: the candidates a tensor may be calibrated with, where present: every
-#: element kept to 8 bits, or the largest tenth of them, with error feedback
-PROVISIONAL_LABELS = ("FP16", "Int8", "TopK(0.1)")
-#: the codec cost assumed for them before anything is timed (seconds per
-#: element): several times what the fused kernels measure, so that only a link
-#: that clearly loses to them calibrates compressed
-PROVISIONAL_CODEC_S_PER_ELEMENT = 10e-9
-#: how much faster than a plain allreduce a provisional candidate must be predicted
-PROVISIONAL_GAIN = 0.5
-
-
-def provisional_choice(numel, shape, workers, link, candidates):
-    """The label a tensor is calibrated with: the best of the
-    :data:`PROVISIONAL_LABELS` among ``candidates`` at the conservative cost
-    :data:`PROVISIONAL_CODEC_S_PER_ELEMENT`, where it is predicted at least
-    :data:`PROVISIONAL_GAIN` faster than ``none`` on ``link``; else ``none``."""
-    from .planner import choose
-    safe = [candidates[0]] + [c for c in candidates[1:] if c.label in PROVISIONAL_LABELS]
-    costs = {c.label: PROVISIONAL_CODEC_S_PER_ELEMENT * numel for c in safe[1:]}
-    return choose(numel, shape, workers, link, safe, costs, min_gain=PROVISIONAL_GAIN).label
-
-
-def require_global_process_set():
-    """Auto's measurement and agreement collectives run on the global process
-    set; an optimizer on a smaller set would leave them waiting for ranks
-    that never call them, so refuse it (on every rank of that set)."""
-    from .. import horovod_compat
-    caller = horovod_compat.find_torch_caller()
-    ps = caller.process_set if caller.optimizer is not None else None
-    if ps is not None and getattr(ps, "process_set_id", 0) != 0:
-        raise NotImplementedError(f"hvd_compress.Auto supports the global process set only; this optimizer "
-                                  f"reduces over process set {getattr(ps, 'process_set_id', ps)}: use a fixed "
-                                  f"compressor or hvd_compress.Policy there")
 
 
 class Auto(Compressor):
@@ -217,6 +166,7 @@ class Auto(Compressor):
                 from .tf import require_global_process_set as require_global_tf
                 require_global_tf(tensor)
             else:
+                from .calibration import require_global_process_set
                 require_global_process_set()
         return super().compress(tensor)
 
@@ -275,7 +225,7 @@ class Auto(Compressor):
         """Choose the candidate ``key`` is calibrated with (at its first call,
         before any plan): probe the link once (at the first ``compress`` of
         this Auto on every rank, where the fingerprint check blocks too), then
-        :func:`provisional_choice`."""
+        :func:`hvd_compress.auto.planner.provisional_choice`."""
         cal = self._calibration()
         if not self.calibrate_compressed or not cal.ready():
             self.provisional[key] = NONE_LABEL
@@ -400,17 +350,8 @@ class Auto(Compressor):
     def state_dict(self):
         self._sync_tf()
         out = super().state_dict()
-        out["auto_plan"] = json.dumps(self._plan_state())
+        out["auto_plan"] = json.dumps(saved_plan.plan_state(self))
         return out
-
-    def _plan_state(self):
-        return {"tensors": {k: [n, list(s)] for k, (n, s) in self.tensors.items()}, "calls": self._calls,
-                "next_check": self._next_check, "step_s": self.step_s, "codec_s": self.codec_s,
-                "link": None if self.link is None else [self.link.latency_s, self.link.bytes_per_s],
-                "early_link": None if self.early_link is None else [self.early_link.latency_s,
-                                                                    self.early_link.bytes_per_s],
-                "provisional": self.provisional,
-                "history": [[start, {k: list(astuple(c)) for k, c in ch.items()}, v] for start, ch, v in self.history]}
 
     def load_state_dict(self, state, allow_other_rank=False):
         state = dict(state)
@@ -418,22 +359,10 @@ class Auto(Compressor):
         super().load_state_dict(state, allow_other_rank)
         self._reset_plan()
         if saved is not None:
-            self._load_plan(saved)
+            saved_plan.load_plan(self, saved)
         if "tensorflow" in self.adapters:
             from .tf import publish_plan
             publish_plan(self)
-
-    def _load_plan(self, saved):
-        """The Python side of the plan from :meth:`_plan_state`'s output."""
-        from .planner import Link
-        self.tensors = {k: (n, tuple(s)) for k, (n, s) in saved["tensors"].items()}
-        self._calls, self._next_check = dict(saved["calls"]), saved["next_check"]
-        self.step_s, self.codec_s = saved["step_s"], saved["codec_s"]
-        self.link = None if saved["link"] is None else Link(*saved["link"])
-        early = saved.get("early_link")
-        self.early_link = None if early is None else Link(*early)
-        self.provisional = dict(saved.get("provisional", {}))
-        self.history = [(start, {k: Choice(*c) for k, c in ch.items()}, v) for start, ch, v in saved["history"]]
 
     def reset_state(self):
         super().reset_state()

@@ -272,3 +272,27 @@ def format_plan(choices: Dict[str, Choice], tensors, link: Optional[Link] = None
         lines.append(f"link: latency {1e6 * link.latency_s:.1f} us, {link.bytes_per_s / 1e6:.1f} MB/s"
                      + (f"; measured step {1e3 * step_s:.2f} ms" if step_s else ""))
     return "\n".join(lines)
+
+
+#: the allreduces timed at the first ``compress`` to choose how to calibrate:
+#: small, so that even a slow link answers in a few tens of milliseconds
+EARLY_PROBE_NUMELS = (1 << 10, 1 << 15)
+#: the candidates a tensor may be calibrated with, where present: every
+#: element kept to 8 bits, or the largest tenth of them, with error feedback
+PROVISIONAL_LABELS = ("FP16", "Int8", "TopK(0.1)")
+#: the codec cost assumed for them before anything is timed (seconds per
+#: element): several times what the fused kernels measure, so that only a link
+#: that clearly loses to them calibrates compressed
+PROVISIONAL_CODEC_S_PER_ELEMENT = 10e-9
+#: how much faster than a plain allreduce a provisional candidate must be predicted
+PROVISIONAL_GAIN = 0.5
+
+
+def provisional_choice(numel, shape, workers, link, candidates):
+    """The label a tensor is calibrated with: the best of the
+    :data:`PROVISIONAL_LABELS` among ``candidates`` at the conservative cost
+    :data:`PROVISIONAL_CODEC_S_PER_ELEMENT`, where it is predicted at least
+    :data:`PROVISIONAL_GAIN` faster than ``none`` on ``link``; else ``none``."""
+    safe = [candidates[0]] + [c for c in candidates[1:] if c.label in PROVISIONAL_LABELS]
+    costs = {c.label: PROVISIONAL_CODEC_S_PER_ELEMENT * numel for c in safe[1:]}
+    return choose(numel, shape, workers, link, safe, costs, min_gain=PROVISIONAL_GAIN).label

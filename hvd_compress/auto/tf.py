@@ -39,6 +39,7 @@ from dataclasses import replace
 
 import tensorflow as tf
 
+from . import saved_plan
 from .planner import NONE_LABEL, PlanMismatchError
 from ..compressor import Phase
 from ..naming import stable_hash
@@ -268,7 +269,7 @@ def sync_plan(auto):
         return
     saved = adapter.plan_var.numpy().decode()
     if saved and saved != auto._tf_plan_json:
-        auto._load_plan(json.loads(saved))
+        saved_plan.load_plan(auto, json.loads(saved))
         auto._tf_plan_json = saved
 
 
@@ -276,7 +277,7 @@ def publish_plan(auto):
     """Write the plan to the TF variable (checkpointed with the residuals)."""
     adapter = auto.adapters.get("tensorflow")
     if adapter is not None:
-        auto._tf_plan_json = json.dumps(auto._plan_state())
+        auto._tf_plan_json = json.dumps(saved_plan.plan_state(auto))
         adapter.plan_var.assign(auto._tf_plan_json)
 
 

@@ -239,15 +239,15 @@ def test_auto_refuses_a_process_set_other_than_the_global_one(monkeypatch):
     from types import SimpleNamespace
 
     from hvd_compress import horovod_compat
-    from hvd_compress.auto import compressor as auto_compressor
+    from hvd_compress.auto import calibration
 
     def caller_on(ps_id):
         return lambda: SimpleNamespace(optimizer=object(), process_set=SimpleNamespace(process_set_id=ps_id))
     monkeypatch.setattr(horovod_compat, "find_torch_caller", caller_on(0))
-    auto_compressor.require_global_process_set()
+    calibration.require_global_process_set()
     monkeypatch.setattr(horovod_compat, "find_torch_caller", caller_on(3))
     with pytest.raises(NotImplementedError, match="global process set"):
-        auto_compressor.require_global_process_set()
+        calibration.require_global_process_set()
 
 
 def test_metrics_show_the_plan_in_force():
