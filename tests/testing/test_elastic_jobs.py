@@ -39,8 +39,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
 HVDRUN = str(Path(PY).parent / "horovodrun")
-#: a job ends within this; measured 130-200 s (torch), 150-190 s (TF) on the 2-core machine under load
-JOB_BOUND_S = 360
+#: a job ends within this (a hang bound, not a speed check): measured 130-200 s (torch), 150-190 s (TF)
+#: on the 2-core machine at a load average of 20; launches there ran up to 7x slower than unloaded,
+#: so the bound leaves 3x over the loaded figure
+JOB_BOUND_S = 600
 #: TopK(0.01)'s final evaluation loss may exceed the uncompressed one by this fraction of the initial
 #: loss: in the ~75 steps of the schedule none reaches ~1e-6 of it and TopK(0.01), which sends 10 of
 #: 1040 elements a step, 0.09-0.12
