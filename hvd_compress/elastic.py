@@ -84,38 +84,27 @@ def _framework_of(state):
                      f"hvd.elastic.TensorFlowKerasState); got {type(state).__name__} from {module}")
 
 
-class _TorchOps:
-    @staticmethod
-    def rank_and_size():
-        import horovod.torch as hvd
+class _HorovodOps:
+    """The three collectives the handler issues, in one framework's Horovod
+    module (``horovod.torch`` or ``horovod.tensorflow``), imported when first
+    used so that neither framework is a dependency of the other."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def _hvd(self):
+        import importlib
+        return importlib.import_module(self.module)
+
+    def rank_and_size(self):
+        hvd = self._hvd()
         return int(hvd.rank()), int(hvd.size())
 
-    @staticmethod
-    def allgather_object(obj, name):
-        import horovod.torch as hvd
-        return hvd.allgather_object(obj, name=name)
+    def allgather_object(self, obj, name):
+        return self._hvd().allgather_object(obj, name=name)
 
-    @staticmethod
-    def broadcast_object(obj, name):
-        import horovod.torch as hvd
-        return hvd.broadcast_object(obj, root_rank=0, name=name)
-
-
-class _TFOps:
-    @staticmethod
-    def rank_and_size():
-        import horovod.tensorflow as hvd
-        return int(hvd.rank()), int(hvd.size())
-
-    @staticmethod
-    def allgather_object(obj, name):
-        import horovod.tensorflow as hvd
-        return hvd.allgather_object(obj, name=name)
-
-    @staticmethod
-    def broadcast_object(obj, name):
-        import horovod.tensorflow as hvd
-        return hvd.broadcast_object(obj, root_rank=0, name=name)
+    def broadcast_object(self, obj, name):
+        return self._hvd().broadcast_object(obj, root_rank=0, name=name)
 
 
 def departed_mass(before, after_ids):
@@ -141,7 +130,7 @@ class ElasticCompression:
             raise ValueError(f"{compression!r} is already registered with an elastic state; register each "
                              f"compressor once")
         self.framework = _framework_of(state)
-        self.ops = _TorchOps if self.framework == "torch" else _TFOps
+        self.ops = _HorovodOps("horovod.torch" if self.framework == "torch" else "horovod.tensorflow")
         self.compression = compression
         self.state = state
         #: the compressor's state_dict() at the last commit (None: none yet, i.e. empty)
