@@ -53,16 +53,20 @@ INT8_LOSS_TOLERANCE = 0.001
 TF_TOPK_FINAL_LOSS = 0.3
 
 
-def _run_elastic_job(tmp_path, worker, gloo_timeout_s=30):
+def _launch_elastic(tmp_path, worker, first_hosts, np, gloo_timeout_s, elastic_timeout_s, hang_message):
+    """``horovodrun --min-np 2 --max-np 3`` of ``worker`` with a discovery script that prints the
+    file ``hosts`` (``first_hosts`` at the start; the worker rewrites it); returns (output, rc, seconds)
+    and fails the test with ``hang_message`` if the job outlives ``JOB_BOUND_S``."""
     hosts = tmp_path / "hosts"
-    hosts.write_text("localhost:2\n127.0.0.1:1\n")
+    hosts.write_text(first_hosts)
     discover = tmp_path / "discover.sh"
     discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
     discover.chmod(stat.S_IRWXU)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1", HOROVOD_GLOO_TIMEOUT_SECONDS=str(gloo_timeout_s),
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-    cmd = [HVDRUN, "-np", "3", "--min-np", "2", "--max-np", "3", "--host-discovery-script", str(discover),
-           "--elastic-timeout", "120", "--network-interface", "lo", "--gloo", PY, str(worker), str(hosts)]
+    cmd = [HVDRUN, "-np", str(np), "--min-np", "2", "--max-np", "3", "--host-discovery-script", str(discover),
+           "--elastic-timeout", str(elastic_timeout_s), "--network-interface", "lo", "--gloo", PY, str(worker),
+           str(hosts)]
     start = time.monotonic()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                          cwd=str(REPO), start_new_session=True)
@@ -71,9 +75,14 @@ def _run_elastic_job(tmp_path, worker, gloo_timeout_s=30):
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
         out, _ = p.communicate()
-        pytest.fail(f"elastic job did not end within {JOB_BOUND_S} s:\n{out[-6000:]}")
-    elapsed = time.monotonic() - start
-    assert p.returncode == 0, out[-6000:]
+        pytest.fail(f"{hang_message} within {JOB_BOUND_S} s:\n{out[-6000:]}")
+    return out, p.returncode, time.monotonic() - start
+
+
+def _run_elastic_job(tmp_path, worker, gloo_timeout_s=30):
+    out, rc, elapsed = _launch_elastic(tmp_path, worker, "localhost:2\n127.0.0.1:1\n", 3, gloo_timeout_s, 120,
+                                       "elastic job did not end")
+    assert rc == 0, out[-6000:]
     lines = [line for line in out.splitlines() if "ELASTIC_RESULT " in line]
     assert len(lines) == 1, out[-6000:]
     result = json.loads(lines[0].split("ELASTIC_RESULT ", 1)[1])
@@ -174,24 +183,9 @@ def test_joining_worker_with_another_configuration_is_an_error_on_every_rank(tmp
     field, and the job ends (non-zero) instead of hanging."""
     worker = tmp_path / "mismatch_worker.py"
     worker.write_text(MISMATCH_WORKER)
-    hosts = tmp_path / "hosts"
-    hosts.write_text("localhost:2\n")
-    discover = tmp_path / "discover.sh"
-    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
-    discover.chmod(stat.S_IRWXU)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1", HOROVOD_GLOO_TIMEOUT_SECONDS="60",
-               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-    cmd = [HVDRUN, "-np", "2", "--min-np", "2", "--max-np", "3", "--host-discovery-script", str(discover),
-           "--elastic-timeout", "60", "--network-interface", "lo", "--gloo", PY, str(worker), str(hosts)]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                         cwd=str(REPO), start_new_session=True)
-    try:
-        out, _ = p.communicate(timeout=JOB_BOUND_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, _ = p.communicate()
-        pytest.fail(f"the job hung instead of refusing the joining worker:\n{out[-6000:]}")
-    assert p.returncode != 0, out[-6000:]
+    out, rc, _ = _launch_elastic(tmp_path, worker, "localhost:2\n", 2, 60, 60,
+                                 "the job did not refuse the joining worker")
+    assert rc != 0, out[-6000:]
     refused = [line for line in out.splitlines() if "MISMATCH_RESULT" in line and "refused" in line]
     assert len(refused) == 3, out[-6000:]
     assert any("host=127.0.0.1" in line for line in refused), refused
