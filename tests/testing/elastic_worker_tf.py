@@ -56,6 +56,15 @@ def batch(step, rank):
 GRAD_SUMS = []
 
 
+def add_raw_gradients(net, x, y):
+    """This rank's uncompressed gradient of the step, added to GRAD_SUMS (the
+    conservation check's reference), from a tape of its own."""
+    with tf.GradientTape() as raw:
+        loss = tf.reduce_mean(tf.square(net(x) - y))
+    for s, g in zip(GRAD_SUMS, raw.gradient(loss, net.trainable_variables)):
+        s.assign_add(tf.cast(g, tf.float64))
+
+
 class Regression(tf.keras.Model):
     def __init__(self):
         super().__init__()
@@ -66,10 +75,7 @@ class Regression(tf.keras.Model):
 
     def train_step(self, data):
         x, y = data
-        with tf.GradientTape() as raw:
-            loss = tf.reduce_mean(tf.square(self(x) - y))
-        for s, g in zip(GRAD_SUMS, raw.gradient(loss, self.trainable_variables)):
-            s.assign_add(tf.cast(g, tf.float64))
+        add_raw_gradients(self, x, y)
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(tf.square(self(x) - y))
         # Horovod's Keras DistributedOptimizer reduces in compute_gradients, which minimize calls
@@ -94,10 +100,7 @@ INITIAL_LOSS = float(np.mean(np.square(model(EVAL_X).numpy() - EVAL_Y)))
 def make_tape_step():
     @tf.function
     def tape_step(x, y):
-        with tf.GradientTape() as raw:
-            loss = tf.reduce_mean(tf.square(model(x) - y))
-        for s, g in zip(GRAD_SUMS, raw.gradient(loss, model.trainable_variables)):
-            s.assign_add(tf.cast(g, tf.float64))
+        add_raw_gradients(model, x, y)
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(tf.square(model(x) - y))
         dtape = hvd.DistributedGradientTape(tape, compression=compression, op=hvd.Sum)
