@@ -105,10 +105,14 @@ SOURCE_SUFFIXES = (".py", ".c", ".cc", ".h", ".sh")
 
 
 def source_files():
-    """The library, the scripts and the examples, in the languages they are written in."""
+    """The library, the scripts, the examples, the tests and the docker files, in the
+    languages they are written in.  This file is left out: its samples are history words."""
     files = [p for p in (REPO / "hvd_compress").rglob("*") if p.suffix in SOURCE_SUFFIXES]
     files += [p for p in (REPO / "scripts").iterdir() if p.suffix in SOURCE_SUFFIXES]
     files += list((REPO / "examples").glob("*.py"))
+    files += [p for p in (REPO / "tests").rglob("*") if p.suffix in SOURCE_SUFFIXES
+              and p != Path(__file__).resolve() and "__pycache__" not in p.parts]
+    files += [p for p in (REPO / "docker").rglob("*") if p.is_file() and p.suffix in SOURCE_SUFFIXES + ("", ".yaml")]
     return sorted(files)
 
 

@@ -3,7 +3,7 @@
 Nothing here imports ``hvd_compress``: the per-chunk encoding and the
 combination over ranks are ``reference.sent()`` and ``reference.aggregate()``
 (written from the papers), and the two-phase bookkeeping below is written from
-the description of issue #8 -- so the Horovod tests that compare the library
+the transport's description in docs/design/two_phase.md -- so the Horovod tests that compare the library
 against this module compare two independent implementations.
 
 The math, per tensor of ``n`` elements on ``N`` ranks, ``c = ceil(n / N)``

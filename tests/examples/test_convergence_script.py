@@ -1,5 +1,5 @@
 """scripts/convergence.py's and convergence_rows.py's bookkeeping, without training: a
-recipe's flags, the key that keeps recipes apart, and issue 16's target check on made-up rows."""
+recipe's flags, the key that keeps recipes apart, and the convergence target's check on made-up rows."""
 import argparse
 import os
 import sys
@@ -124,7 +124,7 @@ def test_targets_take_the_best_recipe_over_three_seeds(acc, met):
     rows = [_row("none", 98.0, ef=False, placement="optimizer"),
             _row("topk", 96.0, ratio=0.01),                                       # the bare scheme: far off
             _row("topk", 99.9, seeds=(1,), ratio=0.01, dense_below=1024),         # one seed never counts
-            _row("topk", 99.9, ratio=0.1),                                        # not the ratio the issue names
+            _row("topk", 99.9, ratio=0.1),                                        # not the ratio the target names
             _row("topk", acc, ratio=0.01, dense_below=1024, warmup_steps=63)]
     checks = {name.split(": ", 1)[1]: (ok, detail) for name, ok, detail in convergence_rows.check_expectations(rows)}
     ok, detail = checks["TopK(0.01)+EF within 0.5 point of none"]

@@ -37,7 +37,7 @@ def pytest_sessionfinish(session, exitstatus):
     next negotiation).  A rank that runs none of a file's collectives -- the rank left
     out of test_process_set_torch.py's set -- would otherwise finish first and make the
     set's ranks fail every test still running with "Process set provided does not
-    exist" (CI stop 25: ranks 0 and 1 of the np=3 MPI launch failed 9 of 9).  One
+    exist" (ranks 0 and 1 of the np=3 MPI launch failed 9 of 9 that way).  One
     collective on the global set holds each rank here until all have arrived."""
     for module, zeros in (("horovod.torch", _torch_zeros), ("horovod.tensorflow", _tf_zeros)):
         hvd = sys.modules.get(module)

@@ -1,4 +1,4 @@
-"""Drop-in fidelity on the torch side (issue 14), under ``horovodrun -np 2``.
+"""Drop-in fidelity on the torch side, under ``horovodrun -np 2``.
 
 Residuals and collective names follow Horovod's parameter names
 (``optimizer._parameter_names``).  Horovod itself makes them unique: it names

@@ -59,8 +59,8 @@ def test_process_set_subset(sid):
 
 def test_the_rank_outside_the_set_waits_for_the_set_at_exit():
     """The rank outside the set runs no collective here, so it reaches the end of the
-    session first.  Its exit would shut Horovod down on the set's ranks (CI stop 25: they
-    failed every test with "Process set provided does not exist"); conftest's
+    session first.  Its exit would shut Horovod down on the set's ranks (they would
+    fail every test with "Process set provided does not exist"); conftest's
     pytest_sessionfinish holds it with one collective on the global set.  The set's ranks
     start late here on purpose, so without that hold this test fails on them every time."""
     if RANK in SUBSET.ranks:

@@ -21,7 +21,7 @@ hvd_compress takes about 2-3 s per variable on the loaded 2-core CI machine
 (autograph converts the compressor's Python on every trace; stock Horovod
 compression traces about 10x faster).  So this file uses one run per scheme --
 all odd variables plus the NaN/Inf variable in one model, NaN at one step and
-Inf at a later one -- and covers the issue's required schemes (Top-K, Int8,
+Inf at a later one -- and covers the required schemes (Top-K, Int8,
 EF-signSGD, PowerSGD) and NoCompression as the baseline; the torch twin covers
 every scheme.
 """

@@ -56,7 +56,7 @@ SCHEMES = {
     "Lossless": lambda: hvd_compress.Lossless(),
 }
 IDS = list(SCHEMES)
-REQUIRED = ["TopK", "Int8", "EFSignSGD", "PowerSGD"]  # issue 7's minimum set
+REQUIRED = ["TopK", "Int8", "EFSignSGD", "PowerSGD"]  # the minimum set every reliability check must cover
 
 
 

@@ -1,4 +1,4 @@
-"""Smoke test of the Horovod stack for TensorFlow 2 (issue 2, item 5).
+"""Smoke test of the Horovod stack for TensorFlow 2.
 
 Runs under ``horovodrun -np 2`` (scripts/run_tests.sh launches it with Gloo and
 with MPI; ``TF_USE_LEGACY_KERAS=1`` selects tf_keras): ``hvd.allreduce`` and

@@ -1,4 +1,4 @@
-"""Smoke test of the Horovod stack for PyTorch (issue 2, item 5).
+"""Smoke test of the Horovod stack for PyTorch.
 
 Runs under ``horovodrun -np 2`` (scripts/run_tests.sh launches it with Gloo and
 with MPI): ``hvd.allreduce`` and ``hvd.allgather`` give the right numbers, and a

@@ -1,7 +1,7 @@
 """Training-grade features through the stock, unpatched Horovod TensorFlow 2 APIs
 (``hvd.DistributedGradientTape`` and ``horovod.tensorflow.keras.DistributedOptimizer`` with
 tf_keras): per-layer policies, warmup schedules, DGC's corrections, gradient accumulation
-and checkpoints (issue 5, items 1-5).
+and checkpoints.
 
 Runs under ``horovodrun -np 2`` with Gloo and with MPI (scripts/run_tests.sh).  Gradients
 are injected as in test_tf_compression.py (loss ``sum(v * G_rank)``), and every rank checks

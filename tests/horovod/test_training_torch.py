@@ -1,6 +1,6 @@
 """Training-grade features through the stock, unpatched ``horovod.torch.DistributedOptimizer``:
 per-layer policies, warmup schedules, DGC's corrections, gradient accumulation and
-checkpoints (issue 5, items 1-5).
+checkpoints.
 
 Runs under ``horovodrun -np 2`` with Gloo and with MPI (scripts/run_tests.sh).  Gradients
 are injected as in test_torch_compression.py: every rank backpropagates ``sum(p * G_rank)``

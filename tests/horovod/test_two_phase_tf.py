@@ -1,4 +1,4 @@
-"""The two-phase compressed allreduce (issue #8) through the stock ``hvd.DistributedGradientTape`` (TF2).
+"""The two-phase compressed allreduce through the stock ``hvd.DistributedGradientTape`` (TF2).
 
 Runs under ``horovodrun -np 2`` (Gloo and MPI) and ``-np 3`` (Gloo; scripts/run_tests.sh), and
 at 3 and 4 ranks (4 over MPI) on the emulated cluster (tests/testing/test_two_phase_cluster.py).

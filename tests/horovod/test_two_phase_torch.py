@@ -1,4 +1,4 @@
-"""The two-phase compressed allreduce (issue #8) through the stock ``horovod.torch.DistributedOptimizer``.
+"""The two-phase compressed allreduce through the stock ``horovod.torch.DistributedOptimizer``.
 
 Runs under ``horovodrun -np 2`` and ``-np 3`` (Gloo and MPI, scripts/run_tests.sh) and
 at 3 and 4 ranks on the emulated cluster (tests/testing/test_two_phase_cluster.py).

@@ -1,4 +1,4 @@
-"""Issue 9: no host synchronisation in the hot path of the schemes.
+"""No host synchronisation in the hot path of the schemes.
 
 * On a CUDA machine, every fixed-size scheme's encode (with error feedback)
   and decode/aggregate runs under ``torch.cuda.set_sync_debug_mode("error")``,

@@ -1,6 +1,6 @@
 """The core stays readable: no file over 400 lines and no function over 50
 in hvd_compress/ outside the tools subpackage, and the adapter dispatches to
-transports instead of comparing transport names (issue 15)."""
+transports instead of comparing transport names."""
 from __future__ import annotations
 
 import ast

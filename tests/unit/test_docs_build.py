@@ -1,4 +1,4 @@
-"""The API reference (issue 6, item 4): scripts/build_docs.sh builds HTML from the
+"""The API reference: scripts/build_docs.sh builds HTML from the
 docstrings with pdoc and fails on any warning, including a docstring
 cross-reference that points nowhere.  Part of the plain pytest run of
 scripts/run_tests.sh, so CI builds the docs on every run (about 30 s, most of it

@@ -1,4 +1,4 @@
-"""scripts/gpu_check.sh / hvd_compress.tools.bench.gpu_check (issue 9) in its CPU-fallback
+"""scripts/gpu_check.sh / hvd_compress.tools.bench.gpu_check in its CPU-fallback
 form, which is what CI can run; plus checks that its comparisons have teeth, and
 a dry run of the CUDA sync check's control flow with the debug mode emulated on
 the CPU.  The real CUDA sync check runs here only where CUDA is present."""

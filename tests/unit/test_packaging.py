@@ -1,4 +1,4 @@
-"""The core/tooling split (issue 15): the library under ``hvd_compress/`` never
+"""The core/tooling split: the library under ``hvd_compress/`` never
 imports the tools under ``hvd_compress/tools/`` (bench, advise, cli, metrics,
 the test cluster), and the data the tools read by default ships in the wheel."""
 import ast

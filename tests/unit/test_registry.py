@@ -1,4 +1,4 @@
-"""The scheme registry (hvd_compress.schemes.REGISTRY, issue 15): every
+"""The scheme registry (hvd_compress.schemes.REGISTRY): every
 registered scheme has a public factory, its math in tests/reference.py, and a
 place in every catalogue that reads the registry -- the unit cases, the GPU
 check, the Horovod cases, bench micro and the scheme table."""
