@@ -10,7 +10,9 @@ mean of theirs (median over ``--reps``): the load of other processes
 inflates it less than wall time.  What ``hvd_compress.kernels.torch_lowrank``
 chose from: the layouts of the two thin products, the outer product by a
 ``gemm`` of inner dimension ``rank`` against ``rank`` multiply-adds over
-cache-sized row blocks, and the finish it runs.
+cache-sized row blocks, the torch finish it runs where the C kernels are
+not built, and the three passes of the C kernels (``hvdc_lowrank_*``) it runs
+on the CPU: M = g + residual with P = M Q, Q^T = P^T M, and the finish.
 """
 from __future__ import annotations
 
@@ -66,6 +68,21 @@ def main(argv=None):
     def finish():
         tl._outer_and_residual(p_col, qt, qt, out, mat, ws, True)
 
+    lib = tl.native.load()
+    P = tl._ptr
+    qt_out = torch.empty(r, m)
+
+    def c_first():  # the residual is mat: M = g + mat, written into mat, and P = M Q
+        tl._check(lib.hvdc_lowrank_first(P(grad), P(mat), n, m, r, P(q_col), P(p_out)), "first")
+
+    def c_project():
+        tl._check(lib.hvdc_lowrank_project(P(mat), n, m, r, P(p_col), p_col.stride(0), p_col.stride(1), P(qt_out)),
+                  "project")
+
+    def c_finish():
+        tl._check(lib.hvdc_lowrank_finish(P(p_col), p_col.stride(0), p_col.stride(1), n, m, r, P(qt), P(qt),
+                                          P(mat), P(out)), "finish")
+
     ops = [
         ("M += g (in place)", lambda: mat.add_(grad)),
         ("P = M Q, Q column-major (the codec)", lambda: torch.mm(mat, q_col, out=p_out)),
@@ -76,8 +93,14 @@ def main(argv=None):
         ("out = P Q^T by gemm, P column-major", lambda: torch.mm(p_col, qt, out=out)),
         ("out = P Q^T, rank 1, by gemm", lambda: torch.mm(p_row[:, :1], qt[:1], out=out)),
         ("out = P Q^T by multiply-adds in row blocks (the codec)", lambda: tl._outer(p_col, qt, out, ws)),
-        ("finish: aggregate + residual + NaN test (the codec)", finish),
+        ("finish: aggregate + residual + NaN test (torch row blocks)", finish),
     ]
+    if lib is not None:
+        ops += [
+            ("C: M = g + residual into the residual, and P = M Q (one pass)", c_first),
+            ("C: Q^T = P^T M, P column-major (one pass)", c_project),
+            ("C: finish: aggregate + residual - P Q^T, non-finite to 0 (one pass)", c_finish),
+        ]
     rows = []
     print(f"{n} x {m} float32, rank {r}, one thread: thread CPU time / dst.copy_(src)")
     for name, f in ops:

@@ -51,6 +51,11 @@ class TopKPlan:
     LOWERINGS = 3
 
 
+
+class LowRankLimit:
+    """``enum hvdc_lowrank_limit``: the largest rank the PowerSGD passes run."""
+    MAX_RANK = 16
+
 #: each mirrored enum's C name and the prefix of its constants
 HEADER_ENUMS = {
     "hvdc_sign_mode": (SignMode, "HVDC_SIGN_"),
@@ -59,4 +64,5 @@ HEADER_ENUMS = {
     "hvdc_nan_rule": (NanRule, "HVDC_NAN_"),
     "hvdc_threshold_rule": (ThresholdRule, "HVDC_"),
     "hvdc_topk_plan": (TopKPlan, "HVDC_TOPK_"),
+    "hvdc_lowrank_limit": (LowRankLimit, "HVDC_LOWRANK_"),
 }

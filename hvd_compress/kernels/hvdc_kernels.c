@@ -67,6 +67,173 @@ void hvdc_momentum(const float *x, float *u, i64 n, float m, int nesterov, float
     }
 }
 
+/* ---- PowerSGD's passes over M (hvd_compress/kernels/torch_lowrank.py) ---- */
+
+/* M is n x m row-major, the Q's r x m row-major (Q^T contiguous), a P element (i, k) at
+ * p[i * p_row + k * p_col] (the QR's column-major P and the row-major P as sent alike).
+ * Each pass reads M once, a block of columns at a time, the r rows of that block of the
+ * thin factor kept in the L1/L2 cache; the rank is a constant in the instances of the
+ * usual ranks (1, 2, 4, 8), so the r accumulators stay in registers.  Products and sums round as their scalar C forms (no FMA); the order of
+ * a sum over the columns (first pass) is the vector layer's lane split, so those agree
+ * with a BLAS to float32 rounding, not bit for bit. */
+
+/* outputs of at least this many floats (16 MB) are streamed past the caches */
+#ifndef LOWRANK_STREAM_MIN
+#define LOWRANK_STREAM_MIN ((i64)1 << 22)
+#endif
+
+/* columns per block: 2 r rows of that many floats (the finish's two Q's) in 64 KB */
+static i64 lowrank_cols(int rank) {
+    i64 w = ((i64)8192 / rank) / VW * VW;
+    return w < VW ? VW : w;
+}
+
+/* one step of the first pass over a row: acc = x + r into r (with r); acc[k] += a q_k */
+HVDC_INLINE void lowrank_dot_step(const float *x, float *r, const float *qt, i64 m, i64 j, int len, int R,
+                                  vf *acc) {
+    vf a = vload_n(x + j, len);
+    if (r) {
+        a = vadd(a, vload_n(r + j, len));
+        vstore_n(r + j, a, len);
+    }
+    for (int k = 0; k < R; k++) acc[k] = vadd(acc[k], vmul(a, vload_n(qt + k * m + j, len)));
+}
+
+HVDC_INLINE void lowrank_first(const float *x, float *r, i64 n, i64 m, int R, const float *qt, float *p) {
+    const i64 w = lowrank_cols(R);
+    for (i64 i = 0; i < n * R; i++) p[i] = 0.0f;
+    for (i64 j0 = 0; j0 < m; j0 += w) {
+        const i64 j1 = j0 + w < m ? j0 + w : m;
+        for (i64 i = 0; i < n; i++) {
+            const float *xi = x + i * m;
+            float *ri = r ? r + i * m : NULL;
+            vf acc[HVDC_LOWRANK_MAX_RANK];
+            for (int k = 0; k < R; k++) acc[k] = vzero();
+            i64 j = j0;
+            for (; j + VW <= j1; j += VW) lowrank_dot_step(xi, ri, qt, m, j, VW, R, acc);
+            if (j < j1) lowrank_dot_step(xi, ri, qt, m, j, (int)(j1 - j), R, acc);
+            for (int k = 0; k < R; k++) p[i * R + k] += vreduce_add(acc[k]);
+        }
+    }
+}
+
+/* one step of the projection over up to 4 rows a: qt[k] += p_0k a_0 + p_1k a_1 + ..., the
+ * rows added one after the other (the order of a row at a time) */
+HVDC_INLINE void lowrank_project_step(const float *mat, i64 m, i64 i, int rows, const vf *pv, i64 j, int len,
+                                      int R, float *qt) {
+    vf a[4];
+    for (int t = 0; t < rows; t++) a[t] = vload_n(mat + (i + t) * m + j, len);
+    for (int k = 0; k < R; k++) {
+        vf q = vload_n(qt + k * m + j, len);
+        for (int t = 0; t < rows; t++) q = vadd(q, vmul(pv[t * R + k], a[t]));
+        vstore_n(qt + k * m + j, q, len);
+    }
+}
+
+HVDC_INLINE void lowrank_project_rows(const float *mat, i64 m, i64 i, int rows, const float *p, i64 p_row,
+                                      i64 p_col, i64 j0, i64 j1, int R, float *qt) {
+    vf pv[4 * HVDC_LOWRANK_MAX_RANK];
+    for (int t = 0; t < rows; t++)
+        for (int k = 0; k < R; k++) pv[t * R + k] = vset1(p[(i + t) * p_row + k * p_col]);
+    i64 j = j0;
+    for (; j + VW <= j1; j += VW) lowrank_project_step(mat, m, i, rows, pv, j, VW, R, qt);
+    if (j < j1) lowrank_project_step(mat, m, i, rows, pv, j, (int)(j1 - j), R, qt);
+}
+
+HVDC_INLINE void lowrank_project(const float *mat, i64 n, i64 m, int R, const float *p, i64 p_row, i64 p_col,
+                                 float *qt) {
+    const i64 w = lowrank_cols(R);
+    for (i64 i = 0; i < (i64)R * m; i++) qt[i] = 0.0f;
+    for (i64 j0 = 0; j0 < m; j0 += w) {
+        const i64 j1 = j0 + w < m ? j0 + w : m;
+        i64 i = 0;
+        for (; i + 4 <= n; i += 4) lowrank_project_rows(mat, m, i, 4, p, p_row, p_col, j0, j1, R, qt);
+        for (; i < n; i++) lowrank_project_rows(mat, m, i, 1, p, p_row, p_col, j0, j1, R, qt);
+    }
+}
+
+/* the sum of p_k q_k over the rank, from k = 0 up (the codec's order of multiply-adds) */
+HVDC_INLINE vf lowrank_outer(const vf *pv, const float *qt, i64 m, i64 j, int len, int R) {
+    vf s = vmul(pv[0], vload_n(qt + j, len));
+    for (int k = 1; k < R; k++) s = vadd(s, vmul(pv[k], vload_n(qt + k * m + j, len)));
+    return s;
+}
+
+/* one step of the finish over a row: out = p q_agg; mat = keep_finite(mat - p q_local) */
+HVDC_INLINE void lowrank_finish_step(const vf *pv, const float *qa, const float *ql, i64 m, i64 j, int len, int R,
+                                     float *mrow, float *orow, int stream) {
+    if (stream && len == VW) vstream(orow + j, lowrank_outer(pv, qa, m, j, len, R));
+    else vstore_n(orow + j, lowrank_outer(pv, qa, m, j, len, R), len);
+    if (mrow) {
+        vf s = lowrank_outer(pv, ql, m, j, len, R);
+        vstore_n(mrow + j, vkeep_finite(vsub(vload_n(mrow + j, len), s)), len);
+    }
+}
+
+HVDC_INLINE void lowrank_finish(const float *p, i64 p_row, i64 p_col, i64 n, i64 m, int R, const float *qa,
+                                const float *ql, float *mat, float *out) {
+    const i64 w = lowrank_cols(R);
+    /* out streamed past the caches where it is far larger than they are and every
+     * row's vectors are aligned */
+    const int stream = n * m >= LOWRANK_STREAM_MIN && m % VW == 0 && ((uintptr_t)out % (VW * sizeof(float))) == 0;
+    for (i64 j0 = 0; j0 < m; j0 += w) {
+        const i64 j1 = j0 + w < m ? j0 + w : m;
+        for (i64 i = 0; i < n; i++) {
+            vf pv[HVDC_LOWRANK_MAX_RANK];
+            for (int k = 0; k < R; k++) pv[k] = vset1(p[i * p_row + k * p_col]);
+            float *mrow = mat ? mat + i * m : NULL, *orow = out + i * m;
+            i64 j = j0;
+            for (; j + VW <= j1; j += VW) lowrank_finish_step(pv, qa, ql, m, j, VW, R, mrow, orow, stream);
+            if (j < j1) lowrank_finish_step(pv, qa, ql, m, j, (int)(j1 - j), R, mrow, orow, stream);
+        }
+    }
+    if (stream) vstream_fence();
+}
+
+/* an instance of each pass with the rank a constant in its loops for the usual ranks
+ * (each instance adds to the build time); the others run one instance with it a variable */
+#define LOWRANK_RANKS(F) F(1) F(2) F(4) F(8)
+#define LOWRANK_INSTANCES(R)                                                                                      \
+    static void lowrank_first_##R(const float *x, float *r, i64 n, i64 m, const float *qt, float *p) {         \
+        lowrank_first(x, r, n, m, R, qt, p);                                                                   \
+    }                                                                                                          \
+    static void lowrank_project_##R(const float *mat, i64 n, i64 m, const float *p, i64 pr, i64 pc, float *qt) { \
+        lowrank_project(mat, n, m, R, p, pr, pc, qt);                                                          \
+    }                                                                                                          \
+    static void lowrank_finish_##R(const float *p, i64 pr, i64 pc, i64 n, i64 m, const float *qa,              \
+                                   const float *ql, float *mat, float *out) {                                  \
+        lowrank_finish(p, pr, pc, n, m, R, qa, ql, mat, out);                                                  \
+    }
+LOWRANK_RANKS(LOWRANK_INSTANCES)
+#define LOWRANK_CASE_FIRST(R) case R: lowrank_first_##R(x, r, n, m, qt, p); return 0;
+#define LOWRANK_CASE_PROJECT(R) case R: lowrank_project_##R(mat, n, m, p, p_row, p_col, qt); return 0;
+#define LOWRANK_CASE_FINISH(R) case R: lowrank_finish_##R(p, p_row, p_col, n, m, q_agg, q_local, mat, out); return 0;
+
+static int lowrank_rank_ok(int rank) { return rank >= 1 && rank <= HVDC_LOWRANK_MAX_RANK; }
+
+int hvdc_lowrank_first(const float *x, float *r, i64 n, i64 m, int rank, const float *qt, float *p) {
+    switch (rank) { LOWRANK_RANKS(LOWRANK_CASE_FIRST) default: break; }
+    if (!lowrank_rank_ok(rank)) return -1;
+    lowrank_first(x, r, n, m, rank, qt, p);
+    return 0;
+}
+
+int hvdc_lowrank_project(const float *mat, i64 n, i64 m, int rank, const float *p, i64 p_row, i64 p_col,
+                         float *qt) {
+    switch (rank) { LOWRANK_RANKS(LOWRANK_CASE_PROJECT) default: break; }
+    if (!lowrank_rank_ok(rank)) return -1;
+    lowrank_project(mat, n, m, rank, p, p_row, p_col, qt);
+    return 0;
+}
+
+int hvdc_lowrank_finish(const float *p, i64 p_row, i64 p_col, i64 n, i64 m, int rank, const float *q_agg,
+                        const float *q_local, float *mat, float *out) {
+    switch (rank) { LOWRANK_RANKS(LOWRANK_CASE_FINISH) default: break; }
+    if (!lowrank_rank_ok(rank)) return -1;
+    lowrank_finish(p, p_row, p_col, n, m, rank, q_agg, q_local, mat, out);
+    return 0;
+}
+
 /* ---- Int8: q = clip(rint(acc / scale), -127, 127), scale = max|acc| / 127 per block ---- */
 
 /* one step of pass 1 over a block: acc = x + r into r; the max |acc| so far, and the NaN lanes */

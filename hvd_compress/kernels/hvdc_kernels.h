@@ -65,9 +65,23 @@ enum hvdc_threshold_rule {
  * is lowered (divided by 4) up to HVDC_TOPK_LOWERINGS times. */
 enum hvdc_topk_plan { HVDC_TOPK_ROOM_PER_K = 3, HVDC_TOPK_ROOM_SLACK = 1024, HVDC_TOPK_LOWERINGS = 3 };
 
+/* the largest rank the PowerSGD passes run (a larger one: the caller's matmuls) */
+enum hvdc_lowrank_limit { HVDC_LOWRANK_MAX_RANK = 16 };
+
 /* ---- momentum-aware error feedback ---- */
 /* u = m u + x (kept only where finite); d = u, or x + m u with nesterov, into d (may be x) */
 void hvdc_momentum(const float *x, float *u, i64 n, float m, int nesterov, float *d);
+
+/* ---- PowerSGD: M is n x m row-major, each Q r x m row-major (Q^T contiguous), P's element
+ * (i, k) at p[i * p_row + k * p_col]; each returns 0, or -1 for a rank outside 1..HVDC_LOWRANK_MAX_RANK ---- */
+/* acc = x + r into r (r may be NULL: acc = x); p = acc Q, n x r row-major, one pass over acc */
+int hvdc_lowrank_first(const float *x, float *r, i64 n, i64 m, int rank, const float *qt, float *p);
+/* qt = P^T mat (r x m), one pass over mat */
+int hvdc_lowrank_project(const float *mat, i64 n, i64 m, int rank, const float *p, i64 p_row, i64 p_col,
+                         float *qt);
+/* out = P q_agg; with mat (may be NULL): mat = mat - P q_local, non-finite entries 0; one pass */
+int hvdc_lowrank_finish(const float *p, i64 p_row, i64 p_col, i64 n, i64 m, int rank, const float *q_agg,
+                        const float *q_local, float *mat, float *out);
 
 /* ---- Int8: q = clip(rint(acc / scale), -127, 127), scale = max|acc| / 127 per block ---- */
 void hvdc_int8_encode(const float *x, float *r, i64 n, i64 block, int8_t *q, float *scales);

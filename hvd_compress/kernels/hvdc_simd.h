@@ -3,7 +3,7 @@
  * in arrays the compiler may vectorise; what a CPU without AVX2 runs, and what
  * tests/unit/test_kernels.py builds with -mno-avx2 -mno-avx512f to compare).
  *
- *   vf       VW floats                 vload, vstore, vset1, vzero, vadd, vsub, vmul, vdiv,
+ *   vf       VW floats                 vload, vstore, vstream, vset1, vzero, vadd, vsub, vmul, vdiv,
  *                                      vabs, vmin, vmax, vround_even, vkeep_finite,
  *                                      vreduce_add, vreduce_max
  *   vmask    a compare's result        vcmp_ge, vcmp_gt, visnan, vselect, vbits (lane k -> bit k),
@@ -46,6 +46,7 @@ HVDC_INLINE vf vload(const float *p) { return _mm512_loadu_ps(p); }
 HVDC_INLINE void vstore(float *p, vf v) { _mm512_storeu_ps(p, v); }
 HVDC_INLINE vf vload_partial(const float *p, int len) { return _mm512_maskz_loadu_ps(lanes_(len), p); }
 HVDC_INLINE void vstore_partial(float *p, vf v, int len) { _mm512_mask_storeu_ps(p, lanes_(len), v); }
+HVDC_INLINE void vstream(float *p, vf v) { _mm512_stream_ps(p, v); }
 HVDC_INLINE vf vset1(float a) { return _mm512_set1_ps(a); }
 HVDC_INLINE vf vzero(void) { return _mm512_setzero_ps(); }
 HVDC_INLINE vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
@@ -99,6 +100,7 @@ HVDC_INLINE void vstore_partial(float *p, vf v, int len) {
     _mm256_storeu_ps(t, v);
     memcpy(p, t, (size_t)len * sizeof(float));
 }
+HVDC_INLINE void vstream(float *p, vf v) { _mm256_stream_ps(p, v); }
 HVDC_INLINE vf vset1(float a) { return _mm256_set1_ps(a); }
 HVDC_INLINE vf vzero(void) { return _mm256_setzero_ps(); }
 HVDC_INLINE vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
@@ -173,6 +175,7 @@ HVDC_INLINE vf vload_partial(const float *p, int len) {
     return r;
 }
 HVDC_INLINE void vstore_partial(float *p, vf v, int len) { memcpy(p, v.v, (size_t)len * sizeof(float)); }
+HVDC_INLINE void vstream(float *p, vf v) { vstore(p, v); }
 HVDC_INLINE vf vset1(float a) { vf r; VLANES(k) r.v[k] = a; return r; }
 HVDC_INLINE vf vzero(void) { return vset1(0.0f); }
 HVDC_INLINE vf vadd(vf a, vf b) { VLANES(k) a.v[k] += b.v[k]; return a; }
@@ -204,6 +207,13 @@ HVDC_INLINE void vstore_half_(void *p, vhalf h) { memcpy(p, h.h, sizeof h.h); }
 #undef VLANES
 #endif /* ---------------------------------------------------------------------------------- */
 
+/* vstream: a store that bypasses the caches (p aligned to VW floats), for an output larger
+ * than the caches that nothing reads soon; the caller fences with vstream_fence() */
+#if defined(__AVX512F__) || defined(__AVX2__)
+HVDC_INLINE void vstream_fence(void) { _mm_sfence(); }
+#else
+HVDC_INLINE void vstream_fence(void) {}
+#endif
 /* the first len lanes; with len == VW (a constant in a kernel's loop) the test folds away */
 HVDC_INLINE vf vload_n(const float *p, int len) { return len == VW ? vload(p) : vload_partial(p, len); }
 HVDC_INLINE void vstore_n(float *p, vf v, int len) {

@@ -44,6 +44,9 @@ enum = ctypes.c_int
 #: order (tests/unit/test_kernels_header.py fails where one differs)
 SIGNATURES = {
     "hvdc_momentum": ((ptr, ptr, i64, f32, c_int, ptr), None),
+    "hvdc_lowrank_first": ((ptr, ptr, i64, i64, c_int, ptr, ptr), c_int),
+    "hvdc_lowrank_project": ((ptr, i64, i64, c_int, ptr, i64, i64, ptr), c_int),
+    "hvdc_lowrank_finish": ((ptr, i64, i64, i64, i64, c_int, ptr, ptr, ptr, ptr), c_int),
     "hvdc_int8_encode": ((ptr, ptr, i64, i64, ptr, ptr), None),
     "hvdc_int8_encode_rcp": ((ptr, ptr, i64, i64, ptr, ptr), None),
     "hvdc_int8_decode_sum": ((c_int, ptr, ptr, i64, i64, f32, c_int, ptr), None),

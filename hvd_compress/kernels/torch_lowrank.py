@@ -20,16 +20,24 @@ of a few roundings:
   gradient's size is allocated after the first step (each ``n x m``
   temporary of the eager chain is a fresh ``mmap`` and its page faults under
   glibc's malloc); another memory gets a fresh ``sent`` for its ``update``;
-* the products are laid out as the BLAS runs a thin factor fastest:
-  ``P_i = M Q`` with Q stored column-major (its transpose contiguous) and
-  ``Q_i^T = P^T M`` with P column-major as the QR returns it; ``M^T P``, the
-  eager chain's form, is the slowest layout of all on the CPUs measured;
-* on the CPU the two ``n x m`` outer products of the finish (the aggregate
-  and what this rank sent) are built one block of rows at a time, small
-  enough to stay in the L2 cache, ``r`` multiply-adds each, and the residual
-  block is corrected and summed (the NaN/Inf test) while still cached: a BLAS
-  ``gemm`` with an inner dimension of a few runs far below the memory's speed
-  there.  On CUDA each is one ``mm``;
+* on the CPU (ranks up to ``LowRankLimit.MAX_RANK``, the C kernels built)
+  each round is one pass of a C kernel over ``M`` (``hvdc_lowrank_first``,
+  ``_project``, ``_finish`` in hvdc_kernels.c): forming ``M = g + residual``
+  into the residual and ``P_i = M Q`` in one pass; ``Q_i^T = P^T M``; and the
+  finish, which writes the aggregate and subtracts ``P Q_i^T`` from the
+  residual (non-finite entries to 0) while each element of ``M`` is in a
+  register, ``2r`` multiply-adds an element, the aggregate streamed past the
+  caches where it is large.  A BLAS ``gemm`` with an inner dimension of a few
+  runs far below the memory's speed on the CPUs measured, and an op chain
+  passes over ``M`` several times (docs/results/benchmarks.md, PowerSGD);
+* without the kernels the products are laid out as the BLAS runs a thin
+  factor fastest: ``P_i = M Q`` with Q stored column-major (its transpose
+  contiguous) and ``Q_i^T = P^T M`` with P column-major as the QR returns it
+  (``M^T P``, the eager chain's form, is the slowest layout of all on the CPUs
+  measured), and the finish's two ``n x m`` outer products are built one block
+  of rows at a time, small enough to stay in the L2 cache, ``r`` multiply-adds
+  each, the residual block corrected and summed (the NaN/Inf test) while still
+  cached.  On CUDA each product is one ``mm``;
 * Horovod's scale (Average's ``1/size``) multiplies the ``m x r`` factor
   before the product instead of the ``n x m`` result;
 * the orthonormalisation is one ``torch.linalg.qr`` per matrix, batched over
@@ -44,9 +52,13 @@ over several steps, with every memory, and checks the buffers are reused.
 """
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
 from ..memory import ResidualMemory
+from . import native
+from .constants import LowRankLimit
 from .native import enabled
 
 #: elements of one row block of the CPU finish: 1 MB of float32, half an L2
@@ -76,6 +88,23 @@ def _is_cpu(t):
     return t.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
+def _kernels_for(t, rank):
+    """The C library where the CPU passes of ``hvdc_lowrank_*`` run for ``t`` at
+    ``rank``, else None (a device, a rank above the kernels' limit, no compiler)."""
+    if not _is_cpu(t) or rank > LowRankLimit.MAX_RANK:
+        return None
+    return native.load()
+
+
+def _ptr(t):
+    return ctypes.c_void_p(t.data_ptr()) if t is not None else None
+
+
+def _check(rc, what):
+    if rc != 0:  # the rank was checked against the kernels' limit: a mismatch is a bug
+        raise RuntimeError(f"hvdc_lowrank_{what} refused its arguments (returned {rc})")
+
+
 class LowRankCodec:
     """One tensor's rounds; per-parameter buffers live in ``ws`` (the
     parameter's workspace), the residual and ``Q`` in the adapter's state."""
@@ -92,18 +121,26 @@ class LowRankCodec:
 
         ``q`` is the stored ``m x r`` Q (its transpose is kept contiguous)."""
         n, m = self.scheme.matrix_shape(shape)
+        r = self.scheme.rank
+        lib = _kernels_for(x, r)
+        p_wire = _buffer(ws, "lowrank.P", (n, r), x)
         state = None
         if self.memory is None:
             acc = x
         elif self.in_place_residual:
             acc = adapter.get_memory("residual", key, x.numel(), x)
+            if lib is not None:  # M = x + residual into the residual and P = M Q in one pass
+                _check(lib.hvdc_lowrank_first(_ptr(x), _ptr(acc), n, m, r, _ptr(q), _ptr(p_wire)), "first")
+                return p_wire.reshape(-1), acc.reshape(n, m), acc, state
             acc.add_(x)  # the residual becomes M = x + residual; finish subtracts what was sent
         else:
             from ..transports.base import compensate
             acc, state = compensate(adapter, self.memory, key, x.numel(), x)
         mat = acc.reshape(n, m)
-        p_wire = _buffer(ws, "lowrank.P", (n, self.scheme.rank), x)
-        torch.mm(mat, q, out=p_wire)  # q is column-major: the gemm the BLAS runs fastest here
+        if lib is not None and mat.is_contiguous():  # q's transpose is contiguous (codec_q lays it out so)
+            _check(lib.hvdc_lowrank_first(_ptr(mat), None, n, m, r, _ptr(q), _ptr(p_wire)), "first")
+        else:
+            torch.mm(mat, q, out=p_wire)  # q is column-major: the gemm the BLAS runs fastest here
         return p_wire.reshape(-1), mat, acc, state
 
     # --- second round: orth(P), Q_i = M^T P ------------------------------------------------
@@ -129,9 +166,14 @@ class LowRankCodec:
 
     def second_round(self, p, mat, ws):
         """This rank's Q_i as sent (``m x r`` flat) and as ``r x m`` (kept)."""
-        r, m = self.scheme.rank, mat.shape[1]
+        r, (n, m) = self.scheme.rank, mat.shape
         qt_local = _buffer(ws, "lowrank.Qt_local", (r, m), mat)
-        torch.mm(p.t(), mat, out=qt_local)  # Q_i^T = P^T M
+        lib = _kernels_for(mat, r)
+        if lib is not None and mat.is_contiguous():  # one pass over M, P read at its strides
+            _check(lib.hvdc_lowrank_project(_ptr(mat), n, m, r, _ptr(p), p.stride(0), p.stride(1), _ptr(qt_local)),
+                   "project")
+        else:
+            torch.mm(p.t(), mat, out=qt_local)  # Q_i^T = P^T M
         q_wire = _buffer(ws, "lowrank.Q", (m, r), mat)
         q_wire.copy_(qt_local.t())
         return q_wire.reshape(-1), qt_local
@@ -152,17 +194,22 @@ class LowRankCodec:
             out = torch.empty(n * m, dtype=torch.float32, device=mat.device)
         agg = out.reshape(n, m)
         deps = []
+        lib = _kernels_for(mat, r) if agg.is_contiguous() and mat.is_contiguous() else None
         if self.memory is None:
-            _outer(p, qt_scaled, agg, ws)
+            _outer(p, qt_scaled, agg, ws, lib)
         elif self.in_place_residual:
-            _outer_and_residual(p, qt_scaled, qt_local, agg, mat, ws, adapter.B.host_reads_are_free(mat))
+            if lib is not None:  # the aggregate written and the residual updated in one pass over M
+                _check(lib.hvdc_lowrank_finish(_ptr(p), p.stride(0), p.stride(1), n, m, r, _ptr(qt_scaled),
+                                               _ptr(qt_local), _ptr(mat), _ptr(agg)), "finish")
+            else:
+                _outer_and_residual(p, qt_scaled, qt_local, agg, mat, ws, adapter.B.host_reads_are_free(mat))
         else:
             # the memory's update first: ``acc`` may share the gradient's buffer that ``out`` is
             sent = torch.empty((n, m), dtype=torch.float32, device=mat.device)  # the memory may keep it
-            _outer(p, qt_local, sent, ws)
+            _outer(p, qt_local, sent, ws, lib)
             from ..transports.base import update
             deps = update(adapter, self.memory, key, acc, sent.reshape(-1), state)
-            _outer(p, qt_scaled, agg, ws)
+            _outer(p, qt_scaled, agg, ws, lib)
         return out, deps
 
     @staticmethod
@@ -206,8 +253,14 @@ def _outer_block(p, qt, out):
         out.addcmul_(p[:, j:j + 1], qt[j])
 
 
-def _outer(p, qt, out, ws):
-    """``out = p qt`` (``n x r`` times ``r x m``)."""
+def _outer(p, qt, out, ws, lib=None):
+    """``out = p qt`` (``n x r`` times ``r x m``): with ``lib`` one pass of the C
+    kernel, else on the CPU by cached row blocks, on a device one ``mm``."""
+    if lib is not None:
+        n, m = out.shape
+        _check(lib.hvdc_lowrank_finish(_ptr(p), p.stride(0), p.stride(1), n, m, qt.shape[0], _ptr(qt), None, None,
+                                       _ptr(out)), "finish")
+        return
     if not _is_cpu(out):
         torch.mm(p, qt, out=out)
         return

@@ -344,17 +344,24 @@ def _library(path):
     return lib
 
 
+#: flags -> the library built with them, once per test session (each build takes seconds)
+_BUILT = {}
+
+
 def _library_built_with(tmp_path, *flags):
     """The kernels built for this CPU with ``flags`` after the usual ones (flags after
-    -march=native win, so -mno-... switches a vector extension off)."""
+    -march=native win, so -mno-... switches a vector extension off); built once per
+    session, into the first test's ``tmp_path``."""
     import subprocess
     cc = native.compiler()
     if cc is None:
         pytest.skip("no C compiler")
-    out = tmp_path / f"kernels{''.join(flags)}.so"
-    subprocess.run([cc, *native.FLAGS, *flags, str(native.SOURCE), "-o", str(out), "-lm"],
-                   check=True, capture_output=True)
-    return _library(out)
+    if flags not in _BUILT:
+        out = tmp_path / f"kernels{''.join(flags)}.so"
+        subprocess.run([cc, *native.FLAGS, *flags, str(native.SOURCE), "-o", str(out), "-lm"],
+                       check=True, capture_output=True)
+        _BUILT[flags] = _library(out)
+    return _BUILT[flags]
 
 
 def _portable_library(tmp_path):
