@@ -34,6 +34,10 @@ class AdapterBase:
     B = None  # the framework's backend
     #: start second rounds of all pending tensors together (eager frameworks)
     defer_second_rounds = False
+    #: the fused codecs encode views of a tensor and update state in place, so
+    #: two-phase may run them chunk by chunk (torch; TF's codecs are graph ops
+    #: bound to a whole residual variable)
+    fused_codecs_on_chunks = False
 
     def __init__(self):
         self.reset()

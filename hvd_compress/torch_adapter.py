@@ -17,6 +17,7 @@ class AdasumNotSupported(ValueError):
 
 class TorchAdapter(AdapterBase):
     defer_second_rounds = True
+    fused_codecs_on_chunks = True
 
     def __init__(self):
         self.B = backend_for(torch.zeros(0))

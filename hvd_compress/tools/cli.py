@@ -2,6 +2,7 @@
 
     hvd-compress bench micro [--sizes 1M,16M,64M] [--frameworks torch,tf] [--threads 1] ...
     hvd-compress bench e2e   [--params 16M] [--hosts 2] [--rates none,1000,100] [--schemes ...] ...
+    hvd-compress bench scale [--workers 2,4,8] [--rates 100,1000] [--params 4M] [--schemes ...] ...
     hvd-compress advise      [--params 110M | --layers sizes.json | --torch-model mod:fn] ...
     hvd-compress advise --worked-example
     hvd-compress advise --validate docs/results/e2e.json
@@ -78,6 +79,30 @@ def build_parser():
                    "no-mmap (MALLOC_MMAP_MAX_=0; see docs/results/benchmarks.md) (default %(default)s)")
     e.add_argument("--quiet", action="store_true")
 
+    sc = bsub.add_parser("scale", help="training steps at N = 2, 4, 8 hosts on the emulated cluster (root)",
+                         description="Median step, compute-only step, per-rank encode/decode time and bytes on "
+                         "every host's interface, at several cluster sizes and link rates, one rank a host; rows "
+                         "merged into docs/results/scale_measured.json (schema: hvd_compress/tools/bench/scale.py).")
+    sc.add_argument("--workers", default="2,4,8", help="cluster sizes N (default %(default)s)")
+    sc.add_argument("--rates", default="100,1000", help="link rates in Mbit/s (default %(default)s)")
+    sc.add_argument("--schemes", default="none,hvd_fp16,TopK(0.01),TopK(0.01, transport='two_phase'),"
+                    "Int8(transport='two_phase'),EFSignSGD,PowerSGD(4),Auto()", help="(default %(default)s)")
+    sc.add_argument("--model", default="mlp", choices=["mlp", "transformer"])
+    sc.add_argument("--params", default="4M", help="parameter count (default %(default)s)")
+    sc.add_argument("--steps", type=int, default=4, help="timed steps per block (default %(default)s)")
+    sc.add_argument("--passes", type=int, default=2, help="blocks per scheme, every other pass in reverse "
+                    "scheme order (default %(default)s)")
+    sc.add_argument("--warmup", type=int, default=2)
+    sc.add_argument("--compute-steps", type=int, default=3)
+    sc.add_argument("--batch", type=int, default=32)
+    sc.add_argument("--threads", type=int, default=1)
+    sc.add_argument("--prefix", default="sb", help="cluster name prefix (default %(default)s)")
+    sc.add_argument("--out", default=os.path.join(RESULTS, "scale_measured.json"), help="JSON the rows are "
+                    "merged into (default %(default)s)")
+    sc.add_argument("--no-merge", action="store_true", help="overwrite --out instead of merging into it")
+    sc.add_argument("--png", default=None, help="plot (default: the JSON path with .png)")
+    sc.add_argument("--quiet", action="store_true")
+
     a = sub.add_parser("advise", help="predict per-step communication + compression cost; recommend per tensor",
                        description="The bytes / bandwidth + latency cost model with index overhead, "
                        "allreduce vs allgather transports and measured encode/decode costs.")
@@ -126,6 +151,20 @@ def _dispatch(args):
             print(f"hvd-compress bench e2e: {err}", file=sys.stderr)
             return 2
         return 1 if rows.failures else 0
+    if args.bench == "scale":
+        from .bench import scale
+        from .testing.cluster import ClusterError
+        png = args.png or (os.path.splitext(args.out)[0] + ".png" if args.out else None)
+        try:
+            _, failures = scale.run(workers=args.workers, rates=args.rates, schemes=args.schemes, model=args.model,
+                                    params=args.params, steps=args.steps, warmup=args.warmup, passes=args.passes,
+                                    compute_steps=args.compute_steps, batch=args.batch, threads=args.threads,
+                                    prefix=args.prefix, out_json=args.out, out_png=png, merge=not args.no_merge,
+                                    progress=not args.quiet)
+        except ClusterError as err:
+            print(f"hvd-compress bench scale: {err}", file=sys.stderr)
+            return 2
+        return 1 if failures else 0
     return 2
 
 

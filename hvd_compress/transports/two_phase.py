@@ -19,7 +19,7 @@ from ..naming import collective_name, stable_hash
 from ..memory import ResidualMemory
 from ..schemes.base import EncodeContext
 from ..state import OWNED_CHUNK_RESIDUAL, RESIDUAL
-from .base import (TwoRoundPending, Transport, compensate, pending_fields, placeholder, split_per_rank,
+from .base import (TwoRoundPending, Transport, compensate, op_scale, pending_fields, placeholder, split_per_rank,
                    to_gradient, update)
 
 def choose_two_phase(mode, n_ranks, numel):
@@ -31,6 +31,32 @@ def choose_two_phase(mode, n_ranks, numel):
     if mode == "auto":
         return n_ranks >= 3 and numel >= 65536
     return False
+
+
+def _chunk_codec(adapter, scheme, memory, x, chunk):
+    """The fused codec (:mod:`hvd_compress.kernels`) for ``scheme`` on chunks
+    of ``chunk`` elements of ``x``, or None where the eager scheme runs: no
+    kernels for this framework or scheme, or a memory other than plain
+    error feedback (momentum and DGC's memories keep more than a residual)."""
+    if not adapter.fused_codecs_on_chunks or chunk == 0 or (memory is not None and type(memory) is not ResidualMemory):
+        return None
+    return adapter.fused_codec(scheme, memory, x[:chunk])
+
+
+def _owned_chunk_codec(adapter, stage2, memory, x, chunk):
+    """:func:`_chunk_codec` for the owner's re-encode of its chunk's sum, except
+    for a sparsifier with quantized values (``TopK(values=Int8())``): its owner
+    selects among sums of quantized values, where magnitudes tie at the k-th
+    place, and the eager path breaks ties the way the framework's top-k does
+    (docs/design/two_phase.md)."""
+    if getattr(stage2, "values", None) is not None:
+        return None
+    return _chunk_codec(adapter, stage2, memory, x, chunk)
+
+
+def _empty_like(like, n):
+    import torch  # the fused codecs run only under torch (AdapterBase.fused_codecs_on_chunks)
+    return torch.empty(n, dtype=torch.float32, device=like.device)
 
 
 @dataclass(eq=False, kw_only=True)
@@ -48,6 +74,10 @@ class TwoPhasePending(TwoRoundPending):
     owned_gathers: dict = field(default_factory=dict)
     #: part -> length of one owner's part in phase 2
     owned_lengths: Optional[dict] = None
+    #: the fused codec (:mod:`hvd_compress.kernels`) of the chunks' encode and the owner's
+    #: combine (None: the eager scheme), and that of the owner's re-encode and the final decode
+    chunk_codec: Any = None
+    owned_codec: Any = None
 
 
 class TwoPhaseTransport(Transport):
@@ -57,13 +87,19 @@ class TwoPhaseTransport(Transport):
         adapter, B, scheme, memory = call.adapter, call.backend, call.scheme, call.memory
         n_ranks, numel = call.size, call.numel
         chunk = ceil_div(numel, n_ranks)
-        acc, state = (call.x, None) if memory is None else compensate(adapter, memory, call.key, numel, call.x)
-        payloads, sent = self._encode_chunks(call, acc, chunk)
-        deps = [] if memory is None else update(adapter, memory, call.key, acc, sent, state)
+        stage2 = scheme.stage2()
+        codec = _chunk_codec(adapter, scheme, memory, call.x, chunk)
+        if codec is not None:
+            payloads, deps = self._encode_chunks_fused(call, codec, chunk), []
+        else:
+            acc, state = (call.x, None) if memory is None else compensate(adapter, memory, call.key, numel, call.x)
+            payloads, sent = self._encode_chunks(call, acc, chunk)
+            deps = [] if memory is None else update(adapter, memory, call.key, acc, sent, state)
         pending = TwoPhasePending(
             transport=self, chunk=chunk, step=call.step, rank=call.rank, owner_feedback=memory is not None,
-            owner_seed=stable_hash(call.comp.seed, call.key, call.rank, "phase2"), **pending_fields(call))
-        stage2 = scheme.stage2()
+            owner_seed=stable_hash(call.comp.seed, call.key, call.rank, "phase2"), chunk_codec=codec,
+            owned_codec=None if codec is None else _owned_chunk_codec(adapter, stage2, memory, call.x, chunk),
+            **pending_fields(call))
         # phase 2 sends the owned chunk's payload: as large as one of phase 1's
         # chunks, unless the owner re-encodes with another scheme
         nbytes = 4 if stage2 is scheme else 4 + stage2.payload_nbytes(chunk)
@@ -98,19 +134,63 @@ class TwoPhaseTransport(Transport):
             return payloads, None
         return payloads, (B.concat(sents)[:numel] if pad else B.concat(sents))
 
+    @staticmethod
+    def _chunk_context(call, chunk, j, private):
+        B, adapter = call.backend, call.adapter
+        return EncodeContext(
+            key=call.key, step=call.step, rank=call.rank, size=call.size, shape=(chunk,),
+            uniform=lambda n: B.uniform(n, adapter.seed_for(private + j, call.step), like=call.x),
+            shared_seed=call.shared_seed, state={})
+
+    def _encode_chunks_fused(self, call, codec, chunk):
+        """:meth:`_encode_chunks` by a fused codec, chunk by chunk on views of
+        the gradient and of the residual (updated in place); the zero-padded
+        tail goes through a padded copy.  Each chunk encodes into its own
+        workspace, since every payload is still needed when the next is made."""
+        adapter, B, numel = call.adapter, call.backend, call.numel
+        ws = adapter.workspace(call.key)
+        residual = adapter.get_memory(RESIDUAL, call.key, numel, call.x) if call.memory is not None else None
+        private = stable_hash(call.comp.seed, call.key, call.rank, "two_phase")
+        payloads = []
+        for j in range(call.size):
+            lo, hi = min(j * chunk, numel), min((j + 1) * chunk, numel)
+            cws = ws.setdefault(f"two_phase.chunk{j}", {})
+            context = self._chunk_context(call, chunk, j, private)
+            if hi - lo == chunk:
+                payloads.append(codec.encode(call.x[lo:hi], None if residual is None else residual[lo:hi], cws,
+                                             context))
+                continue
+            pad = B.zeros(chunk - (hi - lo), "float32", like=call.x)
+            x = B.concat([call.x[lo:hi], pad])
+            r = None if residual is None else B.concat([residual[lo:hi], pad])
+            payloads.append(codec.encode(x, r, cws, context))
+            if r is not None:
+                residual[lo:hi] = r[:hi - lo]
+        return payloads
+
     def launch_second_round(self, pending):
         """The owner sums its chunk over ranks, re-encodes it (with its own
         error feedback) and allgathers the result."""
         adapter, B, n_ranks, chunk = pending.adapter, pending.adapter.B, pending.size, pending.chunk
         received = {part: adapter.wait(handle) for part, handle in pending.exchanges.items()}
         pending.exchanges = {}  # the received buffers are not needed past this point
-        chunk_sum = pending.scheme.aggregate(B, split_per_rank(B, received, pending.chunk_lengths, n_ranks), chunk)
+        per_rank = split_per_rank(B, received, pending.chunk_lengths, n_ranks)
+        if pending.chunk_codec is not None:
+            ws = adapter.workspace(pending.key).setdefault("two_phase.combine", {})
+            chunk_sum = pending.chunk_codec.aggregate(per_rank, chunk, {}, None, None, ws)
+        else:
+            chunk_sum = pending.scheme.aggregate(B, per_rank, chunk)
         seed, step = pending.owner_seed, pending.step
         context = EncodeContext(key=pending.key, step=step, rank=pending.rank, size=n_ranks, shape=(chunk,),
                                 uniform=lambda n: B.uniform(n, adapter.seed_for(seed, step), like=chunk_sum),
                                 shared_seed=0, state={})
         stage2 = pending.scheme.stage2()
-        if pending.owner_feedback:
+        if pending.owned_codec is not None:
+            ws = adapter.workspace(pending.key).setdefault("two_phase.owned", {})
+            owned_residual = (adapter.get_memory(OWNED_CHUNK_RESIDUAL, pending.key, chunk, chunk_sum)
+                              if pending.owner_feedback else None)
+            payload, deps = pending.owned_codec.encode(chunk_sum, owned_residual, ws, context), []
+        elif pending.owner_feedback:
             payload, deps = self._encode_owned_chunk(adapter, stage2, chunk_sum, context, pending.key, chunk)
         else:
             payload, deps = stage2.encode(B, chunk_sum, context)[0], []
@@ -139,5 +219,19 @@ class TwoPhaseTransport(Transport):
         B, stage2 = adapter.B, pending.scheme.stage2()
         gathered = {part: adapter.wait(handle) for part, handle in pending.owned_gathers.items()}
         per_chunk = split_per_rank(B, gathered, pending.owned_lengths, pending.size)
+        if pending.owned_codec is not None:  # each owner's payload decoded into its chunk, scaled in the pass
+            scale = op_scale(B, reduced, pending.size) if pending.scheme.apply_op_scale else None
+            ws = adapter.workspace(pending.key).setdefault("two_phase.decode", {})
+            chunk, numel = pending.chunk, pending.numel
+            # into the gradient buffer where Horovod replaces the gradient by the result (every
+            # element is written), else a fresh tensor; the zero-padded tail through a copy
+            dense = pending.out if pending.out is not None else _empty_like(reduced, numel)
+            for j, p in enumerate(per_chunk):
+                lo, hi = min(j * chunk, numel), min((j + 1) * chunk, numel)
+                if hi - lo == chunk:
+                    pending.owned_codec.aggregate([p], chunk, {}, scale, dense[lo:hi], ws)
+                elif hi > lo:
+                    dense[lo:hi] = pending.owned_codec.aggregate([p], chunk, {}, scale, None, ws)[:hi - lo]
+            return to_gradient(pending, dense)
         dense = B.concat([stage2.decode_one(B, p, pending.chunk) for p in per_chunk])[:pending.numel]
         return to_gradient(pending, dense, reduced if pending.scheme.apply_op_scale else None)

@@ -160,3 +160,22 @@ def test_library_two_phase_matches_the_reference_in_process(sid, shape, size):
             np.testing.assert_allclose(res["w"].numpy(), sim.r1[r], **T.residual_tolerance(sid, mag))
             np.testing.assert_allclose(res["w#owned_chunk"].numpy(), sim.r2[r], **T.residual_tolerance(sid, size * mag))
             assert res["w"].numel() == n
+
+
+#: schemes whose two-phase chunks the torch kernels encode (hvd_compress.kernels.torch_cpu.codec_for)
+FUSED_CASES = {"Int8", "Int8-block64", "EFSignSGD", "OneBit", "SignSGD", "TopK", "TopK-Int8", "BF16"}
+
+
+@pytest.mark.parametrize("shape,size", [((300, 70), 3), ((1001,), 4)], ids=["21000-N3", "1001-N4-padded"])
+@pytest.mark.parametrize("sid", list(T.CASES))
+def test_fused_chunks_match_the_reference(sid, shape, size):
+    """Chunks large enough for the fused kernels (Top-K fuses from 8k elements
+    a chunk), one case with a zero-padded tail chunk: the kernels' path agrees
+    with the reference like the eager one."""
+    from hvd_compress.kernels import native
+    if native.load() is None:
+        pytest.skip("the C kernels are not built (HVDC_KERNELS=0 or no compiler): only the eager path runs")
+    test_library_two_phase_matches_the_reference_in_process(sid, shape, size)
+    _, comps = emulate(sid, size, shape, 1)
+    used = "two_phase.chunk0" in comps[0].adapters["torch"].workspace("w")
+    assert used == (sid in FUSED_CASES), f"{sid}: fused chunk encode used={used}"

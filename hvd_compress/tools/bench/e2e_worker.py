@@ -79,6 +79,75 @@ class CountingCompression:
         return self.total / max(steps, 1)
 
 
+class WaitClock:
+    """Seconds spent in ``horovod.torch.synchronize`` -- where hvd_compress's
+    adapter waits on its side collectives (allgather, alltoall) -- accumulated
+    in :attr:`total`.  :meth:`install` replaces the module attribute the
+    adapter calls; Horovod's own optimizer and ``hvd.allreduce`` bind
+    ``mpi_ops.synchronize`` directly and are not counted."""
+
+    def __init__(self):
+        self.total = 0.0
+
+    def install(self):
+        import horovod.torch as hvd
+        inner = hvd.synchronize
+        if getattr(inner, "_hvdc_wait_clock", None) is not None:
+            return inner._hvdc_wait_clock
+        clock = self
+
+        def synchronize(handle):
+            t0 = time.perf_counter()
+            try:
+                return inner(handle)
+            finally:
+                clock.total += time.perf_counter() - t0
+        synchronize._hvdc_wait_clock = clock
+        hvd.synchronize = synchronize
+        return clock
+
+
+class TimedCompression:
+    """Wraps a compression object (hvd_compress's or Horovod's) and times its
+    ``compress`` (encode, error feedback, launching side collectives) and
+    ``decompress`` (waiting on side collectives, the owners' second round,
+    decode) on this rank.  Time spent blocked in :class:`WaitClock` inside
+    each call is kept apart: ``encode_s``/``decode_s`` are CPU work,
+    ``encode_wait_s``/``decode_wait_s`` waiting for other ranks and the link."""
+
+    def __init__(self, inner, clock=None):
+        self.inner = inner
+        self.clock = clock
+        self.reset()
+
+    def reset(self):
+        self.encode_s = self.decode_s = self.encode_wait_s = self.decode_wait_s = 0.0
+        self.compress_calls = self.decompress_calls = 0
+
+    def _waited(self):
+        return self.clock.total if self.clock is not None else 0.0
+
+    def compress(self, tensor):
+        t0, w0 = time.perf_counter(), self._waited()
+        try:
+            return self.inner.compress(tensor)
+        finally:
+            dw = self._waited() - w0
+            self.encode_s += time.perf_counter() - t0 - dw
+            self.encode_wait_s += dw
+            self.compress_calls += 1
+
+    def decompress(self, tensor, ctx):
+        t0, w0 = time.perf_counter(), self._waited()
+        try:
+            return self.inner.decompress(tensor, ctx)
+        finally:
+            dw = self._waited() - w0
+            self.decode_s += time.perf_counter() - t0 - dw
+            self.decode_wait_s += dw
+            self.decompress_calls += 1
+
+
 def _make_compression(spec, framework):
     from .specs import HOROVOD_SPECS, horovod_compression, parse_spec
     if spec in HOROVOD_SPECS:
@@ -97,6 +166,8 @@ def _transport(comp):
         return "allreduce"
     if _is_auto(comp):
         return "mixed"  # a scheme per tensor, chosen online
+    if getattr(comp, "transport", "allgather") != "allgather":  # two_phase, auto: the compressor's choice
+        return comp.transport
     return comp.scheme.transport
 
 
@@ -128,18 +199,43 @@ def _warmup_steps(a, comp):
 
 # ----------------------------------------------------------------------------- torch
 def run_torch(a):
+    """One block per scheme of ``--scheme`` (a comma list), ``--passes`` times
+    (the second pass in reverse order, so that drift of the machine's load
+    falls on every scheme alike); each block builds a fresh model and
+    optimizer.  One scheme and one pass: the single row ``bench e2e`` reads;
+    otherwise a list of rows, one per scheme, the passes' steps pooled."""
     import torch
     import horovod.torch as hvd
 
-    from .models import torch_model
+    from .specs import split_specs
 
     hvd.init()
     torch.set_num_threads(a.threads)
+    clock = WaitClock().install()
+    specs = split_specs(a.scheme)
+    blocks = {spec: [] for spec in specs}
+    for p in range(a.passes):
+        for spec in (specs if p % 2 == 0 else specs[::-1]):
+            blocks[spec].append(_torch_block(a, hvd, spec, clock))
+    if hvd.rank() != 0:
+        return 0
+    rows = [_row(a, spec, [b for b, _ in blocks[spec]], blocks[spec][-1][1]) for spec in specs]
+    _write(a.out, rows[0] if len(specs) == 1 and a.passes == 1 else rows)
+    return 0
+
+
+def _torch_block(a, hvd, spec, clock):
+    """Compute-only steps, then the distributed steps of one scheme on a fresh
+    model: (every rank's measurements, what rank 0 knows of the compressor)."""
+    import torch
+
+    from .models import torch_model
+
     torch.manual_seed(a.seed)
     model, make_batch, loss_fn = torch_model(a.model, a.params)
     x, y = make_batch(a.batch, seed=a.seed + hvd.rank())
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
-    layer_numels = [p.numel() for p in model.parameters()]
+    layer_shapes = [list(p.shape) for p in model.parameters()]
 
     def barrier():
         hvd.allreduce(torch.zeros(1), name="hvdc.bench.barrier", op=hvd.Sum)
@@ -163,19 +259,26 @@ def run_torch(a):
     # 3. distributed
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
-    comp = _make_compression(a.scheme, "torch")
-    dopt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=comp)
+    comp = _make_compression(spec, "torch")
+    timed = TimedCompression(comp, clock)
+    dopt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=timed)
+    backward_s = []
 
     def dist_step():
+        t0 = time.perf_counter()
         dopt.zero_grad()
         loss = loss_fn(model(x), y)
         loss.backward()
+        backward_s.append(time.perf_counter() - t0)
         dopt.step()
         return loss.detach().item()
 
-    return _timed_loop(a, hvd, barrier, dist_step, comp, compute, layer_numels,
-                       lambda obj: hvd.broadcast_object(obj, root_rank=0),
-                       lambda obj: hvd.allgather_object(obj))
+    everyone = _measure(a, hvd, barrier, dist_step, comp, compute,
+                        lambda obj: hvd.broadcast_object(obj, root_rank=0),
+                        lambda obj: hvd.allgather_object(obj), timed=timed, backward_s=backward_s)
+    info = _compressor_info(a, comp, spec, layer_shapes, hvd.size())
+    del dopt
+    return everyone, info
 
 
 # ----------------------------------------------------------------------------- TensorFlow
@@ -193,7 +296,7 @@ def run_tf(a):
     x, y = make_batch(a.batch, seed=a.seed + hvd.rank())
     opt = tf.keras.optimizers.SGD(learning_rate=a.lr, momentum=0.9)
     comp = _make_compression(a.scheme, "tensorflow")
-    layer_numels = [int(v.shape.num_elements()) for v in model.trainable_variables]
+    layer_shapes = [v.shape.as_list() for v in model.trainable_variables]
 
     @tf.function
     def local_step(x, y):
@@ -228,13 +331,30 @@ def run_tf(a):
     def dist_step():
         return float(dist_step_fn(x, y))
 
-    return _timed_loop(a, hvd, barrier, dist_step, comp, compute, layer_numels,
+    return _timed_loop(a, hvd, barrier, dist_step, comp, compute, layer_shapes,
                        lambda obj: hvd.broadcast_object(obj, root_rank=0),
                        lambda obj: hvd.allgather_object(obj))
 
 
 # ----------------------------------------------------------------------------- shared
-def _timed_loop(a, hvd, barrier, dist_step, comp, compute, layer_numels, bcast, gather):
+def _timed_loop(a, hvd, barrier, dist_step, comp, compute, layer_shapes, bcast, gather):
+    everyone = _measure(a, hvd, barrier, dist_step, comp, compute, bcast, gather)
+    if hvd.rank() != 0:
+        return 0
+    _write(a.out, _row(a, a.scheme, [everyone], _compressor_info(a, comp, a.scheme, layer_shapes, hvd.size())))
+    return 0
+
+
+def _write(path, obj):
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f)
+    os.replace(path + ".tmp", path)
+
+
+def _measure(a, hvd, barrier, dist_step, comp, compute, bcast, gather, timed=None, backward_s=None):
+    """Warm-up, the timed steps between barriers with the interface's byte
+    counters read around them, the idle traffic after; every rank's record
+    (a list, on every rank)."""
     losses, warm = [], []
     for _ in range(_warmup_steps(a, comp)):
         t0 = time.perf_counter()
@@ -246,6 +366,10 @@ def _timed_loop(a, hvd, barrier, dist_step, comp, compute, layer_numels, bcast, 
     steps = bcast(steps)
     if isinstance(comp, CountingCompression):
         comp.reset()
+    if timed is not None:
+        timed.reset()
+    if backward_s is not None:
+        del backward_s[:]
     barrier()
     c0 = read_iface(a.iface)
     times = []
@@ -259,65 +383,142 @@ def _timed_loop(a, hvd, barrier, dist_step, comp, compute, layer_numels, bcast, 
     barrier()
     wall = time.perf_counter() - t_start
     c1 = read_iface(a.iface)
+    codec = None if timed is None else {k: getattr(timed, k) for k in
+                                        ("encode_s", "decode_s", "encode_wait_s", "decode_wait_s")}
     # Horovod's background loop keeps coordinating while no tensor is pending:
     # measure that idle control traffic too, to explain wire > payload
     time.sleep(a.idle_seconds)
     c2 = read_iface(a.iface)
     barrier()
-    me = {"rank": hvd.rank(), "host": socket.gethostname(), "times": times, "warmup_times": warm,
-          "compute": compute, "wall": wall,
+    me = {"rank": hvd.rank(), "host": socket.gethostname(), "steps": steps, "times": times, "warmup_times": warm,
+          "compute": compute, "wall": wall, "backward": list(backward_s or []), "codec": codec,
           "rx": None if c0 is None else c1[0] - c0[0], "tx": None if c0 is None else c1[1] - c0[1],
-          "idle_tx": None if c0 is None else c2[1] - c1[1],
+          "idle_tx": None if c0 is None else c2[1] - c1[1], "idle_rx": None if c0 is None else c2[0] - c1[0],
           "payload_bytes_per_step": _payload_per_step(comp, steps), "loss_first": losses[0],
           "loss_last": losses[-1]}
-    everyone = gather(me)
-    if hvd.rank() != 0:
-        return 0
-    per_step = [max(r["times"][i] for r in everyone) for i in range(steps)]
-    compute_s = statistics.median([max(r["compute"][i] for r in everyone) for i in range(len(compute))]) \
-        if compute else None
+    return gather(me)
+
+
+def _compressor_info(a, comp, spec, layer_shapes, size):
+    """What the row says about the compressor (rank 0's view, after its timed steps)."""
+    info = {"transport": _transport(comp), "warmup": _warmup_steps(a, comp), "layer_shapes": layer_shapes}
+    if _is_auto(comp):
+        info["auto_plan"] = comp.describe()  # the table of what Auto chose per tensor
+        info["auto_history_starts"] = [start for start, *_ in comp.history]
+        info["auto_calibration_steps"] = comp.calibration_steps
+        info["auto_recheck_every"] = comp.recheck_every
+    return info
+
+
+def horovod_settings(environ=None):
+    """Horovod's cycle time (ms) and fusion threshold (bytes) as this rank runs
+    them: the environment's values, else Horovod 0.28.1's defaults (1 ms,
+    128 MiB)."""
+    environ = os.environ if environ is None else environ
+    cycle = environ.get("HOROVOD_CYCLE_TIME")
+    fusion = environ.get("HOROVOD_FUSION_THRESHOLD")
+    return {"horovod_cycle_time_ms": float(cycle) if cycle else 1.0,
+            "horovod_fusion_threshold_bytes": int(fusion) if fusion else 128 * 1024 * 1024,
+            "horovod_settings_from_env": bool(cycle or fusion)}
+
+
+def _row(a, spec, blocks, info):
+    """One row from one or more blocks of the same scheme (each a list of every
+    rank's record): the steps pooled, bytes per step over all timed steps."""
+    first = blocks[0]
+    per_step, compute_steps, warm, backward = [], [], [], []
+    for everyone in blocks:
+        n = everyone[0]["steps"]
+        per_step += [max(r["times"][i] for r in everyone) for i in range(n)]
+        compute_steps += [max(r["compute"][i] for r in everyone) for i in range(len(everyone[0]["compute"]))]
+        warm += [max(r["warmup_times"][i] for r in everyone) for i in range(len(everyone[0]["warmup_times"]))]
+        if all(len(r["backward"]) == n for r in everyone) and n:
+            backward += [max(r["backward"][i] for r in everyone) for i in range(n)]
+    steps = len(per_step)
+    wall = sum(everyone[0]["wall"] for everyone in blocks)
+    ranks = sorted({r["rank"] for r in first})
     hosts = {}
-    for r in everyone:  # one set of counters per host (ranks on one host share its interface)
-        hosts.setdefault(r["host"], r)
-    tx = [r["tx"] for r in hosts.values() if r["tx"] is not None]
-    idle = [r["idle_tx"] for r in hosts.values() if r["idle_tx"] is not None]
-    rx = [r["rx"] for r in hosts.values() if r["rx"] is not None]
+    for r in first:  # one set of counters per host (ranks on one host share its interface)
+        hosts.setdefault(r["host"], r["rank"])
+
+    def total(rank, key):
+        vals = [r[key] for everyone in blocks for r in everyone if r["rank"] == rank]
+        return None if any(v is None for v in vals) else sum(vals)
+
+    per_host = []
+    for host, rank in hosts.items():
+        tx, rx = total(rank, "tx"), total(rank, "rx")
+        per_host.append({"host": host, "tx_bytes_per_step": None if tx is None else tx / steps,
+                         "rx_bytes_per_step": None if rx is None else rx / steps})
+    tx = [h["tx_bytes_per_step"] for h in per_host if h["tx_bytes_per_step"] is not None]
+    rx = [h["rx_bytes_per_step"] for h in per_host if h["rx_bytes_per_step"] is not None]
+    idle_tx = [total(rank, "idle_tx") for rank in hosts.values()]
+    idle_rx = [total(rank, "idle_rx") for rank in hosts.values()]
+    idle_s = a.idle_seconds * len(blocks)
+    per_rank = []
+    for rank in ranks:
+        mine = [r for everyone in blocks for r in everyone if r["rank"] == rank]
+        entry = {"rank": rank, "host": mine[0]["host"], "tx": total(rank, "tx"), "rx": total(rank, "rx"),
+                 "payload_bytes_per_step": mine[-1]["payload_bytes_per_step"]}
+        if all(r["codec"] is not None for r in mine):
+            for k in ("encode_s", "decode_s", "encode_wait_s", "decode_wait_s"):
+                entry[k + "_per_step"] = sum(r["codec"][k] for r in mine) / steps
+        per_rank.append(entry)
+    me = [r for r in first if r["rank"] == 0][0]
     from .micro import malloc_env
     result = {
-        "scheme": a.scheme, "framework": a.framework, "model": a.model,
-        "model_params": int(sum(layer_numels)), "layer_numels": layer_numels,
-        "workers": hvd.size(), "hosts": len(hosts), "batch": a.batch, "threads": a.threads,
-        "steps": steps, "warmup": _warmup_steps(a, comp), "transport": _transport(comp),
+        "scheme": spec, "framework": a.framework, "model": a.model,
+        "model_params": int(sum(_numel(s) for s in info["layer_shapes"])),
+        "layer_numels": [_numel(s) for s in info["layer_shapes"]], "layer_shapes": info["layer_shapes"],
+        "workers": len(ranks), "hosts": len(hosts), "batch": a.batch, "threads": a.threads,
+        "steps": steps, "passes": len(blocks), "warmup": info["warmup"], "transport": info["transport"],
         "median_step_s": statistics.median(per_step), "mean_step_s": wall / steps,
-        "step_s_all": per_step, "compute_s": compute_s,
+        "step_s_all": per_step, "compute_s": statistics.median(compute_steps) if compute_steps else None,
+        "compute_s_all": compute_steps,
+        "backward_s": statistics.median(backward) if backward else None,
         # the slowest rank's warm-up steps (Auto: its calibration and first decision are among them)
-        "warmup_step_s_all": [max(r["warmup_times"][i] for r in everyone) for i in range(len(me["warmup_times"]))],
-        "payload_bytes_per_step": statistics.mean(r["payload_bytes_per_step"] for r in everyone),
-        "wire_bytes_per_step": (statistics.mean(tx) / steps) if tx else None,
-        "wire_rx_bytes_per_step": (statistics.mean(rx) / steps) if rx else None,
-        "idle_wire_bytes_per_s": (statistics.mean(idle) / a.idle_seconds) if idle and a.idle_seconds else None,
+        "warmup_step_s_all": warm,
+        "payload_bytes_per_step": statistics.mean(r["payload_bytes_per_step"] for r in per_rank),
+        "wire_bytes_per_step": statistics.mean(tx) if tx else None,
+        "wire_rx_bytes_per_step": statistics.mean(rx) if rx else None,
+        "wire_per_host": per_host,
+        "idle_wire_bytes_per_s": (statistics.mean(idle_tx) / idle_s) if idle_tx and None not in idle_tx
+        and idle_s else None,
+        "idle_wire_rx_bytes_per_s": (statistics.mean(idle_rx) / idle_s) if idle_rx and None not in idle_rx
+        and idle_s else None,
         "wire_iface": a.iface, "loss_first": me["loss_first"], "loss_last": me["loss_last"],
-        "per_rank": [{k: r[k] for k in ("rank", "host", "tx", "rx", "payload_bytes_per_step")}
-                     for r in everyone],
+        "per_rank": per_rank,
         "malloc_env": malloc_env(),  # what reached this rank through horovodrun
+        **horovod_settings(),
     }
-    if _is_auto(comp):
-        result["auto_plan"] = comp.describe()  # the table of what Auto chose per tensor
+    if per_rank and all("encode_s_per_step" in r for r in per_rank):
+        for k in ("encode_s", "decode_s", "encode_wait_s", "decode_wait_s"):
+            vals = [r[k + "_per_step"] for r in per_rank]
+            result[k + "_per_step"] = statistics.mean(vals)
+            result[k + "_per_step_max"] = max(vals)
+    if "auto_plan" in info:
+        warmup = info["warmup"]
+        result["auto_plan"] = info["auto_plan"]
         # the timed step at which each plan took effect: a plan's start counts the communications
         # before it (warm-up included), so start s is the (s + 1)-th call, timed step s - warmup
-        result["auto_plan_steps"] = [start - result["warmup"] for start, *_ in comp.history]
+        result["auto_plan_steps"] = [start - warmup for start in info["auto_history_starts"]]
         # the timed steps at which Auto re-checked the link (its schedule: after the calibration, then
         # every recheck_every communications; the c-th call is timed step c - warmup - 1), whether
         # or not the check adopted a new plan
-        first = comp.calibration_steps + 1
-        every = comp.recheck_every or (steps + result["warmup"] + 1)
-        result["auto_check_steps"] = [c - result["warmup"] - 1 for c in range(first, result["warmup"] + steps + 1, every)
-                                      if c - result["warmup"] - 1 >= 0]
+        first_check = info["auto_calibration_steps"] + 1
+        n = blocks[-1][0]["steps"]
+        every = info["auto_recheck_every"] or (n + warmup + 1)
+        result["auto_check_steps"] = [c - warmup - 1 for c in range(first_check, warmup + n + 1, every)
+                                      if c - warmup - 1 >= 0]
     result["change_link_at"] = a.change_link_at or None
-    with open(a.out + ".tmp", "w") as f:
-        json.dump(result, f)
-    os.replace(a.out + ".tmp", a.out)
-    return 0
+    return result
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
 
 
 def main(argv=None):
@@ -327,7 +528,10 @@ def main(argv=None):
     p.add_argument("--model", default="mlp", choices=["mlp", "transformer"])
     p.add_argument("--params", default="16M", type=parse_count)
     p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--scheme", default="none")
+    p.add_argument("--scheme", default="none",
+                   help="a scheme spec; torch: a comma list runs one block per scheme (a list of rows)")
+    p.add_argument("--passes", type=int, default=1,
+                   help="torch: run the schemes this many times, every other pass in reverse order")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--min-steps", type=int, default=3)
     p.add_argument("--max-seconds", type=float, default=0.0,
