@@ -182,7 +182,12 @@ class AdapterBase:
             out, pending = self._compress_with(phases[0], call)
         else:
             out, pending = self._compress_scheduled(phases, call)
+        self.compressed(key, info)
         return (B.identity_with_deps(out, [check]) if check is not None else out), pending
+
+    def compressed(self, key, info):
+        """Called after each tensor's ``compress`` (eager frameworks batch
+        the two-phase first rounds of a round's tensors here)."""
 
     def _call(self, comp, key, x, step, info, shape, dtype, numel):
         """The :class:`~hvd_compress.transports.Call` of one tensor, before a

@@ -27,6 +27,7 @@ class TorchAdapter(AdapterBase):
         super().reset()
         self.fingerprint_checked = False
         self._in_flight = {}
+        self._round_keys = set()
 
     # views of the per-parameter state by kind: {key: value}
     @property
@@ -133,11 +134,28 @@ class TorchAdapter(AdapterBase):
         import horovod.torch as hvd
         return hvd.alltoall_async(tensor.contiguous(), name=name, process_set=process_set)
 
+    def compressed(self, key, info):
+        """Once every tensor the optimizer reduces has been compressed this
+        round (the count from its parameter list; unknown: right away), launch
+        the two-phase first rounds waiting, together: one alltoall for all.
+        The set is the same on every rank (all of the optimizer's tensors), so
+        is the batch; tensors never compressed here (sparse gradients) leave
+        the batch to the first decompress (:meth:`launch_second_rounds`)."""
+        self._round_keys.add(key)
+        if info.params and len(self._round_keys) < len(info.params):
+            return
+        self._round_keys = set()
+        waiting = sorted((p for p in self.pending_rounds if getattr(p, "chunk_payloads", None) is not None),
+                         key=lambda p: p.key)
+        for transport in dict.fromkeys(p.transport for p in waiting):
+            transport.launch_first_rounds([p for p in waiting if p.transport is transport])
+
     def launch_second_rounds(self, pending):
         waiting = sorted(self.pending_rounds, key=lambda p: p.key)
         if not any(p is pending for p in waiting):
             waiting.append(pending)
         self.pending_rounds = []
+        self._round_keys = set()
         waiting = [p for p in waiting if not p.second_round_launched]
         # each transport launches its own together (PowerSGD batches its QRs), in key order
         for transport in dict.fromkeys(p.transport for p in waiting):
@@ -173,6 +191,18 @@ class TorchAdapter(AdapterBase):
     def nbytes(self, tensor):
         return tensor.numel() * tensor.element_size()
 
+    # one collective of bytes for several tensors' payloads (two-phase's batched rounds)
+    def to_bytes(self, tensors):
+        return torch.cat([t.contiguous().reshape(-1).view(torch.uint8) for t in tensors])
+
+    def byte_length(self, dtype, n):
+        return n * _dtype(dtype).itemsize
+
+    def from_bytes(self, buf, offset, dtype, n):
+        """``n`` elements of ``dtype`` at byte ``offset`` of ``buf`` (a copy: the
+        offset need not be aligned for the dtype)."""
+        return buf[offset:offset + self.byte_length(dtype, n)].clone().view(_dtype(dtype))
+
     # --- elastic Horovod ---------------------------------------------------------
     def residual_mass(self, rank, size):
         tensors, sumsq = 0, 0.0
@@ -194,6 +224,7 @@ class TorchAdapter(AdapterBase):
     def forget_in_flight(self):
         self.pending_rounds = []
         self._in_flight = {}
+        self._round_keys = set()
         self.fingerprint_checked = False
 
     def step_counts(self):
@@ -267,3 +298,8 @@ def torch_load_state_dict(table, entries):
             table.of(key).scheme[name] = value.clone()
         else:
             raise ValueError(f"unknown entry {entry!r} in the torch state of hvd_compress")
+
+
+def _dtype(name):
+    """The torch dtype of a :meth:`Backend.dtype_name` (``float32``, ``uint8``, ...)."""
+    return getattr(torch, name)

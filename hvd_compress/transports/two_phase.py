@@ -78,6 +78,79 @@ class TwoPhasePending(TwoRoundPending):
     #: combine (None: the eager scheme), and that of the owner's re-encode and the final decode
     chunk_codec: Any = None
     owned_codec: Any = None
+    #: batched rounds (adapters that defer second rounds): the chunk payloads until the
+    #: batch's alltoall is launched, the alltoall's batch, and the allgather's
+    chunk_payloads: Optional[list] = None
+    first_round: Any = None
+    second_round: Any = None
+
+
+@dataclass(eq=False)
+class ByteBatch:
+    """Several tensors' payloads in one collective of bytes: ``layout[i]`` is
+    member i's ``[(part, dtype, elements)]`` within every rank's segment of
+    ``segment_nbytes`` bytes.  The result is waited for once, by whichever
+    member needs it first."""
+    handle: Any
+    layout: list
+    segment_nbytes: int
+    size: int
+    result: Any = None
+
+    def received(self, adapter):
+        if self.result is None:
+            self.result = adapter.wait(self.handle)
+            self.handle = None
+        return self.result
+
+    def member_parts(self, adapter, index):
+        """``[{part: tensor}]`` of member ``index``, one dict per rank's segment."""
+        buf = self.received(adapter)
+        start = sum(adapter.byte_length(dtype, n) for entry in self.layout[:index] for _, dtype, n in entry)
+        per_rank = []
+        for r in range(self.size):
+            offset, parts = r * self.segment_nbytes + start, {}
+            for part, dtype, n in self.layout[index]:
+                parts[part] = adapter.from_bytes(buf, offset, dtype, n)
+                offset += adapter.byte_length(dtype, n)
+            per_rank.append(parts)
+        return per_rank
+
+
+def launch_byte_batch(adapter, members_parts, name, process_set, size):
+    """One collective for several tensors: ``members_parts[i][r]`` is member i's
+    payload dict for destination rank r (alltoall, ``size`` of them) or a
+    single dict (allgather).  Returns the :class:`ByteBatch`."""
+    alltoall = isinstance(members_parts[0], list)
+    layout = []
+    for parts in members_parts:
+        first = parts[0] if alltoall else parts
+        layout.append([(part, adapter.B.dtype_name(first[part]), adapter.B.numel(first[part]))
+                       for part in sorted(first)])
+    segment = sum(adapter.byte_length(dtype, n) for entry in layout for _, dtype, n in entry)
+    if alltoall:
+        pieces = [parts[r][part] for r in range(size) for parts in members_parts for part in sorted(parts[r])]
+        handle = adapter.alltoall(adapter.to_bytes(pieces), name, process_set)
+    else:
+        pieces = [parts[part] for parts in members_parts for part in sorted(parts)]
+        handle = adapter.allgather(adapter.to_bytes(pieces), name, process_set)
+    return ByteBatch(handle, layout, segment, size)
+
+
+def _by_process_set(pendings):
+    """Lists of pendings sharing a process set, each in the order given."""
+    groups = {}
+    for p in pendings:
+        groups.setdefault(id(p.process_set), []).append(p)
+    return list(groups.values())
+
+
+def batch_name(pendings, what):
+    """The same on every rank: one tensor keeps its own key in the name."""
+    keys = [p.coll_key for p in pendings]
+    if len(keys) == 1:
+        return collective_name(keys[0], what)
+    return collective_name(f"two_phase.batch{len(keys)}-{stable_hash(*keys):016x}", what)
 
 
 class TwoPhaseTransport(Transport):
@@ -103,6 +176,15 @@ class TwoPhaseTransport(Transport):
         # phase 2 sends the owned chunk's payload: as large as one of phase 1's
         # chunks, unless the owner re-encodes with another scheme
         nbytes = 4 if stage2 is scheme else 4 + stage2.payload_nbytes(chunk)
+        if adapter.defer_second_rounds:  # one alltoall for the tensors of a round (launch_first_rounds)
+            pending.chunk_payloads = payloads
+            for part in sorted(payloads[0]):
+                pending.chunk_lengths[part] = B.numel(payloads[0][part])
+                nbytes += sum(adapter.nbytes(p[part]) for p in payloads)
+                nbytes += adapter.nbytes(payloads[0][part]) if stage2 is scheme else 0
+            adapter.defer_second_round(pending)
+            adapter.record_bytes(call.comp, call.key, scheme, numel, nbytes)
+            return placeholder(call, deps), pending
         for part in sorted(payloads[0]):
             send = B.identity_with_deps(B.concat([p[part] for p in payloads]), deps)
             pending.chunk_lengths[part] = B.numel(payloads[0][part])
@@ -168,20 +250,65 @@ class TwoPhaseTransport(Transport):
                 residual[lo:hi] = r[:hi - lo]
         return payloads
 
+    def launch_first_rounds(self, pendings):
+        """Batched rounds: one alltoall of bytes carries every given tensor's
+        chunk payloads (per process set, in the order given).  Horovod runs
+        alltoalls one at a time and never fuses them; one per tensor and part
+        made the first round's cost grow with the number of tensors."""
+        for group in _by_process_set(p for p in pendings if p.chunk_payloads is not None):
+            adapter = group[0].adapter
+            batch = launch_byte_batch(adapter, [p.chunk_payloads for p in group], batch_name(group, "a2a"),
+                                      group[0].process_set, group[0].size)
+            for i, p in enumerate(group):
+                p.first_round, p.chunk_payloads = (batch, i), None
+
+    def launch_second_rounds(self, pendings):
+        batched = [p for p in pendings if p.first_round is not None or p.chunk_payloads is not None]
+        for pending in pendings:
+            if not any(pending is b for b in batched):
+                self.launch_second_round(pending)
+        if not batched:
+            return
+        self.launch_first_rounds(batched)  # those whose round was not complete before
+        for group in _by_process_set(batched):
+            owned = []
+            for pending in group:
+                batch, index = pending.first_round
+                payload, deps = self._owner_round(pending, batch.member_parts(pending.adapter, index))
+                owned.append(payload)  # eager frameworks: deps are empty
+                pending.first_round = None
+            adapter = group[0].adapter
+            second = launch_byte_batch(adapter, owned, batch_name(group, "ag"), group[0].process_set,
+                                       group[0].size)
+            for i, pending in enumerate(group):
+                pending.second_round = (second, i)
+                pending.second_round_launched = True
+
     def launch_second_round(self, pending):
         """The owner sums its chunk over ranks, re-encodes it (with its own
         error feedback) and allgathers the result."""
-        adapter, B, n_ranks, chunk = pending.adapter, pending.adapter.B, pending.size, pending.chunk
+        adapter, B, n_ranks = pending.adapter, pending.adapter.B, pending.size
         received = {part: adapter.wait(handle) for part, handle in pending.exchanges.items()}
         pending.exchanges = {}  # the received buffers are not needed past this point
-        per_rank = split_per_rank(B, received, pending.chunk_lengths, n_ranks)
+        payload, deps = self._owner_round(pending, split_per_rank(B, received, pending.chunk_lengths, n_ranks))
+        pending.owned_lengths = {part: B.numel(t) for part, t in payload.items()}
+        for part in sorted(payload):
+            sent = B.identity_with_deps(payload[part], deps)
+            name = collective_name(pending.coll_key, "ag." + part)
+            pending.owned_gathers[part] = adapter.allgather(sent, name, pending.process_set)
+        pending.second_round_launched = True
+
+    def _owner_round(self, pending, per_rank):
+        """Combine every rank's payload of the owned chunk and re-encode the
+        sum (with the owner's error feedback): (payload, dependencies)."""
+        adapter, B, chunk = pending.adapter, pending.adapter.B, pending.chunk
         if pending.chunk_codec is not None:
             ws = adapter.workspace(pending.key).setdefault("two_phase.combine", {})
             chunk_sum = pending.chunk_codec.aggregate(per_rank, chunk, {}, None, None, ws)
         else:
             chunk_sum = pending.scheme.aggregate(B, per_rank, chunk)
         seed, step = pending.owner_seed, pending.step
-        context = EncodeContext(key=pending.key, step=step, rank=pending.rank, size=n_ranks, shape=(chunk,),
+        context = EncodeContext(key=pending.key, step=step, rank=pending.rank, size=pending.size, shape=(chunk,),
                                 uniform=lambda n: B.uniform(n, adapter.seed_for(seed, step), like=chunk_sum),
                                 shared_seed=0, state={})
         stage2 = pending.scheme.stage2()
@@ -189,17 +316,10 @@ class TwoPhaseTransport(Transport):
             ws = adapter.workspace(pending.key).setdefault("two_phase.owned", {})
             owned_residual = (adapter.get_memory(OWNED_CHUNK_RESIDUAL, pending.key, chunk, chunk_sum)
                               if pending.owner_feedback else None)
-            payload, deps = pending.owned_codec.encode(chunk_sum, owned_residual, ws, context), []
-        elif pending.owner_feedback:
-            payload, deps = self._encode_owned_chunk(adapter, stage2, chunk_sum, context, pending.key, chunk)
-        else:
-            payload, deps = stage2.encode(B, chunk_sum, context)[0], []
-        pending.owned_lengths = {part: B.numel(t) for part, t in payload.items()}
-        for part in sorted(payload):
-            sent = B.identity_with_deps(payload[part], deps)
-            name = collective_name(pending.coll_key, "ag." + part)
-            pending.owned_gathers[part] = adapter.allgather(sent, name, pending.process_set)
-        pending.second_round_launched = True
+            return pending.owned_codec.encode(chunk_sum, owned_residual, ws, context), []
+        if pending.owner_feedback:
+            return self._encode_owned_chunk(adapter, stage2, chunk_sum, context, pending.key, chunk)
+        return stage2.encode(B, chunk_sum, context)[0], []
 
     @staticmethod
     def _encode_owned_chunk(adapter, stage2, chunk_sum, context, key, chunk):
@@ -217,8 +337,13 @@ class TwoPhaseTransport(Transport):
         if not pending.second_round_launched:
             adapter.launch_second_rounds(pending)
         B, stage2 = adapter.B, pending.scheme.stage2()
-        gathered = {part: adapter.wait(handle) for part, handle in pending.owned_gathers.items()}
-        per_chunk = split_per_rank(B, gathered, pending.owned_lengths, pending.size)
+        if pending.second_round is not None:
+            batch, index = pending.second_round
+            per_chunk = batch.member_parts(adapter, index)
+            pending.second_round = None
+        else:
+            gathered = {part: adapter.wait(handle) for part, handle in pending.owned_gathers.items()}
+            per_chunk = split_per_rank(B, gathered, pending.owned_lengths, pending.size)
         if pending.owned_codec is not None:  # each owner's payload decoded into its chunk, scaled in the pass
             scale = op_scale(B, reduced, pending.size) if pending.scheme.apply_op_scale else None
             ws = adapter.workspace(pending.key).setdefault("two_phase.decode", {})
