@@ -102,6 +102,8 @@ def build_parser():
     sc.add_argument("--no-merge", action="store_true", help="overwrite --out instead of merging into it")
     sc.add_argument("--png", default=None, help="plot (default: the JSON path with .png)")
     sc.add_argument("--quiet", action="store_true")
+    sc.add_argument("--report", action="store_true", help="run nothing: print --out's rows as the markdown "
+                    "table of docs/results/benchmarks.md")
 
     a = sub.add_parser("advise", help="predict per-step communication + compression cost; recommend per tensor",
                        description="The bytes / bandwidth + latency cost model with index overhead, "
@@ -154,6 +156,11 @@ def _dispatch(args):
     if args.bench == "scale":
         from .bench import scale
         from .testing.cluster import ClusterError
+        if args.report:
+            import json
+            with open(args.out) as f:
+                print(scale.markdown(json.load(f)))
+            return 0
         png = args.png or (os.path.splitext(args.out)[0] + ".png" if args.out else None)
         try:
             _, failures = scale.run(workers=args.workers, rates=args.rates, schemes=args.schemes, model=args.model,

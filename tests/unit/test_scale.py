@@ -127,3 +127,12 @@ def test_timed_compression_keeps_waiting_apart_from_work():
     timed.decompress(1, None)
     assert timed.encode_wait_s == pytest.approx(clock.total) and timed.encode_wait_s >= 0.01
     assert timed.encode_s >= 0 and timed.decode_wait_s == 0 and timed.compress_calls == 1
+
+
+def test_markdown_lists_every_row_and_the_auto_comparison():
+    row = S.build_row(_worker_row(), link_mbit=100.0, link_measured_mbit=95.0, link_rtt_s=6e-5, controller="gloo",
+                      command="c")
+    auto = dict(row, scheme="Auto()", transport="mixed", median_step_s=2.0)
+    text = S.markdown(S.add_comparisons([row, auto]))
+    assert text.count("| 100 Mbit/s | 2 |") == 3  # two rows and the comparison
+    assert "| 100 Mbit/s | 2 | 2000 | TopK(0.01) | 1750 | 0.88 |" in text

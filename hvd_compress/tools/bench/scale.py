@@ -330,6 +330,39 @@ def format_table(rows):
     return table(rows, cols, title=head)
 
 
+def markdown(rows):
+    """The rows as the markdown table of docs/results/benchmarks.md, and the
+    Auto comparison under it (``hvd-compress bench scale --report``)."""
+    def ms(v):
+        return "-" if v is None else f"{v * 1e3:.0f}"
+
+    def ratio(v):
+        return "-" if v is None else f"{v:.2f}"
+
+    def mb(v):
+        return "-" if v is None else f"{v / 1e6:.3f}"
+
+    head = ("| link | N | scheme | transport | step ms | compute ms | link_s ms | encode ms | decode ms | "
+            "vs none | vs fp16 | payload MB | tx MB/host | rx MB/host | tx/expected | load |\n"
+            "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    lines = [head]
+    for r in sorted(rows, key=lambda r: (r["link_mbit"] or 0, r["workers"])):
+        load = r.get("loadavg_1m_before")
+        lines.append(f"| {_rate_label(r['link_mbit'])} | {r['workers']} | {r['scheme']} | {r['transport']} | "
+                     f"{ms(r['median_step_s'])} | {ms(r.get('compute_s'))} | {ms(r.get('link_s'))} | "
+                     f"{ms(r.get('encode_s_per_step'))} | {ms(r.get('decode_s_per_step'))} | "
+                     f"{ratio(r.get('speedup_vs_none'))} | {ratio(r.get('speedup_vs_hvd_fp16'))} | "
+                     f"{mb(r['payload_bytes_per_step'])} | {mb(r.get('wire_bytes_per_step'))} | "
+                     f"{mb(r.get('wire_rx_bytes_per_step'))} | {ratio(r.get('wire_to_expected'))} | "
+                     f"{'-' if load is None else f'{load:.0f}'} |")
+    cmp_ = auto_vs_best(rows)
+    if cmp_:
+        lines += ["", "| link | N | Auto() step ms | best fixed | its step ms | best / Auto |", "|---|---:|---:|---|---:|---:|"]
+        lines += [f"| {_rate_label(c['link_mbit'])} | {c['workers']} | {ms(c['auto_step_s'])} | {c['best_scheme']} | "
+                  f"{ms(c['best_step_s'])} | {c['ratio']:.2f} |" for c in cmp_]
+    return "\n".join(lines)
+
+
 def plot(rows, path):
     """Median step (left) and wire bytes sent per host (right) against N, one
     line per scheme, one line style per link rate."""
