@@ -424,23 +424,36 @@ void hvdc_onebit_encode(const float *x, float *r, i64 n, uint8_t *bits, float *m
     sign_bits_residual(r ? r : x, r, n, m0, m1, bits);
 }
 
-/* out = sum_j (p * means[2j] + (1 - p) * means[2j + 1]) [* s], ranks in order, chunk by chunk */
+/* one step of rank j's OneBit decode: p = the bits as 0/1 lanes, d = p * m0 + (1 - p) * m1
+ * (the eager formula, so a non-finite mean propagates as there), added onto out (first: written) */
+HVDC_INLINE void onebit_accumulate_step(const uint8_t *bits, i64 i, int len, vf m0, vf m1, int first, float *out) {
+    const vf one = vset1(1.0f);
+    vf p = vselect(vmask_from_bits(load_lane_bits(bits + i / 8, len)), one, vzero());
+    vf d = vadd(vmul(p, m0), vmul(vsub(one, p), m1));
+    vstore_n(out + i, first ? d : vadd(vload_n(out + i, len), d), len);
+}
+
+/* out = sum_j (p * means[2j] + (1 - p) * means[2j + 1]) [* s], ranks in order, chunk by chunk
+ * (while out stays in cache); p from the bits by a lane mask, no branch on the data */
 void hvdc_onebit_decode_sum(int nr, const uint8_t *const *bits, const float *means, i64 n, float s, int scaled,
                             float *out) {
     const i64 chunk = 4096;
+    const vf vs = vset1(s);
     for (i64 lo = 0; lo < n; lo += chunk) {
         i64 len = lo + chunk < n ? chunk : n - lo;
         float *o = out + lo;
         for (int j = 0; j < nr; j++) {
             const uint8_t *b = bits[j] + lo / 8;
-            float m0 = means[2 * j], m1 = means[2 * j + 1];
-            for (i64 i = 0; i < len; i++) {
-                float p = (float)((b[i >> 3] >> (i & 7)) & 1);
-                float d = p * m0 + (1.0f - p) * m1;
-                o[i] = j == 0 ? d : o[i] + d;
-            }
+            const vf m0 = vset1(means[2 * j]), m1 = vset1(means[2 * j + 1]);
+            i64 i = 0;
+            for (; i + VW <= len; i += VW) onebit_accumulate_step(b, i, VW, m0, m1, j == 0, o);
+            if (i < len) onebit_accumulate_step(b, i, (int)(len - i), m0, m1, j == 0, o);
         }
-        if (scaled) for (i64 i = 0; i < len; i++) o[i] *= s;
+        if (scaled) {
+            i64 i = 0;
+            for (; i + VW <= len; i += VW) vstore(o + i, vmul(vload(o + i), vs));
+            if (i < len) vstore_n(o + i, vmul(vload_n(o + i, (int)(len - i)), vs), (int)(len - i));
+        }
     }
 }
 
@@ -504,7 +517,8 @@ static inline float magnitude(float a, int nan_large) { return (a != a) ? (nan_l
 /* one step of the candidate pass: acc = x + r into r (a NaN dropped to 0 unless it is
  * the largest), and the lanes whose magnitude passes thr appended as candidates (only
  * counted beyond cap: the caller retries with room).  The vector part forms acc and the
- * mask of taken lanes; only the (few) set bits are visited one by one. */
+ * mask of taken lanes; with room for a whole vector the taken lanes are packed in
+ * registers (vcompress_store), else the set bits are visited one by one. */
 HVDC_INLINE i64 select_step(const float *x, float *r, i64 i, int len, vf vthr, int strict, int nan_large,
                             i64 *cand, float *cand_val, i64 c, i64 cap) {
     vf a = vload_n(x + i, len);
@@ -514,6 +528,12 @@ HVDC_INLINE i64 select_step(const float *x, float *r, i64 i, int len, vf vthr, i
     if (nan_large) m = vselect(nan, vset1(INFINITY), m);
     unsigned take = vbits(strict ? vcmp_gt(m, vthr) : vcmp_ge(m, vthr)) & lane_bits(len);
     if (r) vstore_n(r + i, nan_large ? a : vselect(nan, vzero(), a), len);
+    if (c + VW <= cap) {  /* room for a whole vector: packed in registers, no branch per lane */
+        int32_t at[VW];
+        int got = vcompress_store(cand_val + c, at, take, a, (int32_t)i);
+        for (int t = 0; t < VW; t++) cand[c + t] = at[t];
+        return c + got;
+    }
     if (take) {
         float av[VW];
         vstore(av, a);
@@ -543,6 +563,51 @@ i64 hvdc_compensate_select(const float *x, float *r, i64 n, float thr, enum hvdc
     return c;
 }
 
+/* ---- Threshold and DGC: every element past the threshold is sent ---------------- */
+
+/* one step of hvdc_select_sent: acc (x + r, or r alone where x is NULL); the lanes whose
+ * |acc| passes thr (never a NaN) are packed into idx / val, and r becomes 0 there and at
+ * a NaN, acc elsewhere.  With room for a whole vector the lanes are packed in registers;
+ * near the end of the room lane by lane, and a lane past the room keeps acc in r. */
+HVDC_INLINE i64 select_sent_step(const float *x, float *r, i64 i, int len, vf vthr, int strict, int32_t *idx,
+                                 float *val, i64 c, i64 cap) {
+    vf a = x ? vload_n(x + i, len) : vload_n(r + i, len);
+    if (x && r) a = vadd(a, vload_n(r + i, len));
+    vf m = vabs(a);
+    vmask takem = strict ? vcmp_gt(m, vthr) : vcmp_ge(m, vthr);  /* false for a NaN */
+    a = vselect(visnan(a), vzero(), a);  /* a NaN's residual: 0 */
+    unsigned take = vbits(takem) & lane_bits(len);
+    if (c + VW <= cap) {
+        if (r) vstore_n(r + i, vselect(takem, vzero(), a), len);
+        return c + vcompress_store(val + c, idx + c, take, a, (int32_t)i);
+    }
+    float av[VW];
+    vstore(av, a);
+    for (int t = 0; t < len; t++) {
+        int taken = (int)((take >> t) & 1u), stored = taken && c < cap;
+        if (stored) { idx[c] = (int32_t)(i + t); val[c] = av[t]; }
+        if (r) r[i + t] = stored ? 0.0f : av[t];
+        c += taken;
+    }
+    return c;
+}
+
+i64 hvdc_select_sent(const float *x, float *r, i64 n, float thr, enum hvdc_threshold_rule rule, int32_t *idx,
+                     float *val, i64 cap) {
+    const int strict = rule == HVDC_ABOVE;
+    const vf vthr = vset1(thr);
+    i64 c = 0, i = 0;
+    for (; i + VW <= n; i += VW) c = select_sent_step(x, r, i, VW, vthr, strict, idx, val, c, cap);
+    if (i < n) c = select_sent_step(x, r, i, (int)(n - i), vthr, strict, idx, val, c, cap);
+    return c;
+}
+
+/* r[idx[j]] = val[j] for j < c: the residual of a hvdc_select_sent that ran out of room
+ * put back, so that the selection can run again from r with room */
+void hvdc_unsend(float *r, const int32_t *idx, const float *val, i64 c) {
+    for (i64 j = 0; j < c; j++) r[idx[j]] = val[j];
+}
+
 /* |acc| at every stride-th element (ceil(n / stride) of them): the sample
  * a top-k threshold is estimated from, before acc is formed */
 void hvdc_sample_magnitudes(const float *x, const float *r, i64 n, i64 stride, enum hvdc_nan_rule nan_rule,
@@ -567,9 +632,46 @@ float hvdc_kth_largest(float *v, i64 m, i64 k) {
     return v[want];
 }
 
+/* The magnitude of a candidate as an unsigned key with the magnitudes' order: the bits
+ * of |v| (non-negative floats order as their bits), a NaN as +Inf where it is the largest
+ * magnitude (HVDC_NAN_LARGEST: a NaN ties with an infinity, as magnitude() makes them). */
+static inline uint32_t magnitude_key(float v, int nan_large) {
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    u &= 0x7FFFFFFFu;
+    return (nan_large && u > 0x7F800000u) ? 0x7F800000u : u;
+}
+
+/* The k-th largest of the c keys (1 <= k <= c) and how many keys are above it, by a
+ * radix select over the 31 key bits in three digits of 11, 11 and 9 bits: each round
+ * counts the digit of the keys that match the digits found so far, then walks the counts
+ * from the top.  Three linear passes without data-dependent branches, where a quickselect
+ * over c floats mispredicts about half its compares. */
+static uint32_t kth_largest_key(const uint32_t *key, i64 c, i64 k, i64 *above_out) {
+    static const int shift[3] = {20, 9, 0}, width[3] = {11, 11, 9};
+    uint32_t prefix = 0, prefix_mask = 0;
+    i64 above = 0, want = k;  /* want: the rank of the answer among the keys matching prefix */
+    i64 hist[2048];
+    for (int d = 0; d < 3; d++) {
+        const int sh = shift[d], buckets = 1 << width[d];
+        memset(hist, 0, (size_t)buckets * sizeof(i64));
+        for (i64 j = 0; j < c; j++) {
+            uint32_t v = key[j];
+            i64 match = (v & prefix_mask) == prefix;
+            hist[(v >> sh) & (uint32_t)(buckets - 1)] += match;
+        }
+        int b = buckets - 1;
+        for (; b > 0 && hist[b] < want; b--) { want -= hist[b]; above += hist[b]; }
+        prefix |= (uint32_t)b << sh;
+        prefix_mask |= (uint32_t)(buckets - 1) << sh;
+    }
+    *above_out = above;
+    return prefix;
+}
+
 /* From c candidates (ascending indices, with their values), the k (<= c)
  * with the largest magnitudes, ties taken in index order: their indices
- * (ascending) into out and values into out_val.  tmp holds c floats. */
+ * (ascending) into out and values into out_val.  tmp holds c floats (here: the keys). */
 void hvdc_topk_fixup(const i64 *cand, const float *cand_val, i64 c, i64 k, enum hvdc_nan_rule nan_rule,
                      i64 *out, float *out_val, float *tmp) {
     const int nan_large = nan_rule == HVDC_NAN_LARGEST;
@@ -578,15 +680,28 @@ void hvdc_topk_fixup(const i64 *cand, const float *cand_val, i64 c, i64 k, enum 
         memcpy(out_val, cand_val, (size_t)c * sizeof(float));
         return;
     }
-    for (i64 j = 0; j < c; j++) tmp[j] = magnitude(cand_val[j], nan_large);
-    float t = hvdc_kth_largest(tmp, c, k);
-    i64 above = 0;
-    for (i64 j = 0; j < c; j++) above += magnitude(cand_val[j], nan_large) > t;
-    i64 ties = k - above, o = 0;
-    for (i64 j = 0; j < c && o < k; j++) {
-        float m = magnitude(cand_val[j], nan_large);
-        if (m > t || (m == t && ties-- > 0)) { out[o] = cand[j]; out_val[o] = cand_val[j]; o++; }
+    if (k <= 0) return;
+    uint32_t *key = (uint32_t *)tmp;
+    for (i64 j = 0; j < c; j++) key[j] = magnitude_key(cand_val[j], nan_large);
+    i64 above;
+    const uint32_t t = kth_largest_key(key, c, k, &above);
+    i64 ties = k - above, o = 0;  /* the first `ties` candidates equal to t, in index order, are kept */
+    for (i64 j = 0; j < c && o < k; j++) {  /* branch-free compaction: write, then advance if kept */
+        uint32_t v = key[j];
+        i64 tie = v == t, keep = (v > t) | (tie & (ties > 0));
+        ties -= tie & keep;
+        out[o] = cand[j];
+        out_val[o] = cand_val[j];
+        o += keep;
     }
+}
+
+/* Top-K with values=BF16: bits = the kept values as bfloat16 (round half to even, every NaN
+ * 0x7FC0) and, with acc, the residual at each kept index acc - float(bits), non-finite -> 0 */
+void hvdc_sparse_bf16_encode(const float *vals, i64 k, const i64 *idx, float *acc, uint16_t *bits) {
+    for (i64 j = 0; j < k; j++) bits[j] = to_bf16(vals[j]);
+    if (acc)
+        for (i64 j = 0; j < k; j++) acc[idx[j]] = keep_finite(vals[j] - from_bf16(bits[j]));
 }
 
 /* Error feedback after a selection: the residual at the k kept elements
@@ -627,10 +742,12 @@ void hvdc_index_decode(const uint8_t *in, i64 k, i64 n, enum hvdc_index_code cod
     i64 len = n, shift_low = 0;
     if (code == HVDC_CODE_ELIAS_FANO) { bits = in + (k * low + 7) / 8; len = k + (n >> low) + 1; shift_low = low; }
     i64 j = 0;
-    for (i64 byte = 0; byte * 8 < len && j < k; byte++) {
-        unsigned v = bits[byte];
+    const i64 len_bytes = (len + 7) / 8;
+    for (i64 byte = 0; byte < len_bytes && j < k; byte += 8) {  /* 64 bits at a time */
+        uint64_t v = 0;
+        memcpy(&v, bits + byte, (size_t)(len_bytes - byte < 8 ? len_bytes - byte : 8));  /* little-endian */
         while (v && j < k) {
-            int t = __builtin_ctz(v); v &= v - 1;
+            int t = __builtin_ctzll(v); v &= v - 1;
             i64 pos = byte * 8 + t;
             out[j] = code == HVDC_CODE_BITMAP ? pos : ((pos - j) << shift_low);
             j++;
@@ -658,6 +775,13 @@ int hvdc_is_ascending(const i64 *idx, i64 k) {
 void hvdc_sparse_sum(int nr, const i64 *const *idx, const float *const *vals, const i64 *ks, i64 n,
                      float s, int scaled, float *out) {
     memset(out, 0, (size_t)n * sizeof(float));
+    if (nr == 1) {  /* one rank: a scatter; 0 + v as index_add_ into zeros gives (-0 becomes +0) */
+        const i64 *ix = idx[0];
+        const float *v = vals[0];
+        if (scaled) for (i64 j = 0; j < ks[0]; j++) out[ix[j]] = (0.0f + v[j]) * s;
+        else for (i64 j = 0; j < ks[0]; j++) out[ix[j]] = 0.0f + v[j];
+        return;
+    }
     i64 small[64] = {0};
     i64 *pos = nr <= 64 ? small : calloc((size_t)nr, sizeof(i64));
     if (!pos) return;

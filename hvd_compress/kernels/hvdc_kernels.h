@@ -127,6 +127,22 @@ void hvdc_topk_fixup(const i64 *cand, const float *cand_val, i64 c, i64 k, enum 
 /* the residual at the k sent indices becomes 0, and at the non-finite candidates */
 void hvdc_clear_sent(float *acc, const i64 *idx, i64 k, const i64 *cand, const float *cand_val, i64 c);
 
+/* ---- Threshold and DGC (values=None): every element past a threshold is sent ---- */
+/* acc = x + r (x NULL: acc is r's content), the indices where |acc| passes thr (a NaN never:
+ * its residual becomes 0) into idx (int32: the raw index code) and their acc into val, up to
+ * cap of them, the residual 0 where stored; returns how many pass (more than cap: the ones past
+ * cap are only counted and keep acc in r).  idx and val need room for cap + the vector width
+ * (16) to be written at full speed; near cap they are written one by one. */
+i64 hvdc_select_sent(const float *x, float *r, i64 n, float thr, enum hvdc_threshold_rule rule, int32_t *idx,
+                     float *val, i64 cap);
+/* r[idx[j]] = val[j] for j < c: undoes hvdc_select_sent's residual where it stored */
+void hvdc_unsend(float *r, const int32_t *idx, const float *val, i64 c);
+
+/* ---- sparsifiers' kept values as bfloat16 (TopK(values=BF16())) ---- */
+/* bits = vals as bfloat16 (round half to even, every NaN 0x7FC0); with acc, acc[idx[j]] = vals[j] -
+ * float(bits[j]) (non-finite -> 0), the residual where sent */
+void hvdc_sparse_bf16_encode(const float *vals, i64 k, const i64 *idx, float *acc, uint16_t *bits);
+
 /* ---- index codes ---- */
 /* idx ascending and distinct into out (nbytes of it); low: Elias-Fano's low bit count */
 void hvdc_index_encode(const i64 *idx, i64 k, i64 n, enum hvdc_index_code code, int low, uint8_t *out,

@@ -9,6 +9,7 @@
  *   vmask    a compare's result        vcmp_ge, vcmp_gt, visnan, vselect, vbits (lane k -> bit k),
  *                                      vmask_from_bits
  *   vhalf    VW IEEE halves            vto_half, vfrom_half, vstore_half
+ *   vcompress_store                    the lanes of a mask and their positions, packed
  *
  * Every float operation rounds as its scalar C form does (no FMA, no reassociation), so
  * a kernel gives the same bits on every layer; only the reductions' lane counts differ
@@ -73,6 +74,16 @@ HVDC_INLINE void vstore_i8_n(int8_t *q, vf v, int len) {
     __m512i i = _mm512_cvtps_epi32(v);
     if (len == VW) _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(i));
     else _mm512_mask_cvtepi32_storeu_epi8(q, lanes_(len), i);
+}
+/* the lanes of a set in take, and base + their lane numbers, packed to the front of val and idx
+ * (VW lanes written: room for VW at both); returns how many.  Compressed in a register and
+ * stored whole: a compressing store to memory is microcoded and slow on some CPUs (AMD Zen 4). */
+HVDC_INLINE int vcompress_store(float *val, int32_t *idx, unsigned take, vf a, int32_t base) {
+    const __mmask16 m = (__mmask16)take;
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    _mm512_storeu_ps(val, _mm512_maskz_compress_ps(m, a));
+    _mm512_storeu_si512((void *)idx, _mm512_maskz_compress_epi32(m, _mm512_add_epi32(_mm512_set1_epi32(base), lane)));
+    return __builtin_popcount(take);
 }
 HVDC_INLINE vhalf vto_half(vf a) { return _mm512_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 HVDC_INLINE vf vfrom_half(vhalf h) { return _mm512_cvtph_ps(h); }
@@ -141,6 +152,29 @@ HVDC_INLINE void vstore_i8_n(int8_t *q, vf v, int len) {
     if (len == VW) _mm_storel_epi64((__m128i *)q, b);
     else { int8_t t[16]; _mm_storeu_si128((__m128i *)t, b); memcpy(q, t, (size_t)len); }
 }
+/* the lanes of a set in take, and base + their lane numbers, packed to the front of val and idx
+ * (VW lanes written: room for VW at both); returns how many.  A permutation per 8-bit mask
+ * from a table of 256 (2 KiB) built once; no pext, which older AMD CPUs microcode. */
+static inline const uint8_t *compress_table_(void) {
+    static uint8_t table[256][8];
+    static int built = 0;
+    if (!__atomic_load_n(&built, __ATOMIC_ACQUIRE)) {
+        for (int m = 0; m < 256; m++) {
+            int o = 0;
+            for (int k = 0; k < 8; k++) if (m >> k & 1) table[m][o++] = (uint8_t)k;
+            for (; o < 8; o++) table[m][o] = 0;
+        }
+        __atomic_store_n(&built, 1, __ATOMIC_RELEASE);  /* every thread builds the same bytes */
+    }
+    return &table[0][0];
+}
+HVDC_INLINE int vcompress_store(float *val, int32_t *idx, unsigned take, vf a, int32_t base) {
+    const uint8_t *row = compress_table_() + 8 * (take & 0xFF);
+    __m256i perm = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)row));
+    _mm256_storeu_ps(val, _mm256_permutevar8x32_ps(a, perm));
+    _mm256_storeu_si256((__m256i *)idx, _mm256_add_epi32(_mm256_set1_epi32(base), perm));
+    return __builtin_popcount(take & 0xFF);
+}
 #if defined(__F16C__)
 HVDC_INLINE vhalf vto_half(vf a) { return _mm256_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 HVDC_INLINE vf vfrom_half(vhalf h) { return _mm256_cvtph_ps(h); }
@@ -201,6 +235,14 @@ HVDC_INLINE float vreduce_add(vf a) {
 }
 HVDC_INLINE float vreduce_max(vf a) { float m = 0.0f; VLANES(k) m = a.v[k] > m ? a.v[k] : m; return m; }
 HVDC_INLINE void vstore_i8_n(int8_t *q, vf v, int len) { for (int k = 0; k < len; k++) q[k] = (int8_t)(int)v.v[k]; }
+/* the lanes of a set in take, and base + their lane numbers, packed to the front of val and idx
+ * (VW lanes written: room for VW at both); returns how many.  Branch-free: every lane is
+ * written, the position advances past the set ones. */
+HVDC_INLINE int vcompress_store(float *val, int32_t *idx, unsigned take, vf a, int32_t base) {
+    int o = 0;
+    VLANES(k) { val[o] = a.v[k]; idx[o] = base + k; o += (int)((take >> k) & 1u); }
+    return o;
+}
 HVDC_INLINE vhalf vto_half(vf a) { vhalf h; VLANES(k) h.h[k] = (_Float16)a.v[k]; return h; }
 HVDC_INLINE vf vfrom_half(vhalf h) { vf r; VLANES(k) r.v[k] = (float)h.h[k]; return r; }
 HVDC_INLINE void vstore_half_(void *p, vhalf h) { memcpy(p, h.h, sizeof h.h); }

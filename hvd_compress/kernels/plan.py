@@ -12,6 +12,8 @@ over the candidates alone is exact.
 """
 from __future__ import annotations
 
+import math
+
 from .constants import IndexCode, TopKPlan
 
 #: index code name (:data:`hvd_compress.coding.INDEX_CODES`) -> its number in ``hvdc_kernels.h``
@@ -40,8 +42,16 @@ def fused_topk_plan(n, k):
     ``stride``-th magnitude and take the ``want``-th largest as the threshold.
 
     The stride is odd: a power-of-two row length would otherwise put every
-    sample in the same few columns of a weight gradient."""
-    return _sample_rank(n, k, max(1, n // SAMPLE_SIZE) | 1)
+    sample in the same few columns of a weight gradient.  ``want`` is the
+    sample's share of k plus a margin of 8 standard deviations of a sampled
+    count (``8 sqrt``), at least a quarter of it and at most all of it: about
+    1.25k candidates where k is large (every candidate beyond k costs the
+    exact selection), 2k where it is small (below 64 sampled)."""
+    stride = max(1, n // SAMPLE_SIZE) | 1
+    m = -(-n // stride)  # the sample's length
+    share = k * m / n
+    margin = min(share, max(8.0 * math.sqrt(share), share / 4.0))
+    return stride, min(m, max(1, int(share + margin) + 8))
 
 
 def sampled_topk_plan(n, k):

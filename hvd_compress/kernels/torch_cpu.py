@@ -173,6 +173,9 @@ class SparseCodec(Codec):
     def encode(self, x, r, ws, ctx):
         n = x.numel()
         thr, cap = self.threshold(x, r, ws, ctx)
+        kept_room = ws.get("cand")
+        if kept_room is not None:  # the room a past step needed: a data-dependent count collects in one pass
+            cap = max(cap, min(kept_room.numel(), self.max_candidates(n)))
         cand, cval = buffer(ws, "cand", cap, torch.int64), buffer(ws, "cand_val", cap, torch.float32)
         c = self.lib.hvdc_compensate_select(_p(x), _p(r), n, ctx_float(thr), ThresholdRule.AT_LEAST, self.nan_rule,
                                             _p(cand), _p(cval), cap)
@@ -219,6 +222,11 @@ class SparseCodec(Codec):
         if values is None:
             payload["val"] = vals
             return payload
+        if type(values) is BF16:  # one kernel: the bits and the residual where sent
+            bits = buffer(ws, "v.bits", k, torch.int16)
+            self.lib.hvdc_sparse_bf16_encode(_p(vals), k, _p(idx), _p(acc) if ef else None, _p(bits))
+            payload["v.bits"] = bits
+            return payload
         B = backend_for(acc)
         vpayload, sent = values.encode(B, vals, ctx)
         payload.update({"v." + name: part for name, part in vpayload.items()})
@@ -258,6 +266,10 @@ class SparseCodec(Codec):
         values = self.scheme.values
         if values is None:
             vals = payload["val"]
+        elif type(values) is BF16:
+            bits = payload["v.bits"].contiguous()
+            vals = buffer(ws, f"dval{j}", k, torch.float32)
+            self.lib.hvdc_bf16_decode_sum(1, _ptrs([bits]), k, ctypes.c_float(0.0), 0, _p(vals))
         else:
             vp = {name[2:]: t for name, t in payload.items() if name.startswith("v.")}
             vals = values.decode_one(backend_for(coded), vp, k)
@@ -309,13 +321,46 @@ class TopKCodec(SparseCodec):
         return idx, vals
 
 
-class ThresholdCodec(SparseCodec):
+#: elements a packing kernel may write past its count (the widest vector: AVX-512's 16 lanes)
+VECTOR_SLACK = 16
+
+
+class SentSelectCodec(SparseCodec):
+    """Threshold and DGC: every element past the threshold is sent.  Without a
+    ``values=`` quantizer one pass (``hvdc_select_sent``) forms ``acc``, packs
+    the kept int32 indices (the raw index code itself) and values, and zeroes
+    the residual where sent; the room is the most a past step kept, plus an
+    eighth.  With ``values=`` the candidates go through :class:`SparseCodec`."""
+
+    def encode(self, x, r, ws, ctx):
+        if self.scheme.values is not None:
+            return super().encode(x, r, ws, ctx)
+        n = x.numel()
+        thr, room = self.threshold(x, r, ws, ctx)
+        kept = ws.get("sent_idx")
+        room = max(room, 0 if kept is None else kept.numel() - VECTOR_SLACK)
+        idx, val = buffer(ws, "sent_idx", room + VECTOR_SLACK, torch.int32), buffer(ws, "sent_val",
+                                                                                      room + VECTOR_SLACK, torch.float32)
+        c = self.lib.hvdc_select_sent(_p(x), _p(r), n, ctx_float(thr), ThresholdRule.AT_LEAST, _p(idx), _p(val), room)
+        if c > room:  # out of room: undo the stored part, and select again from acc with room
+            if r is not None:
+                self.lib.hvdc_unsend(_p(r), _p(idx), _p(val), room)
+            room = min(n, c + c // 8 + 1024)
+            idx = buffer(ws, "sent_idx", room + VECTOR_SLACK, torch.int32)
+            val = buffer(ws, "sent_val", room + VECTOR_SLACK, torch.float32)
+            src = None if r is not None else x
+            c = self.lib.hvdc_select_sent(_p(src), _p(r), n, ctx_float(thr), ThresholdRule.AT_LEAST, _p(idx),
+                                          _p(val), room)
+        return {"idx": idx[:c], "val": val[:c]}
+
+
+class ThresholdCodec(SentSelectCodec):
     def threshold(self, x, r, ws, ctx):
         n = x.numel()
         return self.scheme.tau, max(1024, n // 64)
 
 
-class DGCCodec(SparseCodec):
+class DGCCodec(SentSelectCodec):
     def threshold(self, x, r, ws, ctx):
         n = x.numel()
         s = self.scheme
