@@ -70,8 +70,9 @@ REGISTER_OP("HvdcTopKEncode")
     .Input("x: float")
     .Input("r: M * resource")
     .Output("idx: T")
-    .Output("val: float")
+    .Output("val: V")
     .Attr("T: {int32, uint8}")
+    .Attr("V: {float, int16} = DT_FLOAT")  // int16: the kept values as bfloat16 bits (values=BF16())
     .Attr("M: int >= 0")
     .Attr("n: int >= 1")
     .Attr("k: int >= 1")
@@ -90,16 +91,45 @@ REGISTER_OP("HvdcTopKEncode")
 
 REGISTER_OP("HvdcSparseSum")
     .Input("idxs: N * T")
-    .Input("vals: N * float")
+    .Input("vals: N * V")
     .Input("s: float")
     .Output("out: float")
     .Attr("T: {int32, uint8}")
+    .Attr("V: {float, int16} = DT_FLOAT")
     .Attr("N: int >= 1")
     .Attr("n: int >= 0")
     .Attr("k: int >= 1")
     .Attr("code: int")
     .Attr("low: int")
     .Attr("nbytes: int")
+    .Attr("scaled: bool")
+    .SetShapeFn([](InferenceContext *c) { return VectorFromAttr(c, 0, "n"); });
+
+// Threshold and DGC (values=None): every element whose |acc| reaches thr is sent; the
+// kept count varies, so the outputs' length is known only when the op has run.
+REGISTER_OP("HvdcSelectSent")
+    .Input("x: float")
+    .Input("r: M * resource")
+    .Input("thr: float")
+    .Output("idx: int32")
+    .Output("val: float")
+    .Attr("M: int >= 0")
+    .Attr("n: int >= 0")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext *c) {
+      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(1, c->Vector(InferenceContext::kUnknownDim));
+      return absl::OkStatus();
+    });
+
+// The sum of the ranks' raw-coded sparse payloads of any lengths (Threshold, DGC).
+REGISTER_OP("HvdcSparseSumRaw")
+    .Input("idxs: N * int32")
+    .Input("vals: N * float")
+    .Input("s: float")
+    .Output("out: float")
+    .Attr("N: int >= 1")
+    .Attr("n: int >= 0")
     .Attr("scaled: bool")
     .SetShapeFn([](InferenceContext *c) { return VectorFromAttr(c, 0, "n"); });
 
@@ -331,6 +361,9 @@ class TopKEncodeOp : public OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("M", &m_));
     OP_REQUIRES_OK(c, GetCodeAttr(c, &code_));
     OP_REQUIRES_OK(c, c->GetAttr("low", &low_));
+    DataType v;
+    OP_REQUIRES_OK(c, c->GetAttr("V", &v));
+    bf16_values_ = v == DT_INT16;
   }
   void Compute(OpKernelContext *ctx) override {
     const Tensor &x = ctx->input(0);
@@ -371,16 +404,21 @@ class TopKEncodeOp : public OpKernel {
     Tensor *idx_out = nullptr, *val_out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({code_ == HVDC_CODE_RAW ? k_ : nbytes_}), &idx_out));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({k_}), &val_out));
+    Tensor vals_t;
     i64 *kept = Alloc<i64>(ctx, &kept_t, DT_INT64, k_);
     float *tmp = Alloc<float>(ctx, &tmp_t, DT_FLOAT, c);
-    if (!kept || !tmp) return;
-    hvdc_topk_fixup(cand, cval, c, k_, HVDC_NAN_LARGEST, kept, val_out->flat<float>().data(), tmp);
+    float *vals = bf16_values_ ? Alloc<float>(ctx, &vals_t, DT_FLOAT, k_) : val_out->flat<float>().data();
+    if (!kept || !tmp || !vals) return;
+    hvdc_topk_fixup(cand, cval, c, k_, HVDC_NAN_LARGEST, kept, vals, tmp);
     if (r) hvdc_clear_sent(r, kept, k_, cand, cval, c);
+    if (bf16_values_)  // the bits, and the residual where sent: acc - float(bits)
+      hvdc_sparse_bf16_encode(vals, k_, kept, r, reinterpret_cast<uint16_t *>(val_out->flat<int16_t>().data()));
     auto *coded = reinterpret_cast<uint8_t *>(const_cast<char *>(idx_out->tensor_data().data()));
     hvdc_index_encode(kept, k_, n_, code_, low_, coded, nbytes_);
   }
 
   int m_, low_;
+  bool bf16_values_;
   hvdc_index_code code_;
   int64_t n_, k_, stride_, want_, nbytes_;
 };
@@ -394,6 +432,9 @@ class SparseSumOp : public OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("low", &low_));
     OP_REQUIRES_OK(c, c->GetAttr("nbytes", &nbytes_));
     OP_REQUIRES_OK(c, c->GetAttr("scaled", &scaled_));
+    DataType v;
+    OP_REQUIRES_OK(c, c->GetAttr("V", &v));
+    bf16_values_ = v == DT_INT16;
   }
   void Compute(OpKernelContext *ctx) override {
     OpInputList idxs, vals;
@@ -415,7 +456,12 @@ class SparseSumOp : public OpKernel {
       i64 *ij = idx + j * k_;
       float *vj = val + j * k_;
       hvdc_index_decode(coded, k_, n_, code_, low_, ij);
-      std::memcpy(vj, vals[j].flat<float>().data(), k_ * sizeof(float));
+      if (bf16_values_) {  // bfloat16 bits to float: the one-rank bf16 decode
+        const uint16_t *bits = reinterpret_cast<const uint16_t *>(vals[j].tensor_data().data());
+        hvdc_bf16_decode_sum(1, &bits, k_, 0.0f, 0, vj);
+      } else {
+        std::memcpy(vj, vals[j].flat<float>().data(), k_ * sizeof(float));
+      }
       if (!hvdc_is_ascending(ij, k_)) SortPairs(ij, vj);  // raw indices from an eager (top_k order) encoder
       for (i64 t = 0; t < k_; t++)
         OP_REQUIRES(ctx, ij[t] >= 0 && ij[t] < n_, errors::InvalidArgument("index ", ij[t], " out of [0, ", n_, ")"));
@@ -445,6 +491,124 @@ class SparseSumOp : public OpKernel {
   int low_;
   hvdc_index_code code_;
   int64_t n_, k_, nbytes_;
+  bool scaled_, bf16_values_;
+};
+
+// ---- Threshold and DGC ---------------------------------------------------------------------
+// One pass: acc formed, the kept indices (int32, the raw code) and values packed into buffers
+// kept across calls (the room a past call needed), the residual 0 where sent; then copied into
+// outputs of the kept length.
+class SelectSentOp : public OpKernel {
+ public:
+  explicit SelectSentOp(OpKernelConstruction *c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("M", &m_));
+    OP_REQUIRES_OK(c, c->GetAttr("n", &n_));
+  }
+  void Compute(OpKernelContext *ctx) override {
+    const Tensor &x = ctx->input(0);
+    OP_REQUIRES_OK(ctx, CheckVector(x, n_, "x"));
+    const float thr = ctx->input(1 + m_).scalar<float>()();
+    mutex_lock l(mu_);
+    WithResidual(ctx, m_, n_, [&](float *r) { Select(ctx, x.flat<float>().data(), r, thr); });
+  }
+
+ private:
+  static constexpr i64 kSlack = 16;  // hvdc_select_sent writes up to a vector past its count
+
+  bool Room(OpKernelContext *ctx, i64 room) {
+    if (room_ >= room) return true;
+    room_ = room;
+    auto st = ctx->allocate_temp(DT_INT32, TensorShape({room + kSlack}), &idx_);
+    if (st.ok()) st = ctx->allocate_temp(DT_FLOAT, TensorShape({room + kSlack}), &val_);
+    if (!st.ok()) { ctx->CtxFailure(st); room_ = 0; return false; }
+    return true;
+  }
+
+  void Select(OpKernelContext *ctx, const float *x, float *r, float thr) {
+    if (!Room(ctx, std::max<i64>(1024, n_ / 64))) return;
+    i64 room = room_;
+    i64 c = hvdc_select_sent(x, r, n_, thr, HVDC_AT_LEAST, idx_.flat<int32_t>().data(), val_.flat<float>().data(),
+                             room);
+    if (c > room) {  // out of room: undo the stored part, select again from acc with room
+      if (r) hvdc_unsend(r, idx_.flat<int32_t>().data(), val_.flat<float>().data(), room);
+      if (!Room(ctx, std::min<i64>(n_, c + c / 8 + 1024))) return;
+      c = hvdc_select_sent(r ? nullptr : x, r, n_, thr, HVDC_AT_LEAST, idx_.flat<int32_t>().data(),
+                           val_.flat<float>().data(), room_);
+    }
+    Tensor *idx_out = nullptr, *val_out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({c}), &idx_out));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({c}), &val_out));
+    std::memcpy(idx_out->flat<int32_t>().data(), idx_.flat<int32_t>().data(), c * sizeof(int32_t));
+    std::memcpy(val_out->flat<float>().data(), val_.flat<float>().data(), c * sizeof(float));
+  }
+
+  mutex mu_;
+  Tensor idx_, val_;
+  i64 room_ = 0;
+  int m_;
+  int64_t n_;
+};
+
+class SparseSumRawOp : public OpKernel {
+ public:
+  explicit SparseSumRawOp(OpKernelConstruction *c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("n", &n_));
+    OP_REQUIRES_OK(c, c->GetAttr("scaled", &scaled_));
+  }
+  void Compute(OpKernelContext *ctx) override {
+    OpInputList idxs, vals;
+    OP_REQUIRES_OK(ctx, ctx->input_list("idxs", &idxs));
+    OP_REQUIRES_OK(ctx, ctx->input_list("vals", &vals));
+    const int nr = idxs.size();
+    i64 total = 0;
+    std::vector<i64> ks(nr);
+    for (int j = 0; j < nr; j++) {
+      ks[j] = idxs[j].NumElements();
+      OP_REQUIRES(ctx, idxs[j].dims() == 1 && vals[j].dims() == 1 && vals[j].NumElements() == ks[j],
+                  errors::InvalidArgument("idx and val of rank ", j, " must be vectors of one length; got ",
+                                          idxs[j].shape().DebugString(), " and ", vals[j].shape().DebugString()));
+      total += ks[j];
+    }
+    Tensor idx_t;
+    i64 *idx = Alloc<i64>(ctx, &idx_t, DT_INT64, total);
+    if (!idx) return;
+    std::vector<const i64 *> ip;
+    std::vector<const float *> vp;
+    std::vector<Tensor> sorted_vals;
+    i64 *ij = idx;
+    for (int j = 0; j < nr; j++) {
+      const int32_t *src = idxs[j].flat<int32_t>().data();
+      for (i64 t = 0; t < ks[j]; t++) {
+        OP_REQUIRES(ctx, src[t] >= 0 && src[t] < n_, errors::InvalidArgument("index ", src[t], " out of [0, ", n_, ")"));
+        ij[t] = src[t];
+      }
+      const float *vj = vals[j].flat<float>().data();
+      if (!hvdc_is_ascending(ij, ks[j])) {  // a selection sends them ascending; any other order is sorted
+        std::vector<i64> order(ks[j]);
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(), [&](i64 a, i64 b) { return ij[a] < ij[b]; });
+        Tensor v2;
+        float *vs = Alloc<float>(ctx, &v2, DT_FLOAT, ks[j]);
+        if (!vs) return;
+        std::vector<i64> i2(ks[j]);
+        for (i64 t = 0; t < ks[j]; t++) i2[t] = ij[order[t]], vs[t] = vj[order[t]];
+        std::copy(i2.begin(), i2.end(), ij);
+        sorted_vals.push_back(v2);
+        vj = vs;
+      }
+      ip.push_back(ij);
+      vp.push_back(vj);
+      ij += ks[j];
+    }
+    Tensor *out = nullptr;
+    OP_REQUIRES_OK(ctx, kept_out_.Allocate(ctx, 0, n_, &out));
+    hvdc_sparse_sum(nr, ip.data(), vp.data(), ks.data(), n_, ScaleInput(ctx, 2 * nr), scaled_,
+                    out->flat<float>().data());
+  }
+
+ private:
+  KeptOutput kept_out_;
+  int64_t n_;
   bool scaled_;
 };
 
@@ -601,5 +765,7 @@ REGISTER_KERNEL_BUILDER(Name("HvdcInt8Encode").Device(DEVICE_CPU), Int8EncodeOp)
 REGISTER_KERNEL_BUILDER(Name("HvdcInt8DecodeSum").Device(DEVICE_CPU), Int8DecodeSumOp);
 REGISTER_KERNEL_BUILDER(Name("HvdcTopKEncode").Device(DEVICE_CPU), TopKEncodeOp);
 REGISTER_KERNEL_BUILDER(Name("HvdcSparseSum").Device(DEVICE_CPU), SparseSumOp);
+REGISTER_KERNEL_BUILDER(Name("HvdcSelectSent").Device(DEVICE_CPU), SelectSentOp);
+REGISTER_KERNEL_BUILDER(Name("HvdcSparseSumRaw").Device(DEVICE_CPU), SparseSumRawOp);
 
 }  // namespace

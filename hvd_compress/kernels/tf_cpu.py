@@ -12,8 +12,8 @@ op with every other access of that variable.  Payload parts have the eager
 scheme's names, dtypes and bytes; tests/unit/test_kernels_tf.py holds the two
 paths to the same results.
 
-Fused here: Int8 (any block size), Top-K (``values=None``), SignSGD,
-EFSignSGD, OneBit, BF16, and FP16 with error feedback or momentum (without either,
+Fused here: Int8 (any block size), Top-K (``values=None`` or ``BF16()``),
+Threshold and DGC (``values=None``), SignSGD, EFSignSGD, OneBit, BF16, and FP16 with error feedback or momentum (without either,
 TF's cast is one pass already), with plain error feedback, none, or
 momentum-aware error feedback (:class:`~hvd_compress.MomentumMemory`: the
 adapter's ``fused_momentum`` forms the direction first, in two elementwise
@@ -28,7 +28,7 @@ from ..coding import _ef_low_bits, index_code_nbytes
 from ..memory import MomentumMemory, ResidualMemory
 from ..schemes.casts import BF16, FP16
 from ..schemes.quantization import EFSignSGD, Int8, OneBit, SignSGD
-from ..schemes.sparsification import TopK
+from ..schemes.sparsification import DGC, Threshold, TopK, _k_for
 from .constants import SignMode
 from .plan import CODES, fits_fused, fused_topk_plan, fuses_topk
 from .tf_native import load
@@ -82,21 +82,62 @@ class TopKCodec(TFCodec):
         code = self.scheme.index_code(n)
         return k, code, index_code_nbytes(code, n, k), _ef_low_bits(n, k)
 
+    def __init__(self, ops, adapter, scheme):
+        super().__init__(ops, adapter, scheme)
+        #: the payload part of the values: float32, or bfloat16 bits with values=BF16()
+        self.val_part, self.val_dtype = ("v.bits", tf.int16) if type(scheme.values) is BF16 else ("val", tf.float32)
+
     def encode(self, x, r, ws, ctx):
         n = int(x.shape[0])
         k, code, nbytes, low = self._code(n)
         stride, want = fused_topk_plan(n, k)
         idx, val = self.ops.hvdc_top_k_encode(x=x, r=self.residual_handles(r, ctx), T=_idx_dtype(code), n=n, k=k,
                                               stride=stride, want=want, code=int(CODES[code]), low=low,
-                                              nbytes=nbytes)
-        return {"idx": idx, "val": val}
+                                              nbytes=nbytes, V=self.val_dtype)
+        return {"idx": idx, self.val_part: val}
 
     def aggregate(self, payloads, numel, local, scale, out, ws):
         k, code, nbytes, low = self._code(numel)
         s, scaled = _scale_args(scale)
         idxs = [tf.cast(p["idx"], _idx_dtype(code)) for p in payloads]
-        return self.ops.hvdc_sparse_sum(idxs=idxs, vals=[p["val"] for p in payloads], s=s, n=numel, k=k,
+        return self.ops.hvdc_sparse_sum(idxs=idxs, vals=[p[self.val_part] for p in payloads], s=s, n=numel, k=k,
                                         code=int(CODES[code]), low=low, nbytes=nbytes, scaled=scaled)
+
+
+class SentSelectCodec(TFCodec):
+    """Threshold and DGC (``values=None``): one op forms ``acc = x + r`` in
+    place, sends every element whose magnitude reaches the threshold (raw
+    int32 indices, ascending) and zeroes the residual there; DGC's threshold
+    is the eager scheme's own, from the same sample of ``acc`` (the same
+    draw, gather and ``top_k``), so the kept set is identical."""
+
+    def threshold(self, x, r, ctx):
+        return tf.constant(self.scheme.tau, tf.float32)
+
+    def encode(self, x, r, ws, ctx):
+        n = int(x.shape[0])
+        thr = self.threshold(x, r, ctx)
+        idx, val = self.ops.hvdc_select_sent(x=x, r=self.residual_handles(r, ctx), thr=thr, n=n)
+        return {"idx": idx, "val": val}
+
+    def aggregate(self, payloads, numel, local, scale, out, ws):
+        s, scaled = _scale_args(scale)
+        return self.ops.hvdc_sparse_sum_raw(idxs=[tf.cast(p["idx"], tf.int32) for p in payloads],
+                                            vals=[p["val"] for p in payloads], s=s, n=numel, scaled=scaled)
+
+
+class DGCCodec(SentSelectCodec):
+    def threshold(self, x, r, ctx):
+        n, s = int(x.shape[0]), self.scheme
+        if n == 0:
+            return tf.constant(float("inf"), tf.float32)
+        m = min(n, max(_k_for(s.sample_ratio, n), 256))
+        stride = max(1, n // m)
+        offset = tf.cast(ctx.uniform(1) * float(stride), tf.int64)
+        sample_idx = tf.clip_by_value(tf.range(m, dtype=tf.int64) * stride + offset, 0, n - 1)
+        sample = tf.gather(x, sample_idx) if r is None else tf.gather(x, sample_idx) + tf.gather(r, sample_idx)
+        ks = _k_for(s.ratio, m)
+        return tf.math.top_k(tf.abs(sample), k=ks, sorted=True).values[ks - 1]
 
 
 class SignCodec(TFCodec):
@@ -156,8 +197,9 @@ def _on_cpu(x):
 def codec_for(scheme, memory, x, adapter):
     """The fused TF codec of ``scheme`` for the flat float32 tensor ``x``, or
     None where the eager path runs: kernels off or unbuilt, not a CPU float32
-    tensor of a static size below 2**31, DGC's memory, a scheme not fused here (see the module's docstring), a Top-K
-    with a ``values=`` quantizer or keeping more than an eighth of the elements."""
+    tensor of a static size below 2**31, DGC's memory, a scheme not fused here (see the module's docstring), a
+    sparsifier with a ``values=`` quantizer other than Top-K's ``BF16()``, or a Top-K keeping more than an
+    eighth of the elements."""
     n = x.shape[0] if x.shape.rank == 1 else None
     if n is None or x.dtype != tf.float32 or not fits_fused(n) or not _on_cpu(x):
         return None
@@ -173,9 +215,13 @@ def _maker(scheme, memory, n):
     cls = type(scheme)
     if cls is TopK:
         k = scheme.fixed_k(n)
-        if scheme.values is not None or not fuses_topk(n, k):
+        if (scheme.values is not None and type(scheme.values) is not BF16) or not fuses_topk(n, k):
             return None
         return lambda ops, adapter: TopKCodec(ops, adapter, scheme)
+    if cls in (Threshold, DGC):
+        if scheme.values is not None:
+            return None
+        return lambda ops, adapter: (DGCCodec if cls is DGC else SentSelectCodec)(ops, adapter, scheme)
     if cls is FP16 and memory is None:
         return None  # TF's own cast is one pass already
     if cls in (SignSGD, EFSignSGD, OneBit):

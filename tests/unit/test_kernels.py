@@ -246,6 +246,69 @@ def test_missing_compiler_is_a_clear_error(monkeypatch, tmp_path):
         native.build()
 
 
+# --- the selection kernels against numpy ---------------------------------------------------------------
+@pytest.mark.parametrize("n", [1, 17, 4096 + 13, (1 << 16) + 5])
+@pytest.mark.parametrize("room", ["enough", "short"])
+def test_select_sent_equals_numpy(n, room):
+    """hvdc_select_sent: every |acc| >= thr sent (never a NaN), int32 indices ascending, the
+    residual 0 where stored and at a NaN, acc elsewhere; out of room: the count, the first
+    `room` stored, and hvdc_unsend puts their residual back."""
+    import ctypes
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal(n).astype(np.float32)
+    r = (rng.standard_normal(n) * 0.5).astype(np.float32)
+    x[rng.integers(0, n, 3)] = [np.nan, np.inf, -np.inf]
+    acc = x + r
+    with np.errstate(invalid="ignore"):
+        want = np.flatnonzero(np.abs(acc) >= 1.0)
+    cap = n + 16 if room == "enough" else max(1, len(want) // 2)
+    rt, xt = torch.from_numpy(r.copy()), torch.from_numpy(x)
+    idx, val = torch.zeros(n + 16, dtype=torch.int32), torch.zeros(n + 16)
+    c = native.load().hvdc_select_sent(_p(xt), _p(rt), n, ctypes.c_float(1.0), 0, _p(idx), _p(val), cap)
+    assert c == len(want)
+    stored = want[:cap]
+    assert np.array_equal(idx[:len(stored)].numpy(), stored)
+    assert val[:len(stored)].numpy().tobytes() == acc[stored].tobytes()
+    res = np.where(np.isnan(acc), np.float32(0), acc)
+    res[stored] = 0
+    assert rt.numpy().tobytes() == res.tobytes()
+    native.load().hvdc_unsend(_p(rt), _p(idx), _p(val), len(stored))
+    assert rt.numpy().tobytes() == np.where(np.isnan(acc), np.float32(0), acc).tobytes()
+
+
+@pytest.mark.parametrize("case", ["random", "ties", "nan_inf", "all_equal"])
+def test_topk_fixup_equals_numpy(case):
+    """The radix selection: the k largest magnitudes, ties in index order (a NaN counts as
+    +Inf), indices ascending; and the bfloat16 values with their residual."""
+    rng = np.random.default_rng(1)
+    c = 20_000
+    v = rng.standard_normal(c).astype(np.float32)
+    if case == "ties":
+        v = np.round(v * 2).astype(np.float32)
+    elif case == "nan_inf":
+        v[[5, 50, 500]] = [np.nan, np.inf, -np.inf]
+    elif case == "all_equal":
+        v[:] = -2.0
+    cand = np.sort(rng.choice(10 * c, c, replace=False)).astype(np.int64)
+    for k in (1, 7, c // 2, c - 1, c):
+        mag = np.where(np.isnan(v), np.float32(np.inf), np.abs(v))
+        order = np.lexsort((np.arange(c), -mag))  # by magnitude descending, then index
+        want = np.sort(order[:k])
+        kept, kval, tmp = torch.zeros(k, dtype=torch.int64), torch.zeros(k), torch.empty(c)
+        candt, vt = torch.from_numpy(cand), torch.from_numpy(v)  # held across the call
+        native.load().hvdc_topk_fixup(_p(candt), _p(vt), c, k, 1, _p(kept), _p(kval), _p(tmp))
+        assert np.array_equal(kept.numpy(), cand[want]), (case, k)
+        assert kval.numpy().tobytes() == v[want].tobytes()
+        acc = torch.ones(10 * c)
+        bits = torch.zeros(k, dtype=torch.int16)
+        native.load().hvdc_sparse_bf16_encode(_p(kval), k, _p(kept), _p(acc), _p(bits))
+        want_bits = torch.from_numpy(v[want]).to(torch.bfloat16)
+        nan = torch.from_numpy(np.isnan(v[want]))  # a NaN's bits: 0x7FC0 here, torch's own differ by version
+        assert torch.equal(bits[~nan], want_bits.view(torch.int16)[~nan]) and bool((bits[nan] == 0x7FC0).all())
+        sent = want_bits.float()
+        assert torch.equal(acc[kept], finite_or_zero(B, torch.from_numpy(v[want]) - sent))
+
+
 # --- no fresh large buffers on the hot path ------------------------------------------------------------
 def _large_allocations(fn, threshold=1 << 20):
     """``(op, bytes)`` of every torch op in ``fn`` that allocates at least
@@ -404,6 +467,24 @@ def _vector_path_results(lib, n):
             scales = torch.zeros(max(1, -(-n // block)))
             lib.hvdc_int8_encode(_p(source), _p(r), n, block, _p(q), _p(scales))
             out[f"int8/{block}/{name}"] = (r, q, scales)
+    dec = torch.empty(n)  # OneBit's decode over two ranks, scaled
+    means2 = torch.cat([means, means * 3])  # held across the call
+    lib.hvdc_onebit_decode_sum(2, _ptrs([bits, bits]), _p(means2), n, ctypes.c_float(0.5), 1, _p(dec))
+    out["onebit2"] = (dec,)
+    for room in (n + 16, max(1, n // 3)):  # Threshold's select-and-send, with room and out of it
+        r, idx, val = r0.clone(), torch.zeros(n + 16, dtype=torch.int32), torch.zeros(n + 16)
+        c = lib.hvdc_select_sent(_p(x), _p(r), n, ctypes.c_float(1.0), 0, _p(idx), _p(val), room)
+        stored = min(c, room)
+        out[f"select_sent{room > n}"] = (r, idx[:stored].clone(), val[:stored].clone(), torch.tensor([c]))
+    cand, cval = out["select1"][1], out["select1"][2]
+    k = max(1, cand.numel() // 2)
+    kept, kval = torch.zeros(k, dtype=torch.int64), torch.zeros(k)
+    if cand.numel():
+        tmp = torch.empty(cand.numel())  # held: a temporary's pointer would dangle
+        lib.hvdc_topk_fixup(_p(cand), _p(cval), cand.numel(), k, 1, _p(kept), _p(kval), _p(tmp))
+        r, bits16 = r0.clone(), torch.zeros(k, dtype=torch.int16)
+        lib.hvdc_sparse_bf16_encode(_p(kval), k, _p(kept), _p(r), _p(bits16))
+        out["fixup"] = (kept, kval, r, bits16)
     for dtype in (0, 1):  # IEEE half, bfloat16
         r, h = r0.clone(), torch.zeros(n, dtype=torch.int16)
         lib.hvdc_half_encode(_p(x), _p(r), n, dtype, _p(h))

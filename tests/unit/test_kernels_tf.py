@@ -30,6 +30,9 @@ SCHEMES = {
     "topk-raw": lambda: hc.schemes.TopK(0.02, index_coding="raw"),
     "topk-bitmap": lambda: hc.schemes.TopK(0.1, index_coding="bitmap"),
     "topk-ef": lambda: hc.schemes.TopK(0.05, index_coding="elias_fano"),
+    "topk-bf16": lambda: hc.schemes.TopK(0.1, values=hc.schemes.BF16()),
+    "threshold": lambda: hc.schemes.Threshold(1.5),
+    "dgc": lambda: hc.schemes.DGC(0.01, sample_ratio=0.1),
     "signsgd": lambda: hc.schemes.SignSGD(),
     "efsignsgd": lambda: hc.schemes.EFSignSGD(),
     "onebit": lambda: hc.schemes.OneBit(),
@@ -176,8 +179,8 @@ def test_fused_equals_eager(name, n, ranks, seed, ef, scale):
     _run_steps(name, n, ranks, steps=3, seed=seed, ef=ef, scale=scale)
 
 
-@pytest.mark.parametrize("name", ["int8", "int8-b100", "topk1%", "topk-ef", "signsgd", "efsignsgd", "onebit", "bf16",
-                                  "fp16"])
+@pytest.mark.parametrize("name", ["int8", "int8-b100", "topk1%", "topk-ef", "topk-bf16", "threshold", "dgc", "signsgd",
+                                  "efsignsgd", "onebit", "bf16", "fp16"])
 def test_fused_equals_eager_large(name):
     """Sizes where the Top-K sample is strided and the vector loops dominate."""
     _run_steps(name, (1 << 18) + 77, ranks=2, steps=3, seed=5, ef=True, scale=0.5)
