@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .naming import stable_hash
+from .schemes.base import SeededDraws
 from .state import StateTable
 from .transports import Call, transport_for
 from .transports.two_phase import choose_two_phase  # noqa: F401  (re-exported)
@@ -197,7 +198,7 @@ class AdapterBase:
         return Call(adapter=self, comp=comp, key=key, coll_key=key, x=x, step=step, rank=info.rank,
                     size=info.size, process_set=info.process_set, shape=shape, dtype=dtype, numel=numel,
                     scheme=None, memory=None, out=x if info.owns_input else None,
-                    private_uniform=lambda n: B.uniform(n, self.seed_for(private, step), like=x),
+                    private_uniform=SeededDraws(B, self.seed_for(private, step), like=x),
                     shared_seed=self.seed_for(stable_hash(comp.seed, key), step),
                     scheme_state=self.params.of(key).scheme)
 

@@ -51,10 +51,16 @@ class TopKPlan:
     LOWERINGS = 3
 
 
-
 class LowRankLimit:
     """``enum hvdc_lowrank_limit``: the largest rank the PowerSGD passes run."""
     MAX_RANK = 16
+
+
+class Framework(enum.IntEnum):
+    """``enum hvdc_framework``: whose seeded draws and NaN conventions a randomised kernel reproduces."""
+    TORCH = 0
+    TF = 1
+
 
 #: each mirrored enum's C name and the prefix of its constants
 HEADER_ENUMS = {
@@ -65,4 +71,5 @@ HEADER_ENUMS = {
     "hvdc_threshold_rule": (ThresholdRule, "HVDC_"),
     "hvdc_topk_plan": (TopKPlan, "HVDC_TOPK_"),
     "hvdc_lowrank_limit": (LowRankLimit, "HVDC_LOWRANK_"),
+    "hvdc_framework": (Framework, "HVDC_FW_"),
 }

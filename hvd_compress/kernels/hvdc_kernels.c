@@ -795,3 +795,326 @@ void hvdc_sparse_sum(int nr, const i64 *const *idx, const float *const *vals, co
     }
     if (pos != small) free(pos);
 }
+
+/* ---- the randomised schemes: QSGD, TernGrad, Random-K ---------------------------------------------- */
+
+/* The seeded draws are the framework's own, reproduced word for word, so a fused encode
+ * sends what the eager scheme sends for the same seed:
+ *   torch: torch.rand on a CPU generator after manual_seed(seed) -- mt19937 seeded by the
+ *          seed's low 32 bits, each draw one 32-bit word w as (w & 0xFFFFFF) * 2^-24;
+ *          randint(0, n) is w % n, randperm a Fisher-Yates shuffle drawing w % (m - i);
+ *   TF:    tf.random.stateless_uniform with the seed pair (seed / 2^31, seed % 2^31) --
+ *          Philox4x32-10 whose key and counter TF derives from the pair by one Philox
+ *          call, four words per counter, each draw float(0x3F800000 | (w & 0x7FFFFF)) - 1.
+ * Both are drawn in blocks of DRAW_BLOCK words (a whole mt19937 state, 156 Philox
+ * counters), so an encode walks the gradient block by block with the block's draws in
+ * cache.  tests/unit/test_kernels.py holds hvdc_uniform to torch.rand and to
+ * tf.random.stateless_uniform bit for bit. */
+enum { MT_N = 624, MT_M = 397, DRAW_BLOCK = MT_N };
+
+typedef struct {
+    int tf;
+    uint32_t mt[MT_N];                  /* torch: the mt19937 state */
+    uint32_t key[2]; uint64_t ctr[2];   /* TF: the Philox key and 128-bit counter */
+} draw_stream;
+
+static void stream_seed(draw_stream *st, enum hvdc_framework fw, i64 seed);
+static void stream_next(draw_stream *st, uint32_t *w);  /* the next DRAW_BLOCK words */
+
+static const uint32_t MT_UPPER = 0x80000000u, MT_LOWER = 0x7fffffffu, MT_MATRIX = 0x9908b0dfu;
+
+static inline uint32_t mt_mix(uint32_t a, uint32_t b, uint32_t m) {
+    uint32_t y = (a & MT_UPPER) | (b & MT_LOWER);
+    return m ^ (y >> 1) ^ ((0u - (y & 1u)) & MT_MATRIX);
+}
+
+/* one mt19937 generation of MT_N words, tempered into w (two loops without a branch, each
+ * vectorised by the compiler: the second reads words the first wrote 227 places back) */
+static void mt_block(uint32_t *s, uint32_t *w) {
+    for (int i = 0; i < MT_N - MT_M; i++) s[i] = mt_mix(s[i], s[i + 1], s[i + MT_M]);
+    for (int i = MT_N - MT_M; i < MT_N - 1; i++) s[i] = mt_mix(s[i], s[i + 1], s[i + MT_M - MT_N]);
+    s[MT_N - 1] = mt_mix(s[MT_N - 1], s[0], s[MT_M - 1]);
+    for (int i = 0; i < MT_N; i++) {
+        uint32_t y = s[i];
+        y ^= y >> 11;
+        y ^= (y << 7) & 0x9d2c5680u;
+        y ^= (y << 15) & 0xefc60000u;
+        y ^= y >> 18;
+        w[i] = y;
+    }
+}
+
+/* Philox4x32-10 of counter c under key k, into out */
+static inline void philox(const uint32_t c_in[4], const uint32_t k_in[2], uint32_t out[4]) {
+    uint32_t c0 = c_in[0], c1 = c_in[1], c2 = c_in[2], c3 = c_in[3], k0 = k_in[0], k1 = k_in[1];
+    for (int round = 0; round < 10; round++) {
+        uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
+        uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+        c0 = n0; c1 = (uint32_t)p1; c2 = n2; c3 = (uint32_t)p0;
+        k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;
+    }
+    out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
+}
+
+static void stream_seed(draw_stream *st, enum hvdc_framework fw, i64 seed) {
+    st->tf = fw == HVDC_FW_TF;
+    if (!st->tf) {
+        st->mt[0] = (uint32_t)seed;
+        for (int j = 1; j < MT_N; j++) st->mt[j] = 1812433253u * (st->mt[j - 1] ^ (st->mt[j - 1] >> 30)) + (uint32_t)j;
+        return;
+    }
+    /* tf.random.stateless_uniform: the pair (seed // 2^31, seed % 2^31) scrambled by one Philox call */
+    uint64_t s0 = (uint64_t)(seed >> 31), s1 = (uint64_t)(seed & 0x7FFFFFFF);
+    uint32_t c[4] = {(uint32_t)s0, (uint32_t)(s0 >> 32), (uint32_t)s1, (uint32_t)(s1 >> 32)}, k[2] = {0x3ec8f720u, 0x02461e29u}, mix[4];
+    philox(c, k, mix);
+    st->key[0] = mix[0]; st->key[1] = mix[1];
+    st->ctr[0] = 0; st->ctr[1] = (uint64_t)mix[2] | ((uint64_t)mix[3] << 32);
+}
+
+/* DRAW_BLOCK / 4 Philox calls on consecutive counters, computed as lanes (round by round
+ * over arrays, which the compiler vectorises with widening multiplies), then interleaved
+ * into w four words per counter */
+static void philox_block(draw_stream *st, uint32_t *w) {
+    enum { C = DRAW_BLOCK / 4 };
+    uint32_t c0[C], c1[C], c2[C], c3[C];
+    for (int j = 0; j < C; j++) {
+        uint64_t lo = st->ctr[0] + (uint64_t)j, hi = st->ctr[1] + (lo < st->ctr[0]);
+        c0[j] = (uint32_t)lo; c1[j] = (uint32_t)(lo >> 32); c2[j] = (uint32_t)hi; c3[j] = (uint32_t)(hi >> 32);
+    }
+    uint64_t next = st->ctr[0] + C;
+    st->ctr[1] += next < st->ctr[0];
+    st->ctr[0] = next;
+    uint32_t k0 = st->key[0], k1 = st->key[1];
+    for (int round = 0; round < 10; round++) {
+        for (int j = 0; j < C; j++) {
+            uint64_t p0 = (uint64_t)0xD2511F53u * c0[j], p1 = (uint64_t)0xCD9E8D57u * c2[j];
+            uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1[j] ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3[j] ^ k1;
+            c0[j] = n0; c1[j] = (uint32_t)p1; c2[j] = n2; c3[j] = (uint32_t)p0;
+        }
+        k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;
+    }
+    for (int j = 0; j < C; j++) { w[4 * j] = c0[j]; w[4 * j + 1] = c1[j]; w[4 * j + 2] = c2[j]; w[4 * j + 3] = c3[j]; }
+}
+
+static void stream_next(draw_stream *st, uint32_t *w) {
+    if (st->tf) philox_block(st, w);
+    else mt_block(st->mt, w);
+}
+
+/* the block's words as draws U[0, 1), the framework's conversion */
+static void words_to_uniform(int tf, const uint32_t *w, float *u, int len) {
+    if (tf) {
+        for (int i = 0; i < len; i++) {
+            uint32_t b = 0x3F800000u | (w[i] & 0x7FFFFFu); float f; memcpy(&f, &b, 4); u[i] = f - 1.0f;
+        }
+    } else {
+        for (int i = 0; i < len; i++) u[i] = (float)(w[i] & 0xFFFFFFu) * 0x1p-24f;
+    }
+}
+
+void hvdc_uniform(enum hvdc_framework fw, i64 seed, i64 n, float *u) {
+    draw_stream st; uint32_t w[DRAW_BLOCK];
+    stream_seed(&st, fw, seed);
+    for (i64 lo = 0; lo < n; lo += DRAW_BLOCK) {
+        stream_next(&st, w);
+        words_to_uniform(st.tf, w, u + lo, (int)(n - lo < DRAW_BLOCK ? n - lo : DRAW_BLOCK));
+    }
+}
+
+/* The draws of one block: from the caller's u, or the stream's next block into buf */
+static const float *block_draws(draw_stream *st, const float *u, i64 lo, int len, uint32_t *w, float *buf) {
+    if (u) return u + lo;
+    stream_next(st, w);
+    words_to_uniform(st->tf, w, buf, len);
+    return buf;
+}
+
+/* sign(a) as the framework computes it: torch (a > 0) - (a < 0), so 0 for NaN; TF NaN */
+HVDC_INLINE vf vsign(vf a, int tf) {
+    const vf one = vset1(1.0f), zero = vzero();
+    vf s = vsub(vselect(vcmp_gt(a, zero), one, zero), vselect(vcmp_gt(zero, a), one, zero));
+    return tf ? vselect(visnan(a), a, s) : s;
+}
+
+/* acc = x + r into r (with r); returns sum acc^2 (float lanes per 4096-element block,
+ * each block's sum added in double, as compensate_l1) */
+HVDC_INLINE vf l2_step(const float *x, float *r, i64 i, int len, vf part) {
+    vf a = vload_n(x + i, len);
+    if (r) {
+        a = vadd(a, vload_n(r + i, len));
+        vstore_n(r + i, a, len);
+    }
+    return vadd(part, vmul(a, a));
+}
+
+static double compensate_l2(const float *x, float *r, i64 n) {
+    double sq = 0.0;
+    for (i64 lo = 0; lo < n; lo += 4096) {
+        i64 hi = lo + 4096 < n ? lo + 4096 : n, i = lo;
+        vf part = vzero();
+        for (; i + VW <= hi; i += VW) part = l2_step(x, r, i, VW, part);
+        if (i < hi) part = l2_step(x, r, i, (int)(hi - i), part);
+        sq += (double)vreduce_add(part);
+    }
+    return sq;
+}
+
+/* one step of QSGD's second pass: q = clip(floor(|a| / s * L + u), 0, L) * sign(a) */
+HVDC_INLINE void qsgd_step(const float *acc, float *r, i64 i, int len, const float *u, vf vs, vf vl, vf vstep,
+                           int tf, int8_t *q) {
+    vf a = vload_n(acc + i, len);
+    vf level = vmul(vdiv(vabs(a), vs), vl);
+    vf v = vmul(vmin(vl, vmax(vzero(), vfloor(vadd(level, vload_n(u, len))))), vsign(a, tf));
+    vstore_i8_n(q + i, vselect(visnan(v), vset1(tf ? -128.0f : 0.0f), v), len);
+    if (r) vstore_n(r + i, vkeep_finite(vsub(a, vmul(v, vstep))), len);
+}
+
+void hvdc_qsgd_encode(const float *x, float *r, i64 n, int levels, const float *u, enum hvdc_framework fw, i64 seed,
+                      int8_t *q, float *norm) {
+    const int tf = fw == HVDC_FW_TF;
+    float nrm = n ? (float)sqrt(compensate_l2(x, r, n)) : 0.0f;
+    *norm = nrm;
+    const float safe = nrm == 0.0f ? 1.0f : nrm, L = (float)levels;
+    const vf vs = vset1(safe), vl = vset1(L), vstep = vset1(safe / L);
+    const float *acc = r ? r : x;
+    draw_stream st; uint32_t w[DRAW_BLOCK]; float buf[DRAW_BLOCK];
+    if (!u) stream_seed(&st, fw, seed);
+    for (i64 lo = 0; lo < n; lo += DRAW_BLOCK) {
+        int len = (int)(n - lo < DRAW_BLOCK ? n - lo : DRAW_BLOCK), j = 0;
+        const float *d = block_draws(&st, u, lo, len, w, buf);
+        for (; j + VW <= len; j += VW) qsgd_step(acc, r, lo + j, VW, d + j, vs, vl, vstep, tf, q);
+        if (j < len) qsgd_step(acc, r, lo + j, len - j, d + j, vs, vl, vstep, tf, q);
+    }
+}
+
+/* bits 0..15 of b spread to the even bits 0..30 */
+static inline uint32_t spread_bits(uint32_t b) {
+    b &= 0xFFFFu;
+    b = (b | (b << 8)) & 0x00FF00FFu;
+    b = (b | (b << 4)) & 0x0F0F0F0Fu;
+    b = (b | (b << 2)) & 0x33333333u;
+    return (b | (b << 1)) & 0x55555555u;
+}
+
+/* one step of TernGrad's second pass: t = (u < |a| / s) * sign(a) in {-1, 0, 1}; its code
+ * t + 1 from two lane masks (code 2: kept and positive; code 1: t is 0; code 0: t is -1, or
+ * NaN in TF, whose int32 cast INT_MIN leaves pack_bits its low bits 0); the residual
+ * a - t * scale.  i is a multiple of 4, so the lanes' codes fill whole bytes. */
+HVDC_INLINE void terngrad_step(const float *acc, float *r, i64 i, int len, const float *u, vf vsafe, vf vscale,
+                               int tf, uint8_t *codes) {
+    const vf zero = vzero(), one = vset1(1.0f);
+    vf a = vload_n(acc + i, len);
+    vmask keep = vcmp_gt(vdiv(vabs(a), vsafe), vload_n(u, len)), pos = vcmp_gt(a, zero), neg = vcmp_gt(zero, a);
+    unsigned kb = vbits(keep), pb = vbits(pos), nb = vbits(neg), lanes = lane_bits(len);
+    unsigned two = kb & pb, one_ = ~(kb & (pb | nb)) & lanes;
+    if (tf) one_ &= ~vbits(visnan(a));
+    uint32_t packed = spread_bits(one_) | (spread_bits(two) << 1);
+    for (int b = 0; b < (len + 3) / 4; b++) codes[i / 4 + b] = (uint8_t)(packed >> (8 * b));
+    if (r) {
+        vf t = vselect(keep, vsub(vselect(pos, one, zero), vselect(neg, one, zero)), zero);
+        vstore_n(r + i, vkeep_finite(vsub(a, vmul(t, vscale))), len);
+    }
+}
+
+void hvdc_terngrad_encode(const float *x, float *r, i64 n, const float *u, enum hvdc_framework fw, i64 seed,
+                          uint8_t *codes, float *scale) {
+    const int tf = fw == HVDC_FW_TF;
+    float s = n ? int8_block_amax(x, r, 0, n) : 0.0f;  /* acc into r; NaN if any acc is */
+    *scale = s;
+    const vf vsafe = vset1(s > 0.0f ? s : 1.0f), vscale = vset1(s);
+    const float *acc = r ? r : x;
+    draw_stream st; uint32_t w[DRAW_BLOCK]; float buf[DRAW_BLOCK];
+    if (!u) stream_seed(&st, fw, seed);
+    for (i64 lo = 0; lo < n; lo += DRAW_BLOCK) {
+        int len = (int)(n - lo < DRAW_BLOCK ? n - lo : DRAW_BLOCK), j = 0;
+        const float *d = block_draws(&st, u, lo, len, w, buf);
+        for (; j + VW <= len; j += VW) terngrad_step(acc, r, lo + j, VW, d + j, vsafe, vscale, tf, codes);
+        if (j < len) terngrad_step(acc, r, lo + j, len - j, d + j, vsafe, vscale, tf, codes);
+    }
+}
+
+/* the even bits 0..30 of b gathered to bits 0..15 (the inverse of spread_bits) */
+static inline uint32_t gather_even_bits(uint32_t b) {
+    b &= 0x55555555u;
+    b = (b | (b >> 1)) & 0x33333333u;
+    b = (b | (b >> 2)) & 0x0F0F0F0Fu;
+    b = (b | (b >> 4)) & 0x00FF00FFu;
+    return (b | (b >> 8)) & 0xFFFFu;
+}
+
+/* one step of rank j's decoded (code - 1) * scale added onto out (first: written); i is a
+ * multiple of 4 */
+HVDC_INLINE void terngrad_accumulate_step(const uint8_t *codes, i64 i, int len, vf vs, int first, float *out) {
+    const vf zero = vzero(), one = vset1(1.0f), two = vset1(2.0f);
+    uint32_t packed = 0;
+    for (int b = 0; b < (len + 3) / 4; b++) packed |= (uint32_t)codes[i / 4 + b] << (8 * b);
+    vf c = vadd(vselect(vmask_from_bits(gather_even_bits(packed)), one, zero),
+                vselect(vmask_from_bits(gather_even_bits(packed >> 1)), two, zero));
+    vf d = vmul(vsub(c, one), vs);
+    vstore_n(out + i, first ? d : vadd(vload_n(out + i, len), d), len);
+}
+
+/* out = sum_j (code_j - 1) * scales[j] [* s], ranks in order, chunk by chunk */
+void hvdc_terngrad_decode_sum(int nr, const uint8_t *const *codes, const float *scales, i64 n, float s, int scaled,
+                              float *out) {
+    const i64 chunk = 4096;
+    for (i64 lo = 0; lo < n; lo += chunk) {
+        i64 len = lo + chunk < n ? chunk : n - lo;
+        for (int j = 0; j < nr; j++) {
+            const vf vs = vset1(scales[j]);
+            i64 i = 0;
+            for (; i + VW <= len; i += VW) terngrad_accumulate_step(codes[j] + lo / 4, i, VW, vs, j == 0, out + lo);
+            if (i < len) terngrad_accumulate_step(codes[j] + lo / 4, i, (int)(len - i), vs, j == 0, out + lo);
+        }
+        if (scaled) for (i64 i = 0; i < len; i++) out[lo + i] *= s;
+    }
+}
+
+/* torch's randperm_prefix on a CPU generator (hvd_compress/backend/torch_backend.py), word
+ * for word: m = 2k + 64 words w % n (randint), their distinct values in ascending order
+ * (unique: a bitmap of n bits), then randperm(u) -- Fisher-Yates, position i swapped with
+ * i + w % (u - i) -- of which only the first k positions are kept, so the shuffle stops
+ * there; the kept values come out ascending by a flag on each, in the sorted order of the
+ * distinct values.  scratch holds the distinct values and the permutation (32 bits each)
+ * and the flags (a byte each): 9 m bytes of its 16 m. */
+i64 hvdc_randomk_indices_torch(i64 seed, i64 n, i64 k, i64 *idx, uint64_t *seen, i64 *scratch) {
+    if (k * 8 >= n || n >= ((i64)1 << 31)) return -1;
+    const i64 m = 2 * k + 64, words = (n + 63) / 64;
+    uint32_t *uniq = (uint32_t *)scratch, *perm = uniq + m;  /* 32-bit: half the cache misses of the shuffle */
+    uint8_t *kept = (uint8_t *)(perm + m);
+    draw_stream st; uint32_t w[DRAW_BLOCK];
+    stream_seed(&st, HVDC_FW_TORCH, seed);
+    memset(seen, 0, (size_t)words * sizeof(uint64_t));
+    int used = DRAW_BLOCK;
+#define NEXT_WORD() (used == DRAW_BLOCK ? (stream_next(&st, w), used = 0, w[used++]) : w[used++])
+    for (i64 j = 0; j < m; j++) {
+        uint32_t v = NEXT_WORD() % (uint32_t)n;
+        seen[v >> 6] |= (uint64_t)1 << (v & 63);
+    }
+    i64 u = 0;
+    for (i64 b = 0; b < words; b++)
+        for (uint64_t bits = seen[b]; bits; bits &= bits - 1) uniq[u++] = (uint32_t)(b * 64 + __builtin_ctzll(bits));
+    if (u < k) return -1;
+    for (i64 i = 0; i < u; i++) { perm[i] = (uint32_t)i; kept[i] = 0; }
+    for (i64 i = 0; i < k && i < u - 1; i++) {
+        i64 z = (i64)(NEXT_WORD() % (uint32_t)(u - i));
+        uint32_t t = perm[i]; perm[i] = perm[z + i]; perm[z + i] = t;
+    }
+#undef NEXT_WORD
+    for (i64 i = 0; i < k; i++) kept[perm[i]] = 1;
+    i64 o = 0;
+    for (i64 i = 0; i < u; i++) if (kept[i]) idx[o++] = uniq[i];
+    return o;
+}
+
+void hvdc_randomk_encode(const float *x, float *r, i64 n, const i64 *idx, i64 k, float *vals) {
+    if (!r) { for (i64 j = 0; j < k; j++) vals[j] = x[idx[j]]; return; }
+    for (i64 j = 0; j < k; j++) vals[j] = x[idx[j]] + r[idx[j]];
+    for (i64 i = 0; i < n; i++) r[i] = keep_finite(x[i] + r[i]);
+    for (i64 j = 0; j < k; j++) r[idx[j]] = 0.0f;
+}
+
+void hvdc_scatter(const i64 *idx, i64 k, const float *vals, i64 n, float *out) {
+    memset(out, 0, (size_t)n * sizeof(float));
+    for (i64 j = 0; j < k; j++) out[idx[j]] = 0.0f + vals[j];
+}

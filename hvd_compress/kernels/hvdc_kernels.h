@@ -155,6 +155,37 @@ int hvdc_is_ascending(const i64 *idx, i64 k);
 void hvdc_sparse_sum(int nr, const i64 *const *idx, const float *const *vals, const i64 *ks, i64 n, float s,
                      int scaled, float *out);
 
+/* ---- the randomised schemes: QSGD, TernGrad, Random-K, with the framework's own draws ---- */
+/* whose seeded draws and NaN conventions a randomised kernel reproduces */
+enum hvdc_framework {
+    HVDC_FW_TORCH = 0, /* torch.rand on CPU: mt19937 seeded by the seed's low 32 bits, u = (w & 0xFFFFFF) * 2^-24;
+                        * sign(NaN) = 0 */
+    HVDC_FW_TF = 1     /* tf.random.stateless_uniform of the seed pair (seed / 2^31, seed % 2^31): Philox4x32-10,
+                        * u = float(0x3F800000 | (w & 0x7FFFFF)) - 1; sign(NaN) = NaN, NaN cast to int8 = -128 */
+};
+/* the first n draws U[0, 1) of the framework's generator seeded by seed (>= 0) into u */
+void hvdc_uniform(enum hvdc_framework fw, i64 seed, i64 n, float *u);
+/* QSGD: *norm = ||acc||_2; with s = norm (1 where it is 0), q = clip(floor(|acc| / s * levels + u), 0, levels)
+ * * sign(acc) as int8, residual acc - q * (s / levels).  u: n draws, or NULL: the framework's draws of seed */
+void hvdc_qsgd_encode(const float *x, float *r, i64 n, int levels, const float *u, enum hvdc_framework fw,
+                      i64 seed, int8_t *q, float *norm);
+/* TernGrad: *scale = max|acc|; with s = scale (1 unless it is > 0), t = (u < |acc| / s) * sign(acc), the codes
+ * t + 1 two bits each (four to a byte), residual acc - t * scale.  u as for QSGD */
+void hvdc_terngrad_encode(const float *x, float *r, i64 n, const float *u, enum hvdc_framework fw, i64 seed,
+                          uint8_t *codes, float *scale);
+/* out = sum_j (code_j - 1) * scales[j] [* s] */
+void hvdc_terngrad_decode_sum(int nr, const uint8_t *const *codes, const float *scales, i64 n, float s, int scaled,
+                              float *out);
+/* Random-K's shared indices as torch's backend draws them (randperm_prefix: 2k + 64 draws of randint(0, n), their
+ * distinct values, a random k of those by randperm, ascending) into idx; seen holds ceil(n / 64) words, scratch
+ * 2 (2k + 64) i64.  Returns k, or -1 where torch draws a whole permutation instead (8 k >= n, or fewer than k
+ * distinct draws): the caller's path */
+i64 hvdc_randomk_indices_torch(i64 seed, i64 n, i64 k, i64 *idx, uint64_t *seen, i64 *scratch);
+/* acc into r (with r); vals = acc at the k ascending idx; the residual 0 there and wherever acc is not finite */
+void hvdc_randomk_encode(const float *x, float *r, i64 n, const i64 *idx, i64 k, float *vals);
+/* out = 0, then out[idx[j]] = 0 + vals[j] (as index_add_ into zeros) */
+void hvdc_scatter(const i64 *idx, i64 k, const float *vals, i64 n, float *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -4,7 +4,7 @@
  * tests/unit/test_kernels.py builds with -mno-avx2 -mno-avx512f to compare).
  *
  *   vf       VW floats                 vload, vstore, vstream, vset1, vzero, vadd, vsub, vmul, vdiv,
- *                                      vabs, vmin, vmax, vround_even, vkeep_finite,
+ *                                      vabs, vmin, vmax, vround_even, vfloor, vkeep_finite,
  *                                      vreduce_add, vreduce_max
  *   vmask    a compare's result        vcmp_ge, vcmp_gt, visnan, vselect, vbits (lane k -> bit k),
  *                                      vmask_from_bits
@@ -58,6 +58,7 @@ HVDC_INLINE vf vabs(vf a) { return _mm512_abs_ps(a); }
 HVDC_INLINE vf vmin(vf a, vf b) { return _mm512_min_ps(a, b); }
 HVDC_INLINE vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
 HVDC_INLINE vf vround_even(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+HVDC_INLINE vf vfloor(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
 HVDC_INLINE vmask vcmp_ge(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_GE_OQ); }
 HVDC_INLINE vmask vcmp_gt(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ); }
 HVDC_INLINE vmask visnan(vf a) { return _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q); }
@@ -122,6 +123,7 @@ HVDC_INLINE vf vabs(vf a) { return _mm256_and_ps(a, _mm256_castsi256_ps(_mm256_s
 HVDC_INLINE vf vmin(vf a, vf b) { return _mm256_min_ps(a, b); }
 HVDC_INLINE vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }
 HVDC_INLINE vf vround_even(vf a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+HVDC_INLINE vf vfloor(vf a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
 HVDC_INLINE vmask vcmp_ge(vf a, vf b) { return _mm256_cmp_ps(a, b, _CMP_GE_OQ); }
 HVDC_INLINE vmask vcmp_gt(vf a, vf b) { return _mm256_cmp_ps(a, b, _CMP_GT_OQ); }
 HVDC_INLINE vmask visnan(vf a) { return _mm256_cmp_ps(a, a, _CMP_UNORD_Q); }
@@ -220,6 +222,7 @@ HVDC_INLINE vf vabs(vf a) { VLANES(k) a.v[k] = fabsf(a.v[k]); return a; }
 HVDC_INLINE vf vmin(vf a, vf b) { VLANES(k) a.v[k] = a.v[k] < b.v[k] ? a.v[k] : b.v[k]; return a; }
 HVDC_INLINE vf vmax(vf a, vf b) { VLANES(k) a.v[k] = a.v[k] > b.v[k] ? a.v[k] : b.v[k]; return a; }
 HVDC_INLINE vf vround_even(vf a) { VLANES(k) a.v[k] = rintf(a.v[k]); return a; }
+HVDC_INLINE vf vfloor(vf a) { VLANES(k) a.v[k] = floorf(a.v[k]); return a; }
 HVDC_INLINE vmask vcmp_ge(vf a, vf b) { vmask m = 0; VLANES(k) m |= (unsigned)(a.v[k] >= b.v[k]) << k; return m; }
 HVDC_INLINE vmask vcmp_gt(vf a, vf b) { vmask m = 0; VLANES(k) m |= (unsigned)(a.v[k] > b.v[k]) << k; return m; }
 HVDC_INLINE vmask visnan(vf a) { vmask m = 0; VLANES(k) m |= (unsigned)(a.v[k] != a.v[k]) << k; return m; }

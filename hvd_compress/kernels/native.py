@@ -68,6 +68,14 @@ SIGNATURES = {
     "hvdc_index_decode": ((ptr, i64, i64, enum, c_int, ptr), None),
     "hvdc_is_ascending": ((ptr, i64), c_int),
     "hvdc_sparse_sum": ((c_int, ptr, ptr, ptr, i64, f32, c_int, ptr), None),
+    # the randomised schemes
+    "hvdc_uniform": ((enum, i64, i64, ptr), None),
+    "hvdc_qsgd_encode": ((ptr, ptr, i64, c_int, ptr, enum, i64, ptr, ptr), None),
+    "hvdc_terngrad_encode": ((ptr, ptr, i64, ptr, enum, i64, ptr, ptr), None),
+    "hvdc_terngrad_decode_sum": ((c_int, ptr, ptr, i64, f32, c_int, ptr), None),
+    "hvdc_randomk_indices_torch": ((i64, i64, i64, ptr, ptr, ptr), i64),
+    "hvdc_randomk_encode": ((ptr, ptr, i64, ptr, i64, ptr), None),
+    "hvdc_scatter": ((ptr, i64, ptr, i64, ptr), None),
 }
 
 

@@ -21,9 +21,9 @@ from ..backend import backend_for, ceil_div
 from ..coding import _ef_low_bits, index_code_nbytes
 from ..memory import MomentumMemory, ResidualMemory
 from ..schemes.casts import BF16, FP16
-from ..schemes.quantization import EFSignSGD, Int8, OneBit, SignSGD
-from ..schemes.sparsification import DGC, TopK, Threshold, _k_for
-from .constants import HalfDtype, NanRule, SignMode, ThresholdRule, TopKPlan
+from ..schemes.quantization import QSGD, EFSignSGD, Int8, OneBit, SignSGD, TernGrad
+from ..schemes.sparsification import DGC, RandomK, TopK, Threshold, _k_for
+from .constants import Framework, HalfDtype, NanRule, SignMode, ThresholdRule, TopKPlan
 from .native import load
 from .plan import CODES, fits_fused, fused_topk_plan, fuses_topk, topk_candidate_room
 
@@ -377,7 +377,90 @@ class DGCCodec(SentSelectCodec):
         return float(thr), max(1024, 2 * _k_for(s.ratio, n) + 1024)
 
 
-FUSED = {Int8: Int8Codec, TopK: TopKCodec, Threshold: ThresholdCodec, DGC: DGCCodec, OneBit: OneBitCodec}
+# --- the randomised schemes: the kernels draw torch's own numbers for the seed ---------------------------
+def draws(ctx, n, ws):
+    """(u, seed) for a randomised kernel: the adapters' draws carry their seed
+    (:class:`~hvd_compress.schemes.base.SeededDraws`), and the kernel draws
+    torch's stream for it itself (u None); any other ``ctx.uniform`` is called
+    and its n draws handed over."""
+    seed = getattr(ctx.uniform, "seed", None)
+    if seed is not None:
+        return None, int(seed)
+    u = ctx.uniform(n)
+    return buffer(ws, "draws", n, torch.float32).copy_(u.reshape(-1)[:n]), 0
+
+
+class QSGDCodec(Codec):
+    """QSGD: ``acc`` and its norm in one pass, the stochastic levels (drawn in
+    cache, block by block) and the residual in a second; the decode is Int8's
+    ``sum_j q_j * scale_j`` with ``scale_j = norm_j / levels``."""
+
+    def encode(self, x, r, ws, ctx):
+        n = x.numel()
+        u, seed = draws(ctx, n, ws)
+        q, norm = buffer(ws, "q", n, torch.int8), buffer(ws, "norm", 1, torch.float32)
+        self.lib.hvdc_qsgd_encode(_p(x), _p(r), n, self.scheme.levels, _p(u), Framework.TORCH, seed, _p(q), _p(norm))
+        return {"q": q, "norm": norm}
+
+    def aggregate(self, payloads, numel, local, scale, out, ws):
+        out = output(ws, out, numel)
+        qs = [p["q"] for p in payloads]
+        steps = torch.cat([p["norm"].reshape(1) for p in payloads]) / float(self.scheme.levels)
+        self.lib.hvdc_int8_decode_sum(len(qs), _ptrs(qs), _ptrs(list(steps.split(1))), numel, max(1, numel),
+                                      *_scale_args(scale), _p(out))
+        return out
+
+
+class TernGradCodec(Codec):
+    """TernGrad: ``acc`` and ``max|acc|`` in one pass, the ternary draw, its
+    2-bit codes and the residual in a second."""
+
+    def encode(self, x, r, ws, ctx):
+        n = x.numel()
+        u, seed = draws(ctx, n, ws)
+        t, s = buffer(ws, "t", ceil_div(n, 4), torch.uint8), buffer(ws, "scale", 1, torch.float32)
+        self.lib.hvdc_terngrad_encode(_p(x), _p(r), n, _p(u), Framework.TORCH, seed, _p(t), _p(s))
+        return {"t": t, "scale": s}
+
+    def aggregate(self, payloads, numel, local, scale, out, ws):
+        out = output(ws, out, numel)
+        ts = [p["t"] for p in payloads]
+        scales = torch.cat([p["scale"].reshape(1) for p in payloads]).contiguous()
+        self.lib.hvdc_terngrad_decode_sum(len(ts), _ptrs(ts), _p(scales), numel, *_scale_args(scale), _p(out))
+        return out
+
+
+class RandomKCodec(Codec):
+    """Random-K: the shared indices drawn in C as torch's generator draws them
+    (the whole-permutation case by torch itself), then one pass that forms
+    ``acc`` in place, gathers the k values and clears their residual.  The
+    decode scatters Horovod's reduced values at the indices kept for it."""
+
+    def encode(self, x, r, ws, ctx):
+        n = x.numel()
+        k = _k_for(self.scheme.ratio, n)
+        idx = buffer(ws, "randomk_idx", k, torch.int64)
+        m = 2 * k + 64
+        got = -1
+        if 8 * k < n:
+            seen, scratch = buffer(ws, "seen", ceil_div(n, 64), torch.int64), buffer(ws, "scratch", 2 * m, torch.int64)
+            got = self.lib.hvdc_randomk_indices_torch(int(ctx.shared_seed), n, k, _p(idx), _p(seen), _p(scratch))
+        if got < 0:
+            idx.copy_(backend_for(x).randperm_prefix(n, k, ctx.shared_seed, like=x))
+        vals = buffer(ws, "val", k, torch.float32)
+        self.lib.hvdc_randomk_encode(_p(x), _p(r), n, _p(idx), k, _p(vals))
+        return {"reduce": vals, "_idx": idx}
+
+    def decode_reduced(self, reduced, numel, out, ws):
+        out = output(ws, out, numel)
+        idx = ws["randomk_idx"][:_k_for(self.scheme.ratio, numel)]
+        vals = reduced.reshape(-1).contiguous()
+        self.lib.hvdc_scatter(_p(idx), idx.numel(), _p(vals), numel, _p(out))
+        return out
+
+
+FUSED = {Int8: Int8Codec, TopK: TopKCodec, Threshold: ThresholdCodec, DGC: DGCCodec, OneBit: OneBitCodec,
+         QSGD: QSGDCodec, TernGrad: TernGradCodec, RandomK: RandomKCodec}
 
 
 def codec_for(scheme, memory, x):

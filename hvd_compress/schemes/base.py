@@ -42,6 +42,19 @@ def check_range(name, value, lo, hi, lo_open=False, hi_open=False, kind=float):
     return value
 
 
+class SeededDraws:
+    """The adapters' ``EncodeContext.uniform``: ``B.uniform(n, seed, like)``
+    with its seed kept readable, so that a fused kernel can draw the same
+    numbers itself (:mod:`hvd_compress.kernels` reproduces each framework's
+    generator) instead of materialising them."""
+
+    def __init__(self, B, seed, like):
+        self.B, self.seed, self.like = B, seed, like
+
+    def __call__(self, n):
+        return self.B.uniform(n, self.seed, like=self.like)
+
+
 @dataclass
 class EncodeContext:
     """What a scheme may know about the call, beyond the tensor itself.

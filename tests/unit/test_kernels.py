@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 import hvd_compress as hc
 from hvd_compress.backend import backend_for
 from hvd_compress.kernels import native
+from hvd_compress.kernels.constants import Framework
 from hvd_compress.kernels.torch_cpu import _p, _ptrs, codec_for
 from hvd_compress.memory import ResidualMemory, finite_or_zero
-from hvd_compress.schemes.base import EncodeContext
+from hvd_compress.schemes.base import EncodeContext, SeededDraws
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no C compiler: the fused kernels are not built")
 
@@ -42,12 +43,18 @@ SCHEMES = {
     "threshold": lambda: hc.schemes.Threshold(1.5),
     "dgc": lambda: hc.schemes.DGC(0.01, sample_ratio=0.1),
     "dgc-int8": lambda: hc.schemes.DGC(0.05, sample_ratio=0.1, values=hc.schemes.Int8()),
+    "qsgd": lambda: hc.schemes.QSGD(),
+    "qsgd4": lambda: hc.schemes.QSGD(4),
+    "terngrad": lambda: hc.schemes.TernGrad(),
+    "randomk1%": lambda: hc.schemes.RandomK(0.01),
+    "randomk-20%": lambda: hc.schemes.RandomK(0.2),  # 8 k >= n: torch's whole permutation, then the kernels
 }
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 
 
 def _ctx(n, step=1, rank=0, size=1):
-    gen = lambda m: B.uniform(m, 1000 * step + rank, like=torch.zeros(1))  # noqa: E731
+    # the adapters' draws: the fused kernels draw torch's stream for the seed themselves
+    gen = SeededDraws(B, 1000 * step + rank, like=torch.zeros(1))
     return EncodeContext(key="w", step=step, rank=rank, size=size, uniform=gen, shared_seed=step, shape=(n,))
 
 
@@ -74,7 +81,15 @@ def _same(a, b):
 #: payload parts that are reductions over the tensor (EFSignSGD's l1 scale, OneBit's
 #: two means): the kernel sums in double, torch in float32 in its own order, so they
 #: agree to rounding, not bit for bit; the element-wise rest is checked given the fused value
-REDUCTIONS = {"efsignsgd": "scale", "onebit": "means"}
+REDUCTIONS = {"efsignsgd": "scale", "onebit": "means", "qsgd": "norm", "qsgd4": "norm"}
+
+
+def _qsgd_given(scheme, acc, norm, ctx):
+    """QSGD's payload and ``sent`` for ``acc`` given the kernel's norm: the eager formula."""
+    safe = torch.where(norm == 0, torch.ones(1), norm)
+    level = acc.abs() / safe * float(scheme.levels)
+    q = torch.floor(level + ctx.uniform(acc.numel())).clamp(0.0, float(scheme.levels)) * acc.sign()
+    return {"q": q.to(torch.int8), "norm": norm}, q * (safe / float(scheme.levels))
 
 
 def _sent_given(name, acc, reduced):
@@ -122,24 +137,31 @@ def _run_steps(name, n, ranks, steps, seed, ef, scale):
             acc = x if res_e[rank] is None else x + res_e[rank]
             pe, res_e[rank] = _eager_step(scheme, x, res_e[rank], ctx)
             pf = codec.encode(x, res_f[rank], ws[rank], ctx)
+            if name.startswith("qsgd"):  # the levels drawn given the kernel's norm
+                # torch sums the squares in float32 in its own order, the kernel in double
+                torch.testing.assert_close(pf["norm"], pe["norm"], rtol=1e-4, atol=0)
+                pe, sent = _qsgd_given(scheme, acc, pf["norm"].clone(), ctx)
+                res_e[rank] = finite_or_zero(B, acc - sent) if ef else None
             _assert_payloads_equal(pe, pf, raw_topk, REDUCTIONS.get(name))
+            if "_idx" in pe:  # Random-K's shared indices, kept for the decode
+                assert torch.equal(pe["_idx"], pf["_idx"])
             if name in REDUCTIONS:  # the eager math, given the fused reduction
                 part = REDUCTIONS[name]
                 pe = {**pe, part: pf[part].clone()}
-                if ef:
+                if ef and not name.startswith("qsgd"):
                     res_e[rank] = finite_or_zero(B, acc - _sent_given(name, acc, pf[part]))
             if ef:
                 assert _same(res_e[rank], res_f[rank]), f"residual of rank {rank} at step {step}"
             pes.append(pe)
             pfs.append({k: v.clone() for k, v in _wire(pf).items()})
-        _assert_decodes_equal(scheme, codec, pes, pfs, n, scale)
+        _assert_decodes_equal(scheme, codec, pes, pfs, n, scale, ws[0])
 
 
-def _assert_decodes_equal(scheme, codec, pes, pfs, n, scale):
-    if scheme.transport == "allreduce":  # FP16: Horovod sums the halves; the decode casts back
+def _assert_decodes_equal(scheme, codec, pes, pfs, n, scale, ws):
+    if scheme.transport == "allreduce":  # FP16, Random-K: Horovod sums the payloads; the decode places them
         reduced = torch.stack([p["reduce"] for p in pfs]).sum(0)
-        want = scheme.decode_reduced(B, reduced, n)
-        assert _same(codec.decode_reduced(reduced, n, None, {}), want)
+        want = scheme.decode_reduced(B, reduced, n, pes[0])  # Random-K: the shared indices, kept locally
+        assert _same(codec.decode_reduced(reduced, n, None, ws), want)
         return
     s = torch.tensor(scale, dtype=torch.float32) if scheme.apply_op_scale else None
     want = scheme.aggregate(B, [_wire(p) for p in pes], n)
@@ -157,13 +179,13 @@ def _assert_decodes_equal(scheme, codec, pes, pfs, n, scale):
        ranks=st.integers(1, 3), seed=st.integers(0, 2**16), ef=st.sampled_from([None, True, False]),
        scale=st.sampled_from([1.0, 0.5, 1 / 3]))
 def test_fused_equals_eager(name, n, ranks, seed, ef, scale):
-    if n == 0 and name.startswith(("topk", "dgc", "efsignsgd")):
+    if n == 0 and name.startswith(("topk", "dgc", "efsignsgd", "randomk")):
         n = 1  # the eager reference itself has no meaning for an empty top-k or l1 scale
     _run_steps(name, n, ranks, steps=3, seed=seed, ef=ef, scale=scale)
 
 
 @pytest.mark.parametrize("name", ["int8", "efsignsgd", "onebit", "topk1%", "topk-ef", "topk-int8", "dgc", "threshold",
-                                  "bf16"])
+                                  "bf16", "qsgd4", "terngrad", "randomk1%"])
 def test_fused_equals_eager_large(name):  # noqa: D103
     """Sizes where the Top-K sample is strided and the vector loops dominate."""
     _run_steps(name, (1 << 18) + 77, ranks=2, steps=3, seed=5, ef=True, scale=0.5)
@@ -208,11 +230,41 @@ def test_non_finite_values_are_sent_never_kept():
     n = 4096
     x = torch.randn(n)
     x[[3, 100, 2000]] = torch.tensor([math.nan, math.inf, -math.inf])
-    for name in ("int8", "efsignsgd", "onebit", "topk1%", "dgc", "threshold", "bf16", "fp16"):
+    for name in ("int8", "efsignsgd", "onebit", "topk1%", "dgc", "threshold", "bf16", "fp16", "qsgd", "terngrad",
+                 "randomk1%"):
         scheme = SCHEMES[name]()
         r = torch.zeros(n)
         codec_for(scheme, ResidualMemory(), x).encode(x, r, {}, _ctx(n))
         assert bool(torch.isfinite(r).all()), name
+
+
+@pytest.mark.parametrize("seed", [0, 7, 2**31 + 5, 2**63 - 1])
+def test_kernel_draws_are_torch_rand(seed):
+    """The kernels draw torch's own numbers for a seed (mt19937 on the seed's low 32 bits),
+    across the boundaries of its 624-word blocks, so a fused encode sends what the eager
+    one sends."""
+    lib = native.load()
+    for n in (1, 623, 624, 625, 5000):
+        u = torch.empty(n)
+        lib.hvdc_uniform(Framework.TORCH, seed, n, _p(u))
+        assert torch.equal(u, torch.rand(n, generator=torch.Generator().manual_seed(seed))), n
+
+
+@pytest.mark.parametrize("n,ratio", [(1000, 0.01), (5003, 0.1), (1 << 20, 0.01), (100, 0.05), (1000, 0.2)])
+def test_randomk_indices_are_torch_randperm_prefix(n, ratio):
+    """Random-K's shared indices from the kernel are the backend's, index for index; where
+    torch draws a whole permutation (8 k >= n) the kernel declines (-1) and the codec asks
+    torch."""
+    from hvd_compress.schemes.sparsification import _k_for
+    lib, k = native.load(), _k_for(ratio, n)
+    idx, seen = torch.empty(k, dtype=torch.int64), torch.empty((n + 63) // 64, dtype=torch.int64)
+    scratch = torch.empty(2 * (2 * k + 64), dtype=torch.int64)
+    for seed in (1, 99, 12345678901):
+        got = lib.hvdc_randomk_indices_torch(seed, n, k, _p(idx), _p(seen), _p(scratch))
+        if 8 * k >= n:
+            assert got == -1
+            continue
+        assert got == k and torch.equal(idx, B.randperm_prefix(n, k, seed, like=torch.zeros(1))), seed
 
 
 def test_which_calls_are_fused(monkeypatch):
@@ -224,7 +276,7 @@ def test_which_calls_are_fused(monkeypatch):
     assert codec_for(hc.schemes.Int8(), hc.DGCMemory(0.9), x) is None
     assert codec_for(hc.schemes.Int8(), None, x.double()) is None
     assert codec_for(hc.schemes.Int8(), None, torch.randn(10, 10).t()) is None
-    assert codec_for(hc.schemes.QSGD(), None, x) is None  # not fused: the eager scheme runs
+    assert codec_for(hc.schemes.PowerSGD(2), None, x) is None  # not a codec of its own: the eager scheme runs
     assert codec_for(hc.schemes.TopK(0.5), None, x) is None  # over an eighth kept: eager
     monkeypatch.setenv("HVDC_KERNELS", "0")
     assert codec_for(hc.schemes.Int8(), None, x) is None
@@ -327,7 +379,8 @@ def test_profiler_sees_large_allocations():
 
 
 @pytest.mark.parametrize("spec", ["TopK(0.01)", "Int8()", "EFSignSGD()", "SignSGD()", "OneBit()", "FP16()", "BF16()",
-                                  "DGC(0.01)", "TopK(0.01, values=Int8())", "Int8(block_size=4096)"])
+                                  "DGC(0.01)", "TopK(0.01, values=Int8())", "Int8(block_size=4096)", "QSGD()",
+                                  "TernGrad()", "RandomK(0.01)"])
 def test_hot_path_allocates_no_large_buffer_after_warmup(spec):
     """compress + decompress through the real adapter flow (one-rank
     collectives), as under Horovod's optimizer: after two warm-up steps,
@@ -378,7 +431,8 @@ def _flow(spec, monkeypatch, fused, steps=3, n=20_000, owned=True):
 
 @pytest.mark.parametrize("spec", ["TopK(0.01)", "Int8()", "SignSGD()", "FP16()", "BF16(error_feedback=True)",
                                   "DGC(0.01)", "TopK(0.01, momentum=0.9)", "Int8(momentum=0.9, nesterov=True)",
-                                  "SignSGD(momentum=0.9)", "TopK(0.05, values=Int8(), momentum=0.5)"])
+                                  "SignSGD(momentum=0.9)", "TopK(0.05, values=Int8(), momentum=0.5)",
+                                  "TernGrad(error_feedback=True)", "RandomK(0.01)"])
 @pytest.mark.parametrize("owned", [True, False])
 def test_adapter_flow_fused_equals_eager(spec, owned, monkeypatch):
     """Momentum in the compressor included: one pass makes u = m u + g and the
@@ -485,6 +539,19 @@ def _vector_path_results(lib, n):
         r, bits16 = r0.clone(), torch.zeros(k, dtype=torch.int16)
         lib.hvdc_sparse_bf16_encode(_p(kval), k, _p(kept), _p(r), _p(bits16))
         out["fixup"] = (kept, kval, r, bits16)
+    for fw in (Framework.TORCH, Framework.TF):  # the randomised schemes, each framework's draws
+        u = torch.empty(n)
+        lib.hvdc_uniform(fw, 12345, n, _p(u))
+        out[f"uniform/{fw}"] = (u,)
+        for source, name in ((x, "x"), (y, "y")):
+            r, q, norm = r0.clone(), torch.zeros(n, dtype=torch.int8), torch.zeros(1)
+            lib.hvdc_qsgd_encode(_p(source), _p(r), n, 5, None, fw, 99, _p(q), _p(norm))
+            out[f"qsgd/{fw}/{name}"] = (r, q, norm)
+            r, t, scale = r0.clone(), torch.zeros((n + 3) // 4, dtype=torch.uint8), torch.zeros(1)
+            lib.hvdc_terngrad_encode(_p(source), _p(r), n, None, fw, 99, _p(t), _p(scale))
+            dec, scales = torch.empty(n), torch.cat([scale, scale * 2])
+            lib.hvdc_terngrad_decode_sum(2, _ptrs([t, t]), _p(scales), n, ctypes.c_float(0.5), 1, _p(dec))
+            out[f"terngrad/{fw}/{name}"] = (r, t, scale, dec)
     for dtype in (0, 1):  # IEEE half, bfloat16
         r, h = r0.clone(), torch.zeros(n, dtype=torch.int16)
         lib.hvdc_half_encode(_p(x), _p(r), n, dtype, _p(h))
@@ -501,8 +568,10 @@ def _assert_same_vector_results(want, got):
         for a, b in zip(want[key], got[key]):
             if a.dtype == torch.float32 and a.numel() <= 2:  # a scale or OneBit's means
                 torch.testing.assert_close(b, a, rtol=1e-6, atol=0, equal_nan=True)
-            elif key in ("sign1", "onebit") and a.dtype == torch.float32:
+            elif (key in ("sign1", "onebit") or key.startswith("qsgd")) and a.dtype == torch.float32:
                 torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, equal_nan=True)  # depends on the scale
+            elif key.startswith("qsgd"):  # QSGD's levels, drawn given its norm: a level apart at most
+                assert a.numel() == 0 or int((a.int() - b.int()).abs().max()) <= 1, key
             else:
                 assert _same(a, b), key
 
