@@ -1107,6 +1107,49 @@ i64 hvdc_randomk_indices_torch(i64 seed, i64 n, i64 k, i64 *idx, uint64_t *seen,
     return o;
 }
 
+/* TF's randperm_prefix: the k largest of n stateless-uniform draws, ties to the lower index
+ * (tf.math.top_k's order), ascending.  A draw's order is its 23 mantissa bits.  One pass
+ * draws them into words with a histogram of their top 12 bits (in L1), which locates the
+ * bin of the k-th largest; a second collects, in index order, every draw in that bin or
+ * above into idx (about k + n / 4096 of them, in room for k + n / 64 + 4096); the bin's own draws are then ranked by a histogram of
+ * their low 11 bits, and idx compacted to the k kept: those above the k-th largest, and
+ * the lowest indices among the draws equal to it. */
+void hvdc_randomk_indices_tf(i64 seed, i64 n, i64 k, i64 *idx, uint32_t *words) {
+    if (k <= 0) return;
+    enum { HI = 12, LO = 23 - HI };
+    uint32_t hist[1 << HI], lo_hist[1 << LO];
+    draw_stream st;
+    stream_seed(&st, HVDC_FW_TF, seed);
+    memset(hist, 0, sizeof hist);
+    memset(lo_hist, 0, sizeof lo_hist);
+    for (i64 lo = 0; lo < n; lo += DRAW_BLOCK) {
+        uint32_t w[DRAW_BLOCK];
+        int len = (int)(n - lo < DRAW_BLOCK ? n - lo : DRAW_BLOCK);
+        stream_next(&st, w);
+        for (int j = 0; j < len; j++) { uint32_t m = w[j] & 0x7FFFFFu; words[lo + j] = m; hist[m >> LO]++; }
+    }
+    i64 above = 0;  /* draws in the bins above bin */
+    int bin = (1 << HI) - 1;
+    while (above + hist[bin] < k) above += hist[bin--];
+    const uint32_t floor_m = (uint32_t)bin << LO;
+    i64 c = 0, *cand = idx;
+    if (above + hist[bin] > k + n / 64 + 4096) {  /* a bin beyond idx's room (never seen): a buffer of its own */
+        cand = malloc((size_t)(above + hist[bin]) * sizeof(i64));
+        if (!cand) return;
+    }
+    for (i64 i = 0; i < n; i++) if (words[i] >= floor_m) cand[c++] = i;
+    for (i64 j = 0; j < c; j++) { uint32_t m = words[cand[j]]; if ((m >> LO) == (uint32_t)bin) lo_hist[m & ((1u << LO) - 1)]++; }
+    int low = (1 << LO) - 1;
+    while (above + lo_hist[low] < k) above += lo_hist[low--];
+    const uint32_t thr = floor_m | (uint32_t)low;
+    i64 ties = k - above, o = 0;  /* of the draws equal to thr, the first ties are kept */
+    for (i64 j = 0; j < c; j++) {
+        uint32_t m = words[cand[j]];
+        if (m > thr || (m == thr && ties-- > 0)) idx[o++] = cand[j];
+    }
+    if (cand != idx) free(cand);
+}
+
 void hvdc_randomk_encode(const float *x, float *r, i64 n, const i64 *idx, i64 k, float *vals) {
     if (!r) { for (i64 j = 0; j < k; j++) vals[j] = x[idx[j]]; return; }
     for (i64 j = 0; j < k; j++) vals[j] = x[idx[j]] + r[idx[j]];

@@ -74,6 +74,7 @@ SIGNATURES = {
     "hvdc_terngrad_encode": ((ptr, ptr, i64, ptr, enum, i64, ptr, ptr), None),
     "hvdc_terngrad_decode_sum": ((c_int, ptr, ptr, i64, f32, c_int, ptr), None),
     "hvdc_randomk_indices_torch": ((i64, i64, i64, ptr, ptr, ptr), i64),
+    "hvdc_randomk_indices_tf": ((i64, i64, i64, ptr, ptr), None),
     "hvdc_randomk_encode": ((ptr, ptr, i64, ptr, i64, ptr), None),
     "hvdc_scatter": ((ptr, i64, ptr, i64, ptr), None),
 }
