@@ -6,9 +6,10 @@
 
 One thread.  Each operation runs between two ``dst.copy_(src)`` of the same
 ``rows x cols`` float32 matrix, and its thread CPU time is divided by the
-mean of theirs (median over ``--reps``): the load of other processes
+mean of theirs (median over ``--reps`` rounds, each round running every
+operation once, so they alternate): the load of other processes
 inflates it less than wall time.  What ``hvd_compress.kernels.torch_lowrank``
-chose from: the layouts of the two thin products, the outer product by a
+chose from, one after the other in one process: the layouts of the two thin products, the outer product by a
 ``gemm`` of inner dimension ``rank`` against ``rank`` multiply-adds over
 cache-sized row blocks, the torch finish it runs where the C kernels are
 not built, and the three passes of the C kernels (``hvdc_lowrank_*``) it runs
@@ -50,20 +51,14 @@ def main(argv=None):
     ws = {}
 
     def ratio(f):
-        f()
+        t0 = time.thread_time()
         dst.copy_(src)
-        rs = []
-        for _ in range(args.reps):
-            t0 = time.thread_time()
-            dst.copy_(src)
-            t1 = time.thread_time()
-            f()
-            t2 = time.thread_time()
-            dst.copy_(src)
-            t3 = time.thread_time()
-            rs.append((t2 - t1) / ((t1 - t0 + t3 - t2) / 2))
-        rs.sort()
-        return rs[len(rs) // 2]
+        t1 = time.thread_time()
+        f()
+        t2 = time.thread_time()
+        dst.copy_(src)
+        t3 = time.thread_time()
+        return (t2 - t1) / ((t1 - t0 + t3 - t2) / 2)
 
     def finish():
         tl._outer_and_residual(p_col, qt, qt, out, mat, ws, True)
@@ -84,16 +79,16 @@ def main(argv=None):
                                           P(mat), P(out)), "finish")
 
     ops = [
-        ("M += g (in place)", lambda: mat.add_(grad)),
-        ("P = M Q, Q column-major (the codec)", lambda: torch.mm(mat, q_col, out=p_out)),
+        ("M += g, in place (the torch rounds)", lambda: mat.add_(grad)),
+        ("P = M Q, Q column-major (the torch rounds)", lambda: torch.mm(mat, q_col, out=p_out)),
         ("P = M Q, Q row-major", lambda: torch.mm(mat, q_row, out=p_out)),
-        ("Q^T = P^T M, P column-major (the codec)", lambda: torch.mm(p_col.t(), mat)),
+        ("Q^T = P^T M, P column-major (the torch rounds)", lambda: torch.mm(p_col.t(), mat)),
         ("Q = M^T P (the eager chain)", lambda: torch.mm(mat.t(), p_row, out=q_out)),
         ("out = P Q^T by gemm", lambda: torch.mm(p_row, qt, out=out)),
         ("out = P Q^T by gemm, P column-major", lambda: torch.mm(p_col, qt, out=out)),
         ("out = P Q^T, rank 1, by gemm", lambda: torch.mm(p_row[:, :1], qt[:1], out=out)),
-        ("out = P Q^T by multiply-adds in row blocks (the codec)", lambda: tl._outer(p_col, qt, out, ws)),
-        ("finish: aggregate + residual + NaN test (torch row blocks)", finish),
+        ("out = P Q^T by multiply-adds in row blocks (the torch rounds)", lambda: tl._outer(p_col, qt, out, ws)),
+        ("finish: aggregate + residual + NaN test (the torch rounds)", finish),
     ]
     if lib is not None:
         ops += [
@@ -101,10 +96,17 @@ def main(argv=None):
             ("C: Q^T = P^T M, P column-major (one pass)", c_project),
             ("C: finish: aggregate + residual - P Q^T, non-finite to 0 (one pass)", c_finish),
         ]
+    for _, f in ops:  # warm-up
+        f()
+    seen = {name: [] for name, _ in ops}
+    for _ in range(args.reps):  # every op once per round, so the machine's load falls on all alike
+        for name, f in ops:
+            seen[name].append(ratio(f))
     rows = []
-    print(f"{n} x {m} float32, rank {r}, one thread: thread CPU time / dst.copy_(src)")
-    for name, f in ops:
-        x = ratio(f)
+    print(f"{n} x {m} float32, rank {r}, one thread: thread CPU time / dst.copy_(src), "
+          f"median of {args.reps} rounds (load average {os.getloadavg()[0]:.1f})")
+    for name, _ in ops:
+        x = sorted(seen[name])[len(seen[name]) // 2]
         rows.append({"op": name, "ratio_to_copy": x})
         print(f"  {x:6.2f}  {name}")
     if args.out:
