@@ -1161,3 +1161,34 @@ void hvdc_scatter(const i64 *idx, i64 k, const float *vals, i64 n, float *out) {
     memset(out, 0, (size_t)n * sizeof(float));
     for (i64 j = 0; j < k; j++) out[idx[j]] = 0.0f + vals[j];
 }
+
+/* ---- Lossless: the byte shuffle around zstd ------------------------------------------- */
+
+/* planes[k n + i] = byte k of x[i] (little-endian: plane 0 the mantissa's low byte), in
+ * blocks of 4096 elements so that the four output streams stay in cache; plain C the
+ * compiler vectorises */
+void hvdc_byte_shuffle(const float *x, i64 n, uint8_t *planes) {
+    const uint8_t *b = (const uint8_t *)x;
+    uint8_t *p0 = planes, *p1 = planes + n, *p2 = planes + 2 * n, *p3 = planes + 3 * n;
+    for (i64 lo = 0; lo < n; lo += 4096) {
+        i64 hi = lo + 4096 < n ? lo + 4096 : n;
+        for (i64 i = lo; i < hi; i++) {
+            p0[i] = b[4 * i]; p1[i] = b[4 * i + 1]; p2[i] = b[4 * i + 2]; p3[i] = b[4 * i + 3];
+        }
+    }
+}
+
+/* out = v, or out + v unless first, [* s], v the float whose bytes are planes[k n + i] */
+void hvdc_byte_unshuffle_add(const uint8_t *planes, i64 n, int first, float s, int scaled, float *out) {
+    const uint8_t *p0 = planes, *p1 = planes + n, *p2 = planes + 2 * n, *p3 = planes + 3 * n;
+    for (i64 lo = 0; lo < n; lo += 4096) {
+        i64 hi = lo + 4096 < n ? lo + 4096 : n;
+        for (i64 i = lo; i < hi; i++) {
+            uint32_t u = (uint32_t)p0[i] | (uint32_t)p1[i] << 8 | (uint32_t)p2[i] << 16 | (uint32_t)p3[i] << 24;
+            float v;
+            memcpy(&v, &u, 4);
+            if (!first) v = out[i] + v;
+            out[i] = scaled ? v * s : v;
+        }
+    }
+}

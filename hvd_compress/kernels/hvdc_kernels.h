@@ -190,6 +190,12 @@ void hvdc_randomk_encode(const float *x, float *r, i64 n, const i64 *idx, i64 k,
 /* out = 0, then out[idx[j]] = 0 + vals[j] (as index_add_ into zeros) */
 void hvdc_scatter(const i64 *idx, i64 k, const float *vals, i64 n, float *out);
 
+/* ---- Lossless: the byte shuffle around zstd ---- */
+/* planes[k n + i] = byte k of x[i] (four planes of n bytes) */
+void hvdc_byte_shuffle(const float *x, i64 n, uint8_t *planes);
+/* out[i] = v, or out[i] + v unless first, [* s]; v the float of bytes planes[k n + i] */
+void hvdc_byte_unshuffle_add(const uint8_t *planes, i64 n, int first, float s, int scaled, float *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -531,7 +531,7 @@ class SelectSentOp : public OpKernel {
                              room);
     if (c > room) {  // out of room: undo the stored part, select again from acc with room
       if (r) hvdc_unsend(r, idx_.flat<int32_t>().data(), val_.flat<float>().data(), room);
-      if (!Room(ctx, std::min<i64>(n_, c + c / 8 + 1024))) return;
+      if (!Room(ctx, std::min<i64>(n_, c + c / 2 + 1024))) return;  // headroom, as the torch codec
       c = hvdc_select_sent(r ? nullptr : x, r, n_, thr, HVDC_AT_LEAST, idx_.flat<int32_t>().data(),
                            val_.flat<float>().data(), room_);
     }

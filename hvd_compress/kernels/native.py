@@ -77,6 +77,9 @@ SIGNATURES = {
     "hvdc_randomk_indices_tf": ((i64, i64, i64, ptr, ptr), None),
     "hvdc_randomk_encode": ((ptr, ptr, i64, ptr, i64, ptr), None),
     "hvdc_scatter": ((ptr, i64, ptr, i64, ptr), None),
+    # Lossless
+    "hvdc_byte_shuffle": ((ptr, i64, ptr), None),
+    "hvdc_byte_unshuffle_add": ((ptr, i64, c_int, f32, c_int, ptr), None),
 }
 
 

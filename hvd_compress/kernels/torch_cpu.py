@@ -21,6 +21,7 @@ from ..backend import backend_for, ceil_div
 from ..coding import _ef_low_bits, index_code_nbytes
 from ..memory import MomentumMemory, ResidualMemory
 from ..schemes.casts import BF16, FP16
+from ..schemes.lossless import Lossless
 from ..schemes.quantization import QSGD, EFSignSGD, Int8, OneBit, SignSGD, TernGrad
 from ..schemes.sparsification import DGC, RandomK, TopK, Threshold, _k_for
 from .constants import Framework, HalfDtype, NanRule, SignMode, ThresholdRule, TopKPlan
@@ -36,11 +37,12 @@ def _ptrs(ts):
     return (ctypes.c_void_p * len(ts))(*[t.data_ptr() for t in ts])
 
 
-def buffer(ws, name, n, dtype):
-    """The workspace buffer ``name`` of ``n`` elements, allocated once and reused."""
+def buffer(ws, name, n, dtype, headroom=False):
+    """The workspace buffer ``name`` of ``n`` elements, allocated once and reused
+    (``headroom``: a data-dependent size, grown by half again when it grows)."""
     t = ws.get(name)
     if t is None or t.numel() < n or t.dtype != dtype:
-        t = ws[name] = torch.empty(max(n, 1), dtype=dtype)
+        t = ws[name] = torch.empty(max(n + (n // 2 if headroom else 0), 1), dtype=dtype)
     return t[:n]
 
 
@@ -259,9 +261,10 @@ class SparseCodec(Codec):
         k = self.scheme.fixed_k(numel)
         code = "raw" if k is None else self.scheme.index_code(numel)
         coded = payload["idx"]
-        if k is None:
+        variable = k is None
+        if variable:
             k = coded.numel()
-        idx = buffer(ws, f"didx{j}", k, torch.int64)
+        idx = buffer(ws, f"didx{j}", k, torch.int64, headroom=variable)
         self.lib.hvdc_index_decode(_p(coded), k, numel, CODES[code], _ef_low_bits(numel, k), _p(idx))
         values = self.scheme.values
         if values is None:
@@ -329,8 +332,8 @@ class SentSelectCodec(SparseCodec):
     """Threshold and DGC: every element past the threshold is sent.  Without a
     ``values=`` quantizer one pass (``hvdc_select_sent``) forms ``acc``, packs
     the kept int32 indices (the raw index code itself) and values, and zeroes
-    the residual where sent; the room is the most a past step kept, plus an
-    eighth.  With ``values=`` the candidates go through :class:`SparseCodec`."""
+    the residual where sent; the room is the most a past step kept, plus a
+    half.  With ``values=`` the candidates go through :class:`SparseCodec`."""
 
     def encode(self, x, r, ws, ctx):
         if self.scheme.values is not None:
@@ -345,7 +348,7 @@ class SentSelectCodec(SparseCodec):
         if c > room:  # out of room: undo the stored part, and select again from acc with room
             if r is not None:
                 self.lib.hvdc_unsend(_p(r), _p(idx), _p(val), room)
-            room = min(n, c + c // 8 + 1024)
+            room = min(n, c + c // 2 + 1024)  # headroom: under error feedback the count grows for a few steps
             idx = buffer(ws, "sent_idx", room + VECTOR_SLACK, torch.int32)
             val = buffer(ws, "sent_val", room + VECTOR_SLACK, torch.float32)
             src = None if r is not None else x
@@ -459,8 +462,41 @@ class RandomKCodec(Codec):
         return out
 
 
+class LosslessCodec(Codec):
+    """Lossless: the byte shuffle into a kept buffer (one pass), zstd on it, and
+    its output handed over without a copy; the decode reads zstd's output into
+    the kept buffer and un-shuffles every rank's planes into the sum, scaled in
+    the last rank's pass.  Beyond zstd's own time: one pass each way."""
+
+    def encode(self, x, r, ws, ctx):
+        import warnings
+        import zstandard
+        n = x.numel()
+        planes = buffer(ws, "planes", 4 * n, torch.uint8)
+        self.lib.hvdc_byte_shuffle(_p(x), n, _p(planes))
+        blob = zstandard.ZstdCompressor(level=self.scheme.level).compress(planes.numpy())
+        if not blob:
+            return {"bytes": torch.zeros(0, dtype=torch.uint8)}
+        with warnings.catch_warnings():  # zstd's bytes are read-only; nothing writes to a payload
+            warnings.simplefilter("ignore", UserWarning)
+            return {"bytes": torch.frombuffer(blob, dtype=torch.uint8)}
+
+    def aggregate(self, payloads, numel, local, scale, out, ws):
+        from ..schemes.lossless import decompress_planes
+        out = output(ws, out, numel)
+        s, scaled = _scale_args(scale)
+        if not payloads:
+            return out
+        for j, p in enumerate(payloads):
+            planes = decompress_planes(p["bytes"].contiguous().numpy(), numel)
+            last = j == len(payloads) - 1
+            self.lib.hvdc_byte_unshuffle_add(planes.ctypes.data, numel, int(j == 0), s, scaled if last else 0,
+                                             _p(out))
+        return out
+
+
 FUSED = {Int8: Int8Codec, TopK: TopKCodec, Threshold: ThresholdCodec, DGC: DGCCodec, OneBit: OneBitCodec,
-         QSGD: QSGDCodec, TernGrad: TernGradCodec, RandomK: RandomKCodec}
+         QSGD: QSGDCodec, TernGrad: TernGradCodec, RandomK: RandomKCodec, Lossless: LosslessCodec}
 
 
 def codec_for(scheme, memory, x):
@@ -472,6 +508,8 @@ def codec_for(scheme, memory, x):
         return None
     if memory is not None and type(memory) not in (ResidualMemory, MomentumMemory):
         return None  # DGC's memory masks its momentum by what was sent: the eager path
+    if type(scheme) is Lossless and memory is not None:
+        return None  # exact: nothing to feed back; a memory asked for anyway runs the eager code
     lib = load()
     if lib is None:
         return None

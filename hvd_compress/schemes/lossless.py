@@ -13,22 +13,72 @@ required.  Collet & Kucherawy, RFC 8878 (Zstandard); the shuffle is blosc's.
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from .base import Scheme, check_range, register
 
 
+def _kernels():
+    """The fused kernel library (the C byte shuffle), or None: numpy shuffles then."""
+    from ..kernels import native
+    return native.load()
+
+
+_scratch = threading.local()
+
+
+def planes_buffer(nbytes: int) -> np.ndarray:
+    """This thread's byte-plane buffer of ``nbytes`` (kept: a fresh 64 MB array
+    per call would fault in all of its pages every call)."""
+    buf = getattr(_scratch, "planes", None)
+    if buf is None or buf.size < nbytes:
+        buf = _scratch.planes = np.empty(max(nbytes, 1), np.uint8)
+    return buf[:nbytes]
+
+
+def shuffle_planes(values: np.ndarray) -> np.ndarray:
+    """The four byte planes of fp32 ``values`` (in a kept buffer where the kernels run)."""
+    values = np.ascontiguousarray(values.astype(np.float32, copy=False)).reshape(-1)
+    lib = _kernels()
+    if lib is None:
+        return np.ascontiguousarray(values.view(np.uint8).reshape(-1, 4).T).reshape(-1)
+    planes = planes_buffer(4 * values.size)
+    lib.hvdc_byte_shuffle(values.ctypes.data, values.size, planes.ctypes.data)
+    return planes
+
+
 def shuffle_compress(values: np.ndarray, level: int) -> np.ndarray:
     import zstandard
-    planes = np.ascontiguousarray(values.astype(np.float32, copy=False).view(np.uint8).reshape(-1, 4).T)
-    return np.frombuffer(zstandard.ZstdCompressor(level=level).compress(planes.tobytes()), dtype=np.uint8)
+    blob = zstandard.ZstdCompressor(level=level).compress(shuffle_planes(values))
+    return np.frombuffer(blob, dtype=np.uint8)
+
+
+def decompress_planes(blob, numel: int) -> np.ndarray:
+    """zstd's output, the byte planes of ``numel`` floats, read into a kept buffer."""
+    import zstandard
+    planes = planes_buffer(4 * numel)
+    view, got = memoryview(planes), 0
+    reader = zstandard.ZstdDecompressor().stream_reader(blob)
+    while got < 4 * numel:
+        step = reader.readinto(view[got:])
+        if not step:
+            break
+        got += step
+    if got != 4 * numel or reader.read(1):
+        raise ValueError(f"Lossless payload decodes to {got} bytes or more; expected {4 * numel}")
+    return planes
 
 
 def shuffle_decompress(blob: np.ndarray, numel: int) -> np.ndarray:
-    import zstandard
-    raw = zstandard.ZstdDecompressor().decompress(blob.tobytes(), max_output_size=4 * numel)
-    planes = np.frombuffer(raw, dtype=np.uint8).reshape(4, numel)
-    return np.ascontiguousarray(planes.T).view(np.float32).reshape(-1)
+    planes = decompress_planes(np.ascontiguousarray(blob), numel)
+    lib = _kernels()
+    if lib is None:
+        return np.ascontiguousarray(planes.reshape(4, numel).T).view(np.float32).reshape(-1)
+    out = np.empty(numel, np.float32)
+    lib.hvdc_byte_unshuffle_add(planes.ctypes.data, numel, 1, 0.0, 0, out.ctypes.data)
+    return out
 
 
 @register(kind="lossless", compare="lossless", examples={"lossless": "Lossless()"},

@@ -48,6 +48,7 @@ SCHEMES = {
     "terngrad": lambda: hc.schemes.TernGrad(),
     "randomk1%": lambda: hc.schemes.RandomK(0.01),
     "randomk-20%": lambda: hc.schemes.RandomK(0.2),  # 8 k >= n: torch's whole permutation, then the kernels
+    "lossless": lambda: hc.schemes.Lossless(),
 }
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 
@@ -130,8 +131,9 @@ def _run_steps(name, n, ranks, steps, seed, ef, scale):
         for rank in range(ranks):
             x = torch.randn(n, generator=gen)
             codec = codec_for(scheme, ResidualMemory() if ef else None, x)
-            if codec is None:  # only Top-K keeping over an eighth of the elements runs eager
-                assert isinstance(scheme, hc.schemes.TopK) and 8 * scheme.fixed_k(n) > n, (name, n)
+            if codec is None:  # only Top-K keeping over an eighth of the elements, and Lossless with a memory, run eager
+                assert ((isinstance(scheme, hc.schemes.TopK) and 8 * scheme.fixed_k(n) > n)
+                        or (name == "lossless" and ef)), (name, n)
                 return
             ctx = _ctx(n, step, rank, ranks)
             acc = x if res_e[rank] is None else x + res_e[rank]
@@ -184,8 +186,8 @@ def test_fused_equals_eager(name, n, ranks, seed, ef, scale):
     _run_steps(name, n, ranks, steps=3, seed=seed, ef=ef, scale=scale)
 
 
-@pytest.mark.parametrize("name", ["int8", "efsignsgd", "onebit", "topk1%", "topk-ef", "topk-int8", "dgc", "threshold",
-                                  "bf16", "qsgd4", "terngrad", "randomk1%"])
+@pytest.mark.parametrize("name", ["int8", "efsignsgd", "onebit", "topk1%", "topk-ef", "topk-int8", "topk-bf16", "dgc",
+                                  "threshold", "bf16", "qsgd4", "terngrad", "randomk1%", "lossless"])
 def test_fused_equals_eager_large(name):  # noqa: D103
     """Sizes where the Top-K sample is strided and the vector loops dominate."""
     _run_steps(name, (1 << 18) + 77, ranks=2, steps=3, seed=5, ef=True, scale=0.5)
@@ -379,14 +381,14 @@ def test_profiler_sees_large_allocations():
 
 
 @pytest.mark.parametrize("spec", ["TopK(0.01)", "Int8()", "EFSignSGD()", "SignSGD()", "OneBit()", "FP16()", "BF16()",
-                                  "DGC(0.01)", "TopK(0.01, values=Int8())", "Int8(block_size=4096)", "QSGD()",
-                                  "TernGrad()", "RandomK(0.01)"])
+                                  "DGC(0.01)", "Threshold(2.0)", "TopK(0.1, values=BF16())", "TopK(0.01, values=Int8())",
+                                  "Int8(block_size=4096)", "QSGD()", "TernGrad()", "RandomK(0.01)"])
 def test_hot_path_allocates_no_large_buffer_after_warmup(spec):
     """compress + decompress through the real adapter flow (one-rank
     collectives), as under Horovod's optimizer: after two warm-up steps,
     neither the encode nor the decode allocates 1 MiB or more."""
     from hvd_compress.tools.bench.local import local_compressor
-    comp = local_compressor(eval("hc." + spec, {"hc": hc, "Int8": hc.schemes.Int8}), "torch")
+    comp = local_compressor(eval("hc." + spec, {"hc": hc, "Int8": hc.schemes.Int8, "BF16": hc.schemes.BF16}), "torch")
     n = 4 << 20
     grads = [torch.randn(n) for _ in range(3)]
     grad = torch.empty(n)
@@ -407,7 +409,7 @@ def _flow(spec, monkeypatch, fused, steps=3, n=20_000, owned=True):
     real torch adapter with one-rank collectives, fused or eager."""
     from hvd_compress.tools.bench.local import local_compressor
     monkeypatch.setenv("HVDC_KERNELS", "1" if fused else "0")
-    comp = local_compressor(eval("hc." + spec, {"hc": hc, "Int8": hc.schemes.Int8}), "torch")
+    comp = local_compressor(eval("hc." + spec, {"hc": hc, "Int8": hc.schemes.Int8, "BF16": hc.schemes.BF16}), "torch")
     adapter = comp.adapters["torch"]
     if not owned:  # a direct hvd.allreduce(t, compression=...): the caller keeps t
         info = adapter.caller_info
