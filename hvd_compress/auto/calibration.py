@@ -150,9 +150,10 @@ def _codec_inputs(numel, shape, size, seed=0):
     return x, torch.zeros_like(x), ctx
 
 
-def codec_seconds(schemes, numel, shape, size, seed=0):
+def codec_seconds(schemes, numel, shape, size, seed=0, decodes=None):
     """Error feedback (none: without) + encode + decoding ``size`` payloads of
-    one tensor of this shape, in seconds, for each scheme (None: not timed).  The schemes
+    one tensor of this shape, in seconds, for each scheme (None: not timed;
+    ``decodes``: per scheme, how many payloads to decode instead of ``size``).  The schemes
     take turns, one warm-up round then :data:`REPEATS` rounds, and each keeps
     its minimum: a burst of load from another process then slows every
     scheme's round alike instead of one scheme's whole measurement."""
@@ -167,8 +168,8 @@ def codec_seconds(schemes, numel, shape, size, seed=0):
             if scheme is None:
                 continue
             t0 = time.perf_counter()
-            _codec_once(B, scheme, x, residuals[j] if scheme.name != "NoCompression" else None, tuple(shape), size,
-                        ctx, workspaces[j])
+            _codec_once(B, scheme, x, residuals[j] if scheme.name != "NoCompression" else None, tuple(shape),
+                        size if decodes is None else decodes[j], ctx, workspaces[j])
             if i:
                 best[j] = min(best[j], time.perf_counter() - t0)
     return [None if s is None else b for s, b in zip(schemes, best)]
@@ -176,13 +177,24 @@ def codec_seconds(schemes, numel, shape, size, seed=0):
 
 def measure_codecs(tensors, keys, candidates, size, applies):
     """``[len(keys) x len(candidates)]`` seconds, -1 where a candidate does
-    not apply; tensors of equal shape are measured once."""
+    not apply; tensors of equal shape are measured once.  A two-phase
+    candidate decodes two tensors' worth (the owner's chunk payloads, then the
+    owned chunks: :func:`hvd_compress.cost_model.codec_seconds`), an
+    allgather one ``size`` payloads."""
     by_shape = {}
     rows = []
+    decodes = [min(size, 2) if getattr(c, "transport", "allgather") == "two_phase" else size for c in candidates]
+    # a scheme timed once per number of decodes (at 2 ranks both transports decode 2)
+    first = {}
+    for j, c in enumerate(candidates):
+        first.setdefault((id(c.scheme), decodes[j]), j)
     for key in keys:
         numel, shape = tensors[key]
         if shape not in by_shape:
-            timed = codec_seconds([c.scheme if applies(c, shape) else None for c in candidates], numel, shape, size)
+            timed = codec_seconds([c.scheme if applies(c, shape) and first[(id(c.scheme), decodes[j])] == j else None
+                                   for j, c in enumerate(candidates)], numel, shape, size, decodes=decodes)
+            timed = [timed[first[(id(c.scheme), decodes[j])]] if applies(c, shape) else None
+                     for j, c in enumerate(candidates)]
             by_shape[shape] = [-1.0 if t is None else t for t in timed]
         rows.append(by_shape[shape])
     return rows

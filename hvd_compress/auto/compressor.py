@@ -74,7 +74,8 @@ class Auto(Compressor):
             this much faster than the plan in force.
         probe_numels: fp32 allreduce sizes timed to fit the link.
         exclude: labels of candidates to leave out (``("FP16",)`` where a
-            half-precision sum would overflow; ``"none"`` always stays).
+            half-precision sum would overflow; ``"none"`` always stays; a
+            scheme's label also leaves out its ``"/two_phase"`` candidate).
         momentum, nesterov: momentum-aware error feedback
             (:class:`~hvd_compress.MomentumMemory`) in every phase, dense ones
             included, with one velocity per tensor carried across plans; then
@@ -91,12 +92,16 @@ class Auto(Compressor):
         calibrate_compressed: probe the link at the first ``compress`` and
             calibrate the tensors a plain allreduce clearly loses on with a
             safe compressed candidate (PyTorch; TensorFlow calibrates dense).
+        two_phase: also offer each allgather scheme that can travel by the
+            two-phase exchange as a candidate ``"<label>/two_phase"``, so the
+            cost model chooses the transport by the number of ranks
+            (PyTorch; TensorFlow never chooses the two-phase candidates).
     """
 
     def __init__(self, rules=(), calibration_steps=5, recheck_every=1000, topk_ratios=(0.1, 0.01),
                  min_topk_ratio=0.01, powersgd_rank=4, include_sign=False, min_gain=0.1, replan_threshold=0.1,
                  probe_numels=DEFAULT_PROBE_NUMELS, exclude=(), seed=0, momentum=0.0, nesterov=False,
-                 codec_costs=None, calibrate_compressed=True):
+                 codec_costs=None, calibrate_compressed=True, two_phase=True):
         from ..memory import MomentumMemory, momentum_memory
         from ..policy import Rule
         from ..schemes import NoCompression
@@ -113,11 +118,13 @@ class Auto(Compressor):
         for n in probe_numels:
             check_range("probe_numels", n, 1, None, kind=int)
         self.probe_numels = tuple(probe_numels)
-        candidates = default_candidates(topk_ratios, min_topk_ratio, powersgd_rank, include_sign)
+        candidates = default_candidates(topk_ratios, min_topk_ratio, powersgd_rank, include_sign,
+                                        two_phase=two_phase)
         labels = [c.label for c in candidates]
         if isinstance(exclude, str) or any(e not in labels[1:] for e in exclude):
             raise ValueError(f"exclude must be a list of candidate labels among {labels[1:]}; got {exclude!r}")
-        self.candidates = [c for c in candidates if c.label not in exclude]
+        # excluding a scheme excludes its two-phase candidate too
+        self.candidates = [c for c in candidates if c.label not in exclude and c.base_label not in exclude]
         self.codec_costs = check_codec_costs(codec_costs, labels)
         if not isinstance(calibrate_compressed, bool):
             raise ValueError(f"calibrate_compressed must be True or False; got {calibrate_compressed!r}")
@@ -199,12 +206,12 @@ class Auto(Compressor):
             first = self.provisional.get(key, NONE_LABEL)
             lossy_before = first != NONE_LABEL
             phases = [Phase(0, by_label[first].scheme, self._feedback if lossy_before else self._dense_memory,
-                            "allgather")]
+                            by_label[first].transport)]
             for start, choices, _ in self.history:
                 label = choices[key].label if key in choices else NONE_LABEL
                 scheme = by_label[label].scheme
                 if label != NONE_LABEL:
-                    phases.append(Phase(start, scheme, self._feedback, "allgather"))
+                    phases.append(Phase(start, scheme, self._feedback, by_label[label].transport))
                 elif lossy_before:  # flush the residual once, then plain
                     phases += [Phase(start, scheme, self._feedback, "allgather"),
                                Phase(start + 1, scheme, self._dense_memory, "allgather")]
@@ -252,10 +259,15 @@ class Auto(Compressor):
         probes = cal.probe_link(self.probe_numels, f"{version}.{start}", ps)
         if not first:
             codecs = []  # a re-check keeps the codec costs
-        elif self.codec_costs is not None:
-            codecs = fixed_codec_seconds(self.tensors, keys, self.candidates, self.codec_costs)
         else:
-            codecs = cal.measure_codecs(self.tensors, keys, self.candidates, size, applies)
+            allgather_only = self._framework == "tensorflow"  # the traced modes carry allgather only
+            usable = (lambda c, shape: c.transport == "allgather" and applies(c, shape)) if allgather_only else applies
+            if self.codec_costs is not None:
+                codecs = fixed_codec_seconds(self.tensors, keys, self.candidates, self.codec_costs)
+            else:
+                codecs = cal.measure_codecs(self.tensors, keys, self.candidates, size, usable)
+            codecs = [[v if usable(c, self.tensors[k][1]) else -1.0 for c, v in zip(self.candidates, row)]
+                      for k, row in zip(keys, codecs)]
         stamps = self._step_times if step_times is None else step_times
         gaps = [b - a for a, b in zip(stamps, stamps[1:])]
         step_s = statistics.median(gaps) if gaps else 0.0
@@ -279,6 +291,8 @@ class Auto(Compressor):
             choices = {k: self._choice_as(choices[k], labels[k], k, size) for k in keys}
             self.history.append((start, choices, version))
             self._phases = {}
+            if "torch" in self._adapters:  # two-phase owners' residuals join the whole tensor's
+                self._adapters["torch"].fold_owned_chunks(rank, size)
 
     def _propose(self, keys, size):
         """Rank 0: candidate indices of the new plan, or of the plan in force

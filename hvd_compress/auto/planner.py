@@ -1,21 +1,24 @@
-"""The cost model and planner behind :class:`hvd_compress.Auto`: per tensor,
-the scheme with the least predicted time, and never a compressed one that
+"""The planner behind :class:`hvd_compress.Auto`: per tensor, the scheme and
+transport with the least predicted time, and never a compressed one that
 does not beat a plain allreduce by a margin.
 
 Pure Python (no framework import): the measurements come in as numbers.
+The predictions come from the one cost model, :mod:`hvd_compress.cost_model`
+(the one ``hvd-compress advise`` uses and ``scripts/scale_model_check.py``
+checks against measurements):
 
-The model (the one ``hvd-compress advise`` checks against measurements):
-
-* **link** -- Horovod's ring allreduce of ``b`` bytes over ``N`` ranks takes
-  ``2 (N-1) latency + 2 (N-1)/N x b / bandwidth`` (Patarasuk & Yuan, "Bandwidth
-  optimal all-reduce algorithms for clusters of workstations", JPDC 2009).
-  :func:`fit_link` fits ``latency`` and ``bandwidth`` to allreduce timings of
-  a few sizes by least squares;
-* **transport** -- dense and low-rank payloads ride the allreduce; sparse and
-  per-rank-scaled payloads travel by allgather, where every rank receives
-  ``(N-1) x payload`` (:func:`comm_time`), so their cost grows with ``N``;
-* **overhead** -- error feedback + encode + decoding all ``N`` payloads,
-  measured on the real tensor sizes (``codec_s``);
+* **link** -- :func:`fit_link` fits ``latency`` and ``bandwidth`` of
+  ``t = 2 (N-1) latency + 2 (N-1)/N x bytes / bandwidth`` (Horovod's ring
+  allreduce; Patarasuk & Yuan, JPDC 2009) to allreduces Auto times.  The fit
+  holds the collective's own CPU cost and Horovod's cycle, so Auto uses the
+  model with :data:`hvd_compress.cost_model.LINK_ONLY`;
+* **transport** -- per candidate: allreduce, allgather (every rank receives
+  ``(N-1) x payload``), two-phase (about ``2 x payload`` whatever ``N``, one
+  more round) or PowerSGD's rounds; a scheme that can travel both ways is two
+  candidates (``"TopK(0.01)"`` and ``"TopK(0.01)/two_phase"``), so the model
+  chooses the transport by ``N``;
+* **overhead** -- error feedback + encode + decode as the transport runs
+  them, measured on the real tensor sizes (``codec_s``);
 * **per tensor** ``t = comm + overhead``, no overlap with the backward pass
   assumed: an upper bound of the communication share, which makes the margin
   ``min_gain`` conservative.
@@ -30,9 +33,12 @@ import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
+from ..cost_model import LINK_ONLY, Link, comm_time, tensor_cost
 from ..schemes.base import Scheme, check_range
 
 NONE_LABEL = "none"
+#: a two-phase candidate's label is its scheme's label + this + ``two_phase``
+TRANSPORT_SEPARATOR = "/"
 
 
 class PlanMismatchError(RuntimeError):
@@ -40,17 +46,18 @@ class PlanMismatchError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class Link:
-    """A fitted link: per-message latency (s) and bandwidth (bytes/s)."""
-    latency_s: float
-    bytes_per_s: float
-
-
-@dataclass(frozen=True)
 class Candidate:
-    """One scheme Auto may choose; ``label`` names it in plans and tables."""
+    """One scheme Auto may choose and how it travels (``transport``: the
+    compressor's ``transport=``, ``"allgather"`` -- the scheme's own -- or
+    ``"two_phase"``); ``label`` names it in plans and tables."""
     label: str
     scheme: Scheme
+    transport: str = "allgather"
+
+    @property
+    def base_label(self) -> str:
+        """The label of the scheme without its transport suffix."""
+        return self.label.split(TRANSPORT_SEPARATOR)[0]
 
 
 @dataclass(frozen=True)
@@ -61,22 +68,6 @@ class Choice:
     predicted_s: float
     none_s: float
     payload_bytes: Optional[float]
-
-
-def comm_time(transport, payload, workers, bw, latency, extra_allgathers=0):
-    """(bytes each rank sends/receives, seconds) for one tensor.
-
-    Allgather schemes also hand Horovod's allreduce a 1-element placeholder
-    (one more ring: ``2 (N-1)`` latencies) and, for variable-length parts,
-    allgather the lengths (``extra_allgathers`` more rounds of ``N-1``)."""
-    n = workers
-    if n <= 1:
-        return 0.0, 0.0
-    if transport == "allreduce":
-        wire = 2.0 * (n - 1) / n * payload
-        return wire, 2 * (n - 1) * latency + wire / bw
-    wire = float(n - 1) * payload
-    return wire, (1 + extra_allgathers) * (n - 1) * latency + 2 * (n - 1) * latency + wire / bw
 
 
 def fit_link(nbytes: Sequence[float], seconds: Sequence[float], workers: int) -> Link:
@@ -103,12 +94,15 @@ def fit_link(nbytes: Sequence[float], seconds: Sequence[float], workers: int) ->
 
 
 def default_candidates(topk_ratios=(0.1, 0.01), min_topk_ratio=0.01, powersgd_rank=4, include_sign=False,
-                       fp16=True, int8=True) -> List[Candidate]:
+                       fp16=True, int8=True, two_phase=True) -> List[Candidate]:
     """``none``, FP16, Int8, TopK at each ratio of the ladder not below
     ``min_topk_ratio`` (an accuracy guard: fewer kept elements converge
     slower), PowerSGD (2-D tensors only), and EF-SignSGD only with
     ``include_sign=True`` (1 bit an element costs accuracy on many models;
-    Karimireddy et al., "Error Feedback Fixes SignSGD", ICML 2019)."""
+    Karimireddy et al., "Error Feedback Fixes SignSGD", ICML 2019).  With
+    ``two_phase`` (default), every allgather scheme that can travel by the
+    two-phase exchange is also a candidate ``"<label>/two_phase"``."""
+    from ..compressor import supports_two_phase
     from ..schemes import FP16, EFSignSGD, Int8, NoCompression, PowerSGD, TopK
     check_range("min_topk_ratio", min_topk_ratio, 0.0, 1.0)
     if not isinstance(topk_ratios, (list, tuple)):
@@ -117,6 +111,8 @@ def default_candidates(topk_ratios=(0.1, 0.01), min_topk_ratio=0.01, powersgd_ra
         check_range("topk_ratios", r, 0.0, 1.0, lo_open=True)
     if powersgd_rank is not None:
         check_range("powersgd_rank", powersgd_rank, 1, None, kind=int)
+    if not isinstance(two_phase, bool):
+        raise ValueError(f"two_phase must be True or False; got {two_phase!r}")
     out = [Candidate(NONE_LABEL, NoCompression())]
     if fp16:
         out.append(Candidate("FP16", FP16()))
@@ -129,6 +125,9 @@ def default_candidates(topk_ratios=(0.1, 0.01), min_topk_ratio=0.01, powersgd_ra
         out.append(Candidate(f"PowerSGD({powersgd_rank})", PowerSGD(powersgd_rank)))
     if include_sign:
         out.append(Candidate("EFSignSGD", EFSignSGD()))
+    if two_phase:
+        out += [Candidate(c.label + TRANSPORT_SEPARATOR + "two_phase", c.scheme, "two_phase")
+                for c in out[1:] if supports_two_phase(c.scheme)]
     return out
 
 
@@ -140,20 +139,46 @@ def applies(candidate: Candidate, shape) -> bool:
     return not (scheme.transport == "powersgd" and scheme.transport_for(tuple(shape)) != "powersgd")
 
 
-def predict_comm(scheme: Scheme, numel: int, shape, workers: int, link: Link):
-    """(payload bytes, seconds on the wire) of one tensor under ``scheme``;
-    payload None (and seconds inf) where the bytes depend on the data."""
-    payload = scheme.step_nbytes(numel, tuple(shape))
+def model_transport(scheme: Scheme, shape, transport="allgather") -> str:
+    """The cost model's transport of a tensor: the scheme's own, or
+    ``two_phase`` where the candidate asks for it."""
+    own = scheme.transport_for(tuple(shape))
+    return "two_phase" if transport == "two_phase" and own == "allgather" else own
+
+
+def model_payload(scheme: Scheme, numel: int, shape, workers: int, transport="allgather"):
+    """Bytes a rank hands the collectives per step for one tensor (None where
+    they depend on the data); two-phase: the ``N`` chunk payloads."""
+    if model_transport(scheme, shape, transport) == "two_phase" and workers > 1:
+        chunk = scheme.payload_nbytes(-(-int(numel) // workers))
+        return None if chunk is None else 4 + workers * chunk
+    return scheme.step_nbytes(numel, tuple(shape))
+
+
+def predict_cost(scheme: Scheme, numel: int, shape, workers: int, link: Link, transport="allgather",
+                 codec_s=0.0, machine=LINK_ONLY):
+    """The cost model's :class:`~hvd_compress.cost_model.TensorCost` of one
+    tensor under ``scheme`` and ``transport``, or None where the payload
+    depends on the data."""
+    payload = model_payload(scheme, numel, shape, workers, transport)
     if payload is None:
+        return None
+    tr = model_transport(scheme, shape, transport)
+    extra = min(2, len(scheme.variable_parts)) if tr == "allgather" else 0
+    # a half-precision allreduce (FP16): its own fusion buffer, half-precision sums
+    half = tr == "allreduce" and scheme.payload_nbytes(1024) == 2048
+    return tensor_cost(tr, payload, workers, link, machine, codec_s=codec_s, extra_allgathers=extra, half=half)
+
+
+def predict_comm(scheme: Scheme, numel: int, shape, workers: int, link: Link, transport="allgather"):
+    """(payload bytes, seconds) one tensor under ``scheme`` adds to a step's
+    communication (:attr:`hvd_compress.cost_model.TensorCost.marginal_s`: the
+    allreduce latency that tensor fusion shares is left out); payload None
+    (and seconds inf) where the bytes depend on the data."""
+    cost = predict_cost(scheme, numel, shape, workers, link, transport)
+    if cost is None:
         return None, math.inf
-    transport = scheme.transport_for(tuple(shape))
-    if transport == "powersgd":
-        # two factor allreduces and Horovod's placeholder: two more rings of latency
-        _, seconds = comm_time("allreduce", payload, workers, link.bytes_per_s, link.latency_s)
-        return payload, seconds + 2 * 2 * max(0, workers - 1) * link.latency_s
-    extra = min(2, len(scheme.variable_parts)) if transport == "allgather" else 0
-    _, seconds = comm_time(transport, payload, workers, link.bytes_per_s, link.latency_s, extra)
-    return payload, seconds
+    return cost.payload_bytes, cost.marginal_s
 
 
 def choose(numel, shape, workers, link, candidates, codec_s: Dict[str, float], min_gain=0.1) -> Choice:
@@ -168,7 +193,7 @@ def choose(numel, shape, workers, link, candidates, codec_s: Dict[str, float], m
         cost = codec_s.get(cand.label)
         if cost is None or not math.isfinite(cost) or cost < 0 or not applies(cand, shape):
             continue
-        payload, comm = predict_comm(cand.scheme, numel, shape, workers, link)
+        payload, comm = predict_comm(cand.scheme, numel, shape, workers, link, cand.transport)
         total = comm + cost
         if total < best.predicted_s:
             best = Choice(cand.label, total, none_s, payload)
@@ -242,7 +267,7 @@ def predicted_total(choices: Dict[str, Choice], tensors, workers, link, candidat
         if cand is None or key not in tensors:
             continue
         numel, shape = tensors[key]
-        _, comm = predict_comm(cand.scheme, numel, shape, workers, link)
+        _, comm = predict_comm(cand.scheme, numel, shape, workers, link, cand.transport)
         total += comm + codec_s.get(key, {}).get(cand.label, 0.0)
     return total
 
@@ -253,7 +278,8 @@ def format_plan(choices: Dict[str, Choice], tensors, link: Optional[Link] = None
     ms of the choice (``codec_s``: key -> label -> seconds, averaged over
     ranks, as calibration measured it), and the bytes per step."""
     w = max([len(k) for k in choices] + [6])
-    lines = [f"{'tensor':<{w}}  {'shape':>14}  {'choice':>12}  {'pred. ms':>9}  {'none ms':>9}  "
+    cw = max([len(c.label) for c in choices.values()] + [12])
+    lines = [f"{'tensor':<{w}}  {'shape':>14}  {'choice':>{cw}}  {'pred. ms':>9}  {'none ms':>9}  "
              f"{'codec ms':>9}  {'bytes/step':>11}"]
     tot = tot_none = 0.0
     for key in sorted(choices):
@@ -262,7 +288,7 @@ def format_plan(choices: Dict[str, Choice], tensors, link: Optional[Link] = None
         pb = "-" if c.payload_bytes is None else str(int(c.payload_bytes))
         measured = (codec_s or {}).get(key, {}).get(c.label)
         codec = "-" if measured is None or measured < 0 else f"{1e3 * measured:.3f}"
-        lines.append(f"{key:<{w}}  {shape:>14}  {c.label:>12}  {1e3 * c.predicted_s:>9.3f}  "
+        lines.append(f"{key:<{w}}  {shape:>14}  {c.label:>{cw}}  {1e3 * c.predicted_s:>9.3f}  "
                      f"{1e3 * c.none_s:>9.3f}  {codec:>9}  {pb:>11}")
         if math.isfinite(c.predicted_s):
             tot, tot_none = tot + c.predicted_s, tot_none + c.none_s

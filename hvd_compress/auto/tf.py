@@ -211,8 +211,9 @@ def time_codecs(auto, key, size):
     numel, shape = auto.tensors[key]
     if auto.codec_costs is None and shape not in auto._tf_codec_local:
         with tf.init_scope():
-            timed = codec_seconds([c.scheme if applies(c, shape) else None for c in auto.candidates], numel, shape,
-                                  size)
+            # the two-phase candidates are not timed: TensorFlow plans allgather only
+            timed = codec_seconds([c.scheme if applies(c, shape) and c.transport == "allgather" else None
+                                   for c in auto.candidates], numel, shape, size)
         auto._tf_codec_local[shape] = [-1.0 if t is None else t for t in timed]
 
 

@@ -1,4 +1,5 @@
-"""``hvd-compress advise``: whether compression pays, from a cost model checked
+"""``hvd-compress advise``: whether compression pays, from the one cost model
+(:mod:`hvd_compress.cost_model`, the model ``Auto`` plans with) checked
 against measurements.
 
 The usual back-of-envelope model of communication time is *bytes / bandwidth +
@@ -8,19 +9,23 @@ model but counts what actually moves and what compression costs:
 * **payload** -- the bytes one rank hands to Horovod for a tensor of ``n``
   elements (``scheme.payload_nbytes``: values *and* indices, scales, the
   4-byte placeholder of allgather schemes);
-* **transport** -- dense schemes ride Horovod's ring allreduce, in which every
-  rank sends (and receives) ``2 (N-1)/N x payload`` in ``2 (N-1)`` latency-
-  bound steps; sparse and per-rank-scaled schemes cannot be summed on the way,
-  so they travel by allgather, where every rank receives ``(N-1) x payload``
-  in ``N-1`` steps -- traffic that *grows with the number of workers*;
+* **transport** -- dense schemes ride Horovod's ring allreduce (``2 (N-1)/N x
+  payload`` per rank), sparse and per-rank-scaled schemes the allgather
+  (``(N-1) x payload``: traffic that *grows with the number of workers*), or
+  the two-phase exchange (``"<spec>/two_phase"``: ``2 (N-1)/N x payload`` in
+  two rounds); PowerSGD its factor allreduces;
 * **overhead** -- encode + error feedback + decode, from a ``bench micro`` JSON
   measured on the machine at hand, interpolated in the tensor size (piecewise
   linear in ``n``; below the smallest size, the line through the two smallest
-  sizes, which keeps the fixed per-call cost); the decode part is counted once
-  per rank whose payload is decoded (``N`` times for allgather schemes);
-* **per step** ``t(scheme, n) = comm + encode + N_dec x decode``; no overlap
-  with the backward pass is assumed (Horovod overlaps some, so this is an
-  upper bound for the communication share of a step).
+  sizes, which keeps the fixed per-call cost), counted as the transport runs
+  it (:func:`hvd_compress.cost_model.codec_seconds`);
+* **the collective's own CPU cost and Horovod's cycle** -- the
+  :class:`~hvd_compress.cost_model.Machine` constants of the machine
+  (:data:`CPU_GLOO`, fitted once to bench e2e rows; ``--machine gpu`` for
+  NCCL on GPUs);
+* **per step** the tensors summed with tensor fusion
+  (:func:`hvd_compress.cost_model.step_cost`); no overlap with the backward
+  pass is assumed (an upper bound of the communication share of a step).
 
 A scheme is recommended for a tensor only if it beats plain allreduce by at
 least ``min_gain`` (default 10%); otherwise the answer is "none: compression
@@ -40,7 +45,8 @@ from typing import Dict, List, Optional
 
 from .bench.report import human_bytes, human_count, human_seconds
 from .bench.specs import HOROVOD_SPECS, parse_spec, payload_nbytes, split_specs
-from ..auto.planner import comm_time as _core_comm_time
+from .. import cost_model
+from ..cost_model import GPU_NCCL, Link, Machine
 from .units import parse_count, parse_rate
 
 #: the encode/decode costs ``advise`` uses by default: a packaged copy of
@@ -48,6 +54,20 @@ from .units import parse_count, parse_rate
 #: installed wheel has it too
 DEFAULT_MICRO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "micro.json")
 DEFAULT_LATENCY_S = 50e-6
+#: a two-phase variant of an allgather spec: ``"<spec>/two_phase"``
+TWO_PHASE_SUFFIX = "/two_phase"
+
+#: Gloo on this project's CPU machine: the collective's own CPU cost per byte
+#: received (fp32 sums and copies, fp16 sums, allgather copies) and Horovod's
+#: default cycle.  Fitted once, as least-squares slopes through the origin, to
+#: the unshaped-link rows of docs/results/e2e.json (measured comm minus the
+#: link's latency and bytes / bandwidth, the codec and the cycle):
+#: ``.venv/bin/python scripts/scale_model_check.py --fit``.  Where the rows' ranks
+#: shared the machine's cores, :func:`predict_row` scales CPU work by
+#: ``ranks / cores``.
+CPU_GLOO = Machine(reduce_s_per_byte=2.02e-9, reduce_half_s_per_byte=6.86e-9, gather_s_per_byte=2.62e-9,
+                   cycle_s=cost_model.HOROVOD_CYCLE_S, name="CPU, Gloo (fitted to docs/results/e2e.json)")
+MACHINES = {"cpu": CPU_GLOO, "gpu": GPU_NCCL, "link": cost_model.LINK_ONLY}
 #: the usual back-of-envelope case: a 110M-parameter model (BERT-base size) on 8
 #: workers at 100 Gbit/s, with the bytes and milliseconds it is quoted with
 DOC_CASE = {"params": 110_000_000, "workers": 8, "bytes_mb": {"none": 440, "fp16": 220, "fp16_top10": 22},
@@ -180,15 +200,34 @@ class Overhead:
 
 
 # ----------------------------------------------------------------------------- the model
-def transport_of(spec):
+def split_transport(spec):
+    """``(spec, transport)``: ``"TopK(0.01)/two_phase"`` -> ``("TopK(0.01)",
+    "two_phase")``; a plain spec -> its scheme's own transport."""
+    if spec.endswith(TWO_PHASE_SUFFIX):
+        base = spec[:-len(TWO_PHASE_SUFFIX)]
+        from ..compressor import supports_two_phase
+        if base in HOROVOD_SPECS or not supports_two_phase(parse_spec(base).scheme):
+            raise ValueError(f"{spec}: the two-phase transport needs a fixed-size allgather scheme (Int8, QSGD, "
+                             f"TernGrad, BF16, the sign family or TopK)")
+        return base, "two_phase"
     if spec in HOROVOD_SPECS:
-        return "allreduce"
-    t = parse_spec(spec).scheme.transport
-    return "allreduce" if t == "powersgd" else t
+        return spec, "allreduce"
+    return spec, parse_spec(spec).scheme.transport
 
 
-#: the link model, shared with Auto (hvd_compress.auto.planner, in the core)
-comm_time = _core_comm_time
+def transport_of(spec):
+    return split_transport(spec)[1]
+
+
+def two_phase_variants(specs):
+    """``"<spec>/two_phase"`` for each spec that can travel two-phase."""
+    from ..compressor import supports_two_phase
+    return [s + TWO_PHASE_SUFFIX for s in specs
+            if s not in HOROVOD_SPECS and TWO_PHASE_SUFFIX not in s and supports_two_phase(parse_spec(s).scheme)]
+
+
+#: the link part of the one model (hvd_compress.cost_model)
+comm_time = cost_model.comm_time
 
 
 @dataclass
@@ -199,9 +238,11 @@ class Prediction:
     payload_bytes: float
     payload_exact: bool
     wire_bytes: float
+    #: on the link, the collective's CPU work and the extra rounds' cycle
     comm_s: float
     encode_s: Optional[float]
     decode_s: Optional[float]
+    cost: Optional[cost_model.TensorCost] = None
 
     @property
     def overhead_s(self):
@@ -214,32 +255,61 @@ class Prediction:
         o = self.overhead_s
         return None if o is None else self.comm_s + o
 
+    @property
+    def marginal_s(self):
+        """What the tensor adds to a fused step (the allreduce latency that
+        tensor fusion shares left out): how schemes are compared per tensor."""
+        t = self.total_s
+        return None if t is None else t - self.cost.fusable_latency_s
 
-def predict(spec, numel, workers, bandwidth, latency=DEFAULT_LATENCY_S, overhead: Optional[Overhead] = None,
-            payload_fraction=None):
-    """Per-step prediction for one tensor.  ``bandwidth`` in bytes/s.
-    ``payload_fraction`` (bytes / fp32 bytes measured by bench micro) is used
-    where the payload depends on the data (Threshold)."""
+
+def _payload(spec, numel, workers, transport, payload_fraction, shape=None):
+    if shape is not None and transport == "powersgd":
+        return parse_spec(spec).scheme.step_nbytes(numel, tuple(shape)), True
+    if transport == "two_phase" and workers > 1:
+        chunk, exact = payload_nbytes(spec, -(-int(numel) // workers))
+        return (None, exact) if chunk is None else (4 + workers * (chunk - 4), exact)
     payload, exact = payload_nbytes(spec, numel)
-    if payload_fraction is not None and spec not in HOROVOD_SPECS \
-            and parse_spec(spec).scheme.transport == "powersgd":
+    if payload_fraction is not None and transport == "powersgd":
         # low rank compresses matrices, and a tensor here is only an element count
-        payload, exact = payload_fraction * 4 * numel, False
+        return payload_fraction * 4 * numel, False
     if payload is None:
         if payload_fraction is None:
             raise ValueError(f"{spec}: payload depends on the data and no bench micro measurement is given")
         payload = payload_fraction * 4 * numel
-    tr = transport_of(spec)
-    extra = 0 if spec in HOROVOD_SPECS else len(getattr(parse_spec(spec).scheme, "variable_parts", ()) or ())
-    wire, t = comm_time(tr, payload, workers, bandwidth, latency, min(extra, 2))
+    return payload, exact
+
+
+def predict(spec, numel, workers, bandwidth, latency=DEFAULT_LATENCY_S, overhead: Optional[Overhead] = None,
+            payload_fraction=None, machine: Machine = cost_model.LINK_ONLY, codec=None, shape=None):
+    """Per-step prediction for one tensor by the cost model.  ``bandwidth``
+    in bytes/s; ``spec`` may end in ``/two_phase``.  ``payload_fraction``
+    (bytes / fp32 bytes measured by bench micro) is used where the payload
+    depends on the data (Threshold).  ``codec``: ``(encode_s, decode_s)`` of
+    the whole tensor instead of ``overhead``'s (the GPU estimate).
+    ``shape``: the tensor's shape where known (PowerSGD's factors)."""
+    base, tr = split_transport(spec)
+    if shape is not None and tr == "powersgd" and parse_spec(base).scheme.transport_for(tuple(shape)) != "powersgd":
+        tr = "allreduce"  # PowerSGD sends what it cannot shrink uncompressed
+        base = "none"
+    payload, exact = _payload(base, numel, workers, tr, payload_fraction, shape)
+    extra = 0 if base in HOROVOD_SPECS else len(getattr(parse_spec(base).scheme, "variable_parts", ()) or ())
     enc = dec = None
-    if overhead is not None:
-        enc, dec = overhead.encode_decode(spec, numel)
-        if dec is not None and tr == "allgather":
-            dec = dec * workers  # every rank's payload is decoded
-    elif spec == "none":
+    if codec is not None:
+        enc, dec = codec
+    elif overhead is not None:
+        enc, dec = overhead.encode_decode(base, numel)
+    elif base == "none":
         enc = dec = 0.0
-    return Prediction(spec, numel, tr, payload, exact, wire, t, enc, dec)
+    half = base in ("hvd_fp16", "FP16") or base.startswith("FP16(")
+    cost = cost_model.tensor_cost(tr, payload, workers, Link(latency, bandwidth), machine,
+                                  encode_s=enc or 0.0, decode_s=dec or 0.0, extra_allgathers=min(extra, 2),
+                                  half=half)
+    if enc is not None:
+        codec_total = cost_model.codec_seconds(tr, enc, dec, workers)
+        enc, dec = enc, codec_total - enc  # decode: every decode the transport runs
+    return Prediction(spec, numel, tr, payload, exact, cost.wire_bytes,
+                      cost.link_s + cost.collective_s + cost.rounds_s, enc, dec, cost)
 
 
 @dataclass
@@ -255,39 +325,56 @@ class Advice:
     none_total_s: float = 0.0
     unmeasured: List[str] = field(default_factory=list)
     min_gain: float = 0.1
+    machine: Machine = cost_model.LINK_ONLY
 
 
 def advise(layers, workers, bandwidth, latency=DEFAULT_LATENCY_S, overhead: Optional[Overhead] = None,
-           schemes=None, min_gain=0.1) -> Advice:
-    """Predict every scheme on every tensor and pick one per tensor."""
+           schemes=None, min_gain=0.1, machine: Machine = cost_model.LINK_ONLY, codec_of=None) -> Advice:
+    """Predict every scheme (and transport) on every tensor and pick one per
+    tensor; whole-model totals by :func:`hvd_compress.cost_model.step_cost`
+    (tensor fusion, Horovod's cycle).  ``codec_of(spec, numel)``: ``(encode_s,
+    decode_s)`` instead of ``overhead``'s (None: unknown)."""
     if schemes is None:
         schemes = ["none", "hvd_fp16"] + [s for s in (overhead.points if overhead else {})
                                           if s not in ("none", "hvd_fp16", "NoCompression")]
-    adv = Advice(list(layers), workers, bandwidth, latency, list(schemes), min_gain=min_gain)
-    adv.unmeasured = [s for s in schemes if overhead is None or not overhead.has(s)]
-    adv.unmeasured = [s for s in adv.unmeasured if s != "none"]
+        schemes += two_phase_variants(schemes)
+    adv = Advice(list(layers), workers, bandwidth, latency, list(schemes), min_gain=min_gain, machine=machine)
+
+    def measured(s):
+        base = split_transport(s)[0]
+        if codec_of is not None:
+            return base == "none" or codec_of(base, 1 << 20) is not None
+        return overhead is not None and overhead.has(base)
+
+    adv.unmeasured = [s for s in schemes if s != "none" and not measured(s)]
+    costs = {s: [] for s in schemes}
     for s in schemes:
         adv.totals[s] = {"payload_bytes": 0.0, "wire_bytes": 0.0, "comm_s": 0.0, "overhead_s": 0.0,
                          "total_s": 0.0, "measured": s not in adv.unmeasured}
-    for name, n in layers:
+    chosen = []
+    nones = []
+    for layer in layers:
+        name, n = layer[0], layer[1]
+        shape = layer[2] if len(layer) > 2 else None
         preds = {}
         for s in schemes:
             try:
-                p = predict(s, n, workers, bandwidth, latency, overhead,
-                            overhead.payload_fraction(s, n) if overhead else None)
+                codec = None if codec_of is None else codec_of(split_transport(s)[0], n)
+                p = predict(s, n, workers, bandwidth, latency, overhead if codec_of is None else None,
+                            overhead.payload_fraction(split_transport(s)[0], n) if overhead else None,
+                            machine, codec, shape)
             except ValueError:
                 continue
             preds[s] = p
+            costs[s].append(p.cost)
             t = adv.totals[s]
             t["payload_bytes"] += p.payload_bytes
             t["wire_bytes"] += p.wire_bytes
-            t["comm_s"] += p.comm_s
             t["overhead_s"] += p.overhead_s or 0.0
-            t["total_s"] += p.total_s if p.total_s is not None else p.comm_s
-        base = preds["none"].total_s
-        ranked = sorted((p for p in preds.values() if p.total_s is not None), key=lambda p: p.total_s)
+        base = preds["none"].marginal_s
+        ranked = sorted((p for p in preds.values() if p.total_s is not None), key=lambda p: p.marginal_s)
         best = ranked[0] if ranked else preds["none"]
-        gain = 1.0 - best.total_s / base if base > 0 else 0.0
+        gain = 1.0 - best.marginal_s / base if base > 0 else 0.0
         if best.spec != "none" and gain >= min_gain:
             choice, why = best.spec, f"saves {100 * gain:.0f}% of this tensor's time"
         else:
@@ -300,10 +387,21 @@ def advise(layers, workers, bandwidth, latency=DEFAULT_LATENCY_S, overhead: Opti
                 why = (f"compression does not pay: the best ({best.spec}) saves only {100 * gain:.0f}% "
                        f"(< {100 * min_gain:.0f}%)")
         adv.per_layer.append({"name": name, "numel": n, "choice": choice, "why": why,
-                              "none_s": base, "best": best.spec, "best_s": best.total_s,
-                              "choice_s": preds[choice].total_s, "predictions": preds})
-        adv.plan_total_s += preds[choice].total_s
-        adv.none_total_s += base
+                              "none_s": base, "best": best.spec, "best_s": best.marginal_s,
+                              "choice_s": preds[choice].marginal_s, "predictions": preds})
+        chosen.append(preds[choice].cost)
+        nones.append(preds["none"].cost)
+    for s, cs in costs.items():
+        if len(cs) == len(adv.layers):
+            step = cost_model.step_cost(cs, machine)
+            t = adv.totals[s]
+            t["comm_s"] = step.seconds - step.codec_s
+            t["total_s"] = step.seconds if t["measured"] else t["comm_s"]
+            t["step"] = step
+        else:
+            adv.totals.pop(s)
+    adv.plan_total_s = cost_model.step_cost(chosen, machine).seconds
+    adv.none_total_s = cost_model.step_cost(nones, machine).seconds
     return adv
 
 
@@ -456,58 +554,142 @@ def format_worked_example(w) -> str:
 
 
 # ----------------------------------------------------------------------------- validation
-def validate(e2e_rows, overhead: Overhead, latency=DEFAULT_LATENCY_S, use_measured_link=True):
+def row_spec(row):
+    """The advise spec of a measured row: its scheme, ``/two_phase`` where
+    it ran two-phase."""
+    spec = row["scheme"]
+    if row.get("transport") == "two_phase" and not spec.endswith(TWO_PHASE_SUFFIX):
+        spec += TWO_PHASE_SUFFIX
+    return spec
+
+
+def _auto_specs(row, count):
+    """Per-tensor specs of an Auto row from its ``auto_plan`` (candidate
+    labels in parameter order, or {name: label} in the row's layer order),
+    or None."""
+    plan = row.get("auto_plan")
+    if isinstance(plan, dict):
+        labels = list(plan.values()) if "labels" not in plan else plan["labels"]
+    else:
+        labels = plan
+    if not isinstance(labels, list) or len(labels) != count:
+        return None
+    return ["none" if lab in (None, "none") else str(lab) for lab in labels]
+
+
+def predict_row(row, overhead: Optional[Overhead], machine: Machine, latency=DEFAULT_LATENCY_S, mbit=None):
+    """The cost model's :class:`~hvd_compress.cost_model.StepCost` for a
+    measured row (bench e2e or bench scale: ``scheme``, ``transport``,
+    ``workers``, ``layer_numels``/``layer_shapes`` or ``model_params``, the
+    link in Mbit/s), and whether its codec cost is known.  The codec is the
+    row's own measured encode + decode seconds per step where it carries them
+    (bench scale: wall time inside ``compress``/``decompress`` less the waits,
+    so the CPU sharing of the run is in it), else ``overhead``'s bench micro
+    costs; the latency per ring step is half the row's measured round trip
+    where it has one.  (None, False) where the model cannot predict the row
+    (Auto without its plan, an unknown scheme)."""
+    workers = row["workers"]
+    if row.get("cpus") and machine.cpus is None and machine is not cost_model.LINK_ONLY:
+        from dataclasses import replace
+        machine = replace(machine, cpus=int(row["cpus"]))  # the emulated hosts share this machine's cores
+    mbit = mbit or row.get("link_measured_mbit") or row.get("link_mbit")
+    if not mbit:
+        return None, False
+    bw = mbit * 1e6 / 8
+    if row.get("link_rtt_s"):
+        latency = row["link_rtt_s"] / 2
+    numels = row.get("layer_numels") or [row["model_params"]]
+    shapes = row.get("layer_shapes") or [None] * len(numels)
+    if len(shapes) != len(numels):
+        shapes = [None] * len(numels)
+    params = row.get("model_params") or sum(numels)
+    if row.get("transport") == "mixed" or str(row.get("scheme", "")).startswith("Auto"):
+        specs = _auto_specs(row, len(numels))
+        if specs is None:
+            return None, False
+    else:
+        specs = [row_spec(row)] * len(numels)
+    fraction = None
+    if row.get("payload_bytes_per_step") and params and len(set(specs)) == 1:
+        fraction = row["payload_bytes_per_step"] / (4.0 * params)
+    measured_codec = None
+    if row.get("encode_s_per_step") is not None and row.get("decode_s_per_step") is not None:
+        measured_codec = row["encode_s_per_step"] + row["decode_s_per_step"]
+    known = True
+    costs = []
+    for n, shape, spec in zip(numels, shapes, specs):
+        try:
+            split_transport(spec)
+            p = predict(spec, n, workers, bw, latency, overhead if measured_codec is None else None,
+                        payload_fraction=fraction, machine=machine,
+                        codec=(0.0, 0.0) if measured_codec is not None else None, shape=shape)
+        except (ValueError, KeyError, TypeError):
+            return None, False
+        if p.overhead_s is None:
+            known = False
+        elif measured_codec is None:
+            # bench micro timed one process alone: the run's ranks share the cores
+            share = machine.cpu_share(workers)
+            p.cost = _with_codec(p.cost, p.cost.codec_s * share)
+        costs.append(p.cost)
+    if measured_codec is not None and costs:
+        costs[0] = _with_codec(costs[0], measured_codec)
+    return cost_model.step_cost(costs, machine), known
+
+
+def _with_codec(cost, codec_s):
+    from dataclasses import replace
+    return replace(cost, codec_s=codec_s)
+
+
+def validate(e2e_rows, overhead: Overhead, latency=DEFAULT_LATENCY_S, use_measured_link=True,
+             machine: Machine = None):
     """Predicted vs measured per-step communication time for each bench e2e row.
 
     Measured: ``median_step_s - compute_s`` (the step with Horovod minus the
-    same model's purely local step).  Predicted: the sum over the model's
-    tensors of ``comm + encode + decode`` at the row's link rate -- the TCP
-    goodput measured on the cluster for that rate when present (unshaped
-    links have no nominal rate), else the nominal rate."""
+    same model's purely local step).  Predicted: the cost model's step
+    (:func:`predict_row`: link, codec, the collective's CPU work, cycle,
+    fusion) at the row's link rate -- the TCP goodput measured on the cluster
+    for that rate when present (unshaped links have no nominal rate), else the
+    nominal rate."""
+    machine = CPU_GLOO if machine is None else machine
     out = []
     for r in e2e_rows:
         if r.get("comm_s_measured") is None:
             continue
-        mbit = r.get("link_measured_mbit") if use_measured_link else None
-        mbit = mbit or r.get("link_mbit")
+        mbit = (r.get("link_measured_mbit") if use_measured_link else None) or r.get("link_mbit")
         if not mbit:
             continue
-        bw = mbit * 1e6 / 8
-        layers = [(f"t{i}", n) for i, n in enumerate(r.get("layer_numels") or [r["model_params"]])]
-        comm = ovh = 0.0
-        wire = 0.0
-        measured_overhead = True
-        for _, n in layers:
-            p = predict(r["scheme"], n, r["workers"], bw, latency, overhead,
-                        payload_fraction=r["payload_bytes_per_step"] / (4.0 * r["model_params"]))
-            comm += p.comm_s
-            wire += p.wire_bytes
-            if p.overhead_s is None:
-                measured_overhead = False
-            else:
-                ovh += p.overhead_s
-        pred = comm + ovh
+        step, known = predict_row(r, overhead, machine, latency, mbit)
         meas = r["comm_s_measured"]
-        out.append({"scheme": r["scheme"], "framework": r["framework"], "link_mbit": r.get("link_mbit"),
-                    "bandwidth_mbit_used": mbit, "workers": r["workers"], "model_params": r["model_params"],
-                    "predicted_comm_s": comm, "predicted_overhead_s": ovh if measured_overhead else None,
-                    "predicted_s": pred, "measured_s": meas, "median_step_s": r["median_step_s"],
-                    "compute_s": r["compute_s"], "predicted_wire_bytes": wire,
-                    "measured_wire_bytes": r.get("wire_bytes_per_step"),
-                    # without a measured encode/decode cost the prediction is incomplete:
-                    # shown, but not scored
-                    "error": (pred - meas) / meas if meas > 0 and measured_overhead else None,
-                    "unscored": None if measured_overhead else "no bench micro row for this scheme"})
+        row = {"scheme": r["scheme"], "transport": r.get("transport"), "framework": r.get("framework"),
+               "link_mbit": r.get("link_mbit"), "bandwidth_mbit_used": mbit, "workers": r["workers"],
+               "model_params": r.get("model_params"), "measured_s": meas, "median_step_s": r.get("median_step_s"),
+               "compute_s": r.get("compute_s"), "measured_wire_bytes": r.get("wire_bytes_per_step")}
+        if step is None:
+            row.update(predicted_comm_s=None, predicted_overhead_s=None, predicted_s=None, predicted_wire_bytes=None,
+                       error=None, unscored="the model cannot predict this row (a plan it does not carry)")
+        else:
+            row.update(predicted_comm_s=step.seconds - step.codec_s,
+                       predicted_overhead_s=step.codec_s if known else None, predicted_s=step.seconds,
+                       predicted_link_s=step.link_s, predicted_collective_s=step.collective_s,
+                       predicted_cycle_s=step.cycle_s, predicted_wire_bytes=step.wire_bytes,
+                       # without a measured encode/decode cost the prediction is incomplete:
+                       # shown, but not scored
+                       error=(step.seconds - meas) / meas if meas > 0 and known else None,
+                       unscored=None if known else "no bench micro row for this scheme")
+        out.append(row)
     return out
 
 
 def format_validation(rows, micro_path=None, e2e_path=None, latency=DEFAULT_LATENCY_S) -> str:
     lines = ["# advise: predicted vs measured communication time", "",
              f"Measured = bench e2e `median_step_s - compute_s` ({e2e_path or 'e2e JSON'}); predicted = "
-             f"`hvd-compress advise` model (ring allreduce 2(N-1)/N x payload, allgather (N-1) x payload, "
-             f"latency {latency * 1e6:g} us per ring step, encode/decode from {micro_path or 'bench micro'}, "
-             f"decode x N for allgather schemes, no overlap) at the TCP goodput the cluster measured for "
-             f"each link setting. Error = (predicted - measured) / measured.", "",
+             f"the one cost model (hvd_compress/cost_model.py: ring allreduce 2(N-1)/N x payload, allgather "
+             f"(N-1) x payload, latency {latency * 1e6:g} us per ring step, encode/decode from "
+             f"{micro_path or 'bench micro'} with decode x N for allgather schemes, the collective's own CPU "
+             f"cost and Horovod's cycle from advise.CPU_GLOO, tensor fusion, no overlap) at the TCP goodput "
+             f"the cluster measured for each link setting. Error = (predicted - measured) / measured.", "",
              "| link | scheme | measured comm | predicted | of which comm | of which enc/dec | error | "
              "wire measured | wire predicted |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -543,14 +725,21 @@ def add_arguments(p):
                    "{name, numel|shape}, or an object {name: count|shape}")
     g.add_argument("--torch-model", metavar="MODULE:FACTORY", help="count a torch model's parameters, e.g. "
                    "torchvision.models:resnet50 or my_model.py:build")
+    from .projection import MODELS
+    g.add_argument("--model", choices=sorted(MODELS), help="a built-in model's tensors, written from its "
+                   "architecture (hvd_compress/tools/projection.py); implies --device gpu unless given")
     p.add_argument("--workers", type=int, default=8)
-    p.add_argument("--bandwidth", default="100gbit", help="link bandwidth, e.g. 100gbit, 1000mbit, 100 (Mbit/s)")
+    p.add_argument("--bandwidth", "--link", dest="bandwidth", default="100gbit",
+                   help="link bandwidth, e.g. 100gbit, 1000mbit, 100 (Mbit/s)")
     p.add_argument("--latency-us", type=float, default=DEFAULT_LATENCY_S * 1e6,
                    help="latency per ring step in microseconds (default %(default)g)")
     p.add_argument("--micro", default=DEFAULT_MICRO, help="bench micro JSON with the encode/decode costs "
                    "(default: %(default)s)")
     p.add_argument("--framework", default="torch", choices=["torch", "tensorflow", "tf"])
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default=None, choices=["cpu", "gpu"],
+                   help="cpu (default): encode/decode from the bench micro JSON, Gloo's CPU costs "
+                   "(advise.CPU_GLOO); gpu: encode/decode from GPU memory bandwidth x passes per kernel, NCCL "
+                   "(hvd_compress/tools/projection.py states the assumption)")
     p.add_argument("--schemes", help="comma-separated specs (default: none, hvd_fp16 and every scheme in the "
                    "micro JSON)")
     p.add_argument("--min-gain", type=float, default=0.1, help="a scheme must save this fraction (default 0.1)")
@@ -564,6 +753,8 @@ def add_arguments(p):
 def main_args(a, stream=None) -> int:
     stream = stream or sys.stdout
     overhead = None
+    if a.device is None:
+        a.device = "gpu" if getattr(a, "model", None) else "cpu"
     if a.micro and os.path.exists(a.micro):
         overhead = Overhead.from_file(a.micro, a.framework, a.device)
     elif a.micro != DEFAULT_MICRO:
@@ -589,7 +780,10 @@ def main_args(a, stream=None) -> int:
         print(text, file=stream)
         print(f"\nwrote {out}", file=stream)
         return 0
-    if a.layers:
+    if getattr(a, "model", None):
+        from .projection import MODELS
+        layers = MODELS[a.model].layers()
+    elif a.layers:
         layers = load_layers(a.layers)
     elif a.torch_model:
         layers = torch_model_layers(a.torch_model)
@@ -605,7 +799,12 @@ def main_args(a, stream=None) -> int:
         schemes = split_specs(a.schemes) if a.schemes else None
         if schemes and "none" not in schemes:
             schemes = ["none"] + schemes
-        adv = advise(layers, a.workers, bw, latency, overhead, schemes, a.min_gain)
+        if a.device == "gpu":
+            from .projection import GPU_SCHEMES, gpu_codec
+            adv = advise(layers, a.workers, bw, latency, None, schemes or GPU_SCHEMES, a.min_gain, GPU_NCCL,
+                         codec_of=gpu_codec)
+        else:
+            adv = advise(layers, a.workers, bw, latency, overhead, schemes, a.min_gain, CPU_GLOO)
         if overhead is None:
             parts.append(f"(no bench micro JSON at {a.micro}: encode/decode costs unknown, so nothing is "
                          f"recommended; run `hvd-compress bench micro` first)")

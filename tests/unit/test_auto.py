@@ -75,12 +75,16 @@ def test_min_topk_ratio_guard():
     labels = [c.label for c in default_candidates(topk_ratios=(0.1, 0.01, 0.001), min_topk_ratio=0.01)]
     assert "TopK(0.1)" in labels and "TopK(0.01)" in labels and "TopK(0.001)" not in labels
     auto = hvd_compress.Auto(topk_ratios=(0.1, 0.001), min_topk_ratio=0.05)
-    assert [c.label for c in auto.candidates if c.label.startswith("TopK")] == ["TopK(0.1)"]
+    assert [c.label for c in auto.candidates if c.label.startswith("TopK")] == ["TopK(0.1)", "TopK(0.1)/two_phase"]
 
 
 def test_exclude_leaves_candidates_out():
+    # excluding a scheme excludes its two-phase candidate too
     assert [c.label for c in hvd_compress.Auto(exclude=("FP16", "Int8")).candidates] == [
-        "none", "TopK(0.1)", "TopK(0.01)", "PowerSGD(4)"]
+        "none", "TopK(0.1)", "TopK(0.01)", "PowerSGD(4)", "TopK(0.1)/two_phase", "TopK(0.01)/two_phase"]
+    assert [c.label for c in hvd_compress.Auto(exclude=("TopK(0.1)/two_phase",), two_phase=True).candidates] == [
+        "none", "FP16", "Int8", "TopK(0.1)", "TopK(0.01)", "PowerSGD(4)", "Int8/two_phase", "TopK(0.01)/two_phase"]
+    assert "Int8/two_phase" not in [c.label for c in hvd_compress.Auto(two_phase=False).candidates]
 
 
 def test_sign_schemes_only_when_asked():
@@ -377,7 +381,7 @@ def test_powersgd_is_timed_as_the_transport_runs_it(kernels, monkeypatch):
     monkeypatch.setattr(torch_lowrank.LowRankCodec, "first_round",
                         lambda self, *a: calls.append(1) or real(self, *a))
     tensors = {"a": (4096, (64, 64)), "b": (4096, (64, 64))}
-    rows = calibration.measure_codecs(tensors, ["a", "b"], [default_candidates()[-1]], 2, lambda c, s: True)
+    rows = calibration.measure_codecs(tensors, ["a", "b"], [default_candidates(two_phase=False)[-1]], 2, lambda c, s: True)
     assert rows[0] == rows[1] and rows[0][0] > 0
     assert len(calls) == (calibration.REPEATS + 1 if kernels == "1" else 0)
-    assert isinstance(default_candidates()[-1].scheme, PowerSGD)
+    assert isinstance(default_candidates(two_phase=False)[-1].scheme, PowerSGD)

@@ -1,0 +1,292 @@
+"""The one cost model of hvd_compress: what a step's gradient exchange costs,
+per tensor and per transport.  ``Auto``'s planner
+(:mod:`hvd_compress.auto.planner`), ``hvd-compress advise``
+(:mod:`hvd_compress.tools.advise`), the validation against measured rows
+(``scripts/scale_model_check.py``) and the projection to large clusters
+(``scripts/scale_projection.py``) all call this module; none keeps a formula
+of its own.  Pure Python: numbers in, seconds and bytes out.
+
+For one tensor whose payload (the bytes one rank hands to the collectives:
+values, indices, scales) is ``p``, on ``N`` workers and a link of per-step
+latency ``a`` and bandwidth ``B`` (bytes/s):
+
+=============  ===========================  ====================================
+transport      bytes each rank receives     latency steps (each ``a``)
+=============  ===========================  ====================================
+allreduce      ``2 (N-1)/N p`` (ring)       ``2 (N-1)``
+allgather      ``(N-1) p``                  ``(N-1) (1 + length gathers)`` + ``2 (N-1)`` (placeholder allreduce)
+two_phase      ``2 (N-1)/N p``              ``(N-1)`` alltoall + ``(N-1)`` allgather + ``2 (N-1)`` placeholder
+powersgd       ``2 (N-1)/N p`` (P and Q)    ``2 x 2 (N-1)`` + ``2 (N-1)`` placeholder
+=============  ===========================  ====================================
+
+(two_phase: ``p`` is the sum of the ``N`` chunk payloads; powersgd: ``p`` is
+both factors.)  On top of the link:
+
+* **codec** -- error feedback + encode + decode.  The decode counts differ:
+  allgather decodes all ``N`` payloads, two-phase decodes one tensor's worth
+  twice (the owner's ``N`` chunk payloads, then the ``N`` owned chunks) and
+  encodes ``1 + 1/N`` tensors' worth, allreduce and powersgd decode once;
+* **the collective's own CPU work** -- Gloo sums and copies on the CPU: a
+  cost per byte received, one constant for fp32 sums, one for fp16 sums
+  (x86 CPUs have no native half-precision arithmetic) and one for the copies
+  of gathered bytes (:class:`Machine`).  On GPUs with NCCL this is zero to
+  first order;
+* **Horovod's cycle** -- a collective waits for the background thread's next
+  cycle (``HOROVOD_CYCLE_TIME``, 1 ms by default), once per dependent round of
+  a step: two-phase and PowerSGD issue a second round after the first
+  completes, so a step with any of them waits ``Machine.cycle_s`` once more
+  (per tensor, :attr:`TensorCost.rounds_s` charges that cycle to each such
+  tensor: the conservative side for a per-tensor choice);
+* **tensor fusion** -- Horovod fuses the allreduces of one cycle into buffers
+  of up to ``HOROVOD_FUSION_THRESHOLD`` bytes (128 MiB by default): in a
+  step, the allreduce latency is paid once per fusion buffer, not once per
+  tensor (:func:`step_cost`).  Horovod fuses tensors of one dtype: the fp32
+  allreduces with the allgather schemes' fp32 placeholders, the half-precision
+  payloads among themselves;
+* no overlap with the backward pass: an upper bound of the communication
+  share of a step.
+
+:func:`tensor_cost` gives one tensor's cost; ``Auto`` and ``advise`` compare
+schemes per tensor by :attr:`TensorCost.marginal_s` (the cost less the
+allreduce latency that fusion shares); :func:`step_cost` sums a step's
+tensors with fusion and the cycle.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, List, Optional, Tuple
+
+#: the transports the model knows
+TRANSPORTS = ("allreduce", "allgather", "two_phase", "powersgd")
+#: Horovod's defaults (horovodrun --help: --cycle-time-ms 1, --fusion-threshold-mb 128)
+HOROVOD_CYCLE_S = 1e-3
+HOROVOD_FUSION_BYTES = 128 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Link:
+    """A link: per-step latency (s) and bandwidth (bytes/s) of one rank."""
+    latency_s: float
+    bytes_per_s: float
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the collective itself costs on a machine, besides the link.
+
+    ``reduce_s_per_byte``: CPU seconds per byte a rank receives in an fp32
+    allreduce (the sums and the copies in and out of the fusion buffer);
+    ``reduce_half_s_per_byte``: the same for fp16 payloads;
+    ``gather_s_per_byte``: per byte received by an allgather or an alltoall
+    (the copies into the output); ``cycle_s``: the wait for Horovod's next
+    cycle, paid once per dependent round of collectives in a step;
+    ``fusion_bytes``: Horovod's fusion buffer (0: no fusion)."""
+    reduce_s_per_byte: float = 0.0
+    reduce_half_s_per_byte: float = 0.0
+    gather_s_per_byte: float = 0.0
+    cycle_s: float = 0.0
+    fusion_bytes: float = HOROVOD_FUSION_BYTES
+    name: str = "link only"
+    #: CPU cores all ranks share (the emulated cluster: every rank on one
+    #: machine), None: each rank has its own.  CPU work of ``N`` ranks on
+    #: ``cpus`` cores takes ``max(1, N / cpus)`` times as long
+    cpus: Optional[int] = None
+
+    def cpu_share(self, workers) -> float:
+        """How much longer CPU work takes with ``workers`` ranks sharing the cores."""
+        return 1.0 if not self.cpus else max(1.0, workers / self.cpus)
+
+
+#: the link alone: what ``Auto`` uses, whose link is fitted to allreduces it
+#: times (the fit already holds the collective's CPU cost and the cycle)
+LINK_ONLY = Machine()
+
+#: GPUs with NCCL (the projection): sums and copies run on the GPU at memory
+#: bandwidth, negligible next to the network; Horovod's default cycle
+GPU_NCCL = Machine(cycle_s=HOROVOD_CYCLE_S, name="GPU, NCCL")
+
+
+def _check(workers, payload):
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise ValueError(f"workers must be an integer >= 1; got {workers!r}")
+    if payload is None or not payload >= 0:
+        raise ValueError(f"payload must be a number of bytes >= 0; got {payload!r}")
+
+
+def _transport(transport):
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport must be one of {TRANSPORTS}; got {transport!r}")
+    return transport
+
+
+def wire_bytes(transport, payload, workers) -> float:
+    """Bytes each rank receives (and about as many sends) for one tensor."""
+    _check(workers, payload)
+    n = workers
+    if n == 1:
+        return 0.0
+    if _transport(transport) == "allgather":
+        return float(n - 1) * payload
+    return 2.0 * (n - 1) / n * payload
+
+
+def latency_steps(transport, workers, extra_allgathers=0) -> int:
+    """Latency-bound steps of one tensor's collectives (see the table above)."""
+    n1 = workers - 1
+    if n1 <= 0:
+        return 0
+    t = _transport(transport)
+    if t == "allreduce":
+        return 2 * n1
+    if t == "allgather":
+        return n1 * (1 + extra_allgathers) + 2 * n1
+    if t == "two_phase":
+        return n1 + n1 + 2 * n1
+    return 2 * 2 * n1 + 2 * n1  # powersgd: P, Q, and the placeholder
+
+
+def rounds(transport) -> int:
+    """Dependent rounds of collectives: the second waits for the first."""
+    return 2 if _transport(transport) in ("two_phase", "powersgd") else 1
+
+
+def comm_time(transport, payload, workers, bw, latency, extra_allgathers=0) -> Tuple[float, float]:
+    """(bytes each rank receives, seconds on the link) of one tensor:
+    ``latency_steps x latency + wire_bytes / bw``."""
+    wire = wire_bytes(transport, payload, workers)
+    if workers <= 1:
+        return 0.0, 0.0
+    return wire, latency_steps(transport, workers, extra_allgathers) * latency + wire / bw
+
+
+def codec_seconds(transport, encode_s, decode_s, workers) -> float:
+    """Error feedback + encode + decode seconds of one tensor per step, from
+    one encode and one decode of the whole tensor (see the module docstring)."""
+    n = workers
+    t = _transport(transport)
+    if t == "allgather":
+        return encode_s + n * decode_s
+    if t == "two_phase":
+        return encode_s * (1.0 + 1.0 / n) + 2.0 * decode_s
+    return encode_s + decode_s
+
+
+def collective_cpu_seconds(transport, payload, workers, machine: Machine, half=False) -> float:
+    """The collective's own CPU seconds (sums, copies) for one tensor."""
+    wire = wire_bytes(transport, payload, workers) * machine.cpu_share(workers)
+    if _transport(transport) in ("allreduce", "powersgd"):
+        return wire * (machine.reduce_half_s_per_byte if half else machine.reduce_s_per_byte)
+    return wire * machine.gather_s_per_byte
+
+
+@dataclass(frozen=True)
+class TensorCost:
+    """One tensor's predicted cost per step under one scheme and transport."""
+    transport: str
+    payload_bytes: float
+    wire_bytes: float
+    link_s: float
+    codec_s: float
+    collective_s: float
+    #: the extra rounds' wait for Horovod's cycle
+    rounds_s: float
+    #: the allreduce part's latency (the tensor itself, or the allgather's
+    #: placeholder): what tensor fusion shares across a step's tensors
+    fusable_latency_s: float = 0.0
+    fusable_bytes: float = 0.0
+    #: the dtype of the fusable part: Horovod fuses tensors of one dtype only
+    fusion_dtype: str = "float32"
+
+    @property
+    def total_s(self) -> float:
+        return self.link_s + self.codec_s + self.collective_s + self.rounds_s
+
+    @property
+    def marginal_s(self) -> float:
+        """What this tensor adds to a step whose fp32 allreduces Horovod fuses:
+        the total less its allreduce part's latency (paid once per fusion
+        buffer, :func:`step_cost`).  Every transport has one such part (the
+        tensor's allreduce or the allgather's placeholder), so per-tensor
+        comparisons of schemes use this; a half-precision payload keeps its
+        latency (it shares a buffer only with other half-precision tensors,
+        which a per-tensor choice cannot count on)."""
+        return self.total_s - (self.fusable_latency_s if self.fusion_dtype == "float32" else 0.0)
+
+
+def tensor_cost(transport, payload, workers, link: Link, machine: Machine = LINK_ONLY, encode_s=0.0,
+                decode_s=0.0, codec_s=None, extra_allgathers=0, half=False) -> TensorCost:
+    """One tensor's cost.  ``codec_s`` (seconds, as measured for this
+    transport) replaces ``encode_s``/``decode_s`` where given."""
+    wire, link_s = comm_time(transport, payload, workers, link.bytes_per_s, link.latency_s, extra_allgathers)
+    codec = codec_seconds(transport, encode_s, decode_s, workers) if codec_s is None else float(codec_s)
+    extra_rounds = rounds(transport) - 1 if workers > 1 else 0
+    fusable = 2 * (workers - 1) * link.latency_s
+    # Horovod fuses tensors of one dtype: the fp32 allreduces and the
+    # placeholders share fp32 buffers, half-precision payloads their own
+    dtype = "float16" if half and transport == "allreduce" else "float32"
+    return TensorCost(transport, float(payload), wire, link_s, codec,
+                      collective_cpu_seconds(transport, payload, workers, machine, half),
+                      extra_rounds * machine.cycle_s, fusable,
+                      float(payload) if transport == "allreduce" else 4.0, dtype)
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """A step's predicted communication: the tensors' costs summed, less the
+    latency tensor fusion saves, plus one cycle per step."""
+    seconds: float
+    wire_bytes: float
+    payload_bytes: float
+    link_s: float
+    codec_s: float
+    collective_s: float
+    cycle_s: float
+    fusion_saved_s: float
+    tensors: List[TensorCost] = field(default_factory=list)
+
+
+def step_cost(costs: Iterable[TensorCost], machine: Machine = LINK_ONLY) -> StepCost:
+    """Sum of :func:`tensor_cost` over a step's tensors.  Fusion: the
+    allreduce parts (tensors and placeholders) of one dtype share fusion
+    buffers of ``machine.fusion_bytes``, so their latency is paid once per
+    buffer; the
+    step waits one cycle of Horovod's per dependent round (two where any
+    tensor travels two-phase or by PowerSGD: the tensors' second rounds
+    share a cycle)."""
+    costs = list(costs)
+    if not costs:
+        return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, [])
+    saved = 0.0
+    for dtype in sorted({c.fusion_dtype for c in costs}):
+        fusable = [c for c in costs if c.fusable_latency_s > 0 and c.fusion_dtype == dtype]
+        if fusable and machine.fusion_bytes > 0:
+            buffers = max(1, math.ceil(sum(c.fusable_bytes for c in fusable) / machine.fusion_bytes))
+            per = max(c.fusable_latency_s for c in fusable)
+            saved += max(0.0, sum(c.fusable_latency_s for c in fusable) - buffers * per)
+    cycle = machine.cycle_s * (1 + max(1 if c.rounds_s > 0 else 0 for c in costs))
+    link_s = sum(c.link_s for c in costs)
+    codec = sum(c.codec_s for c in costs)
+    coll = sum(c.collective_s for c in costs)
+    return StepCost(link_s - saved + codec + coll + cycle, sum(c.wire_bytes for c in costs),
+                    sum(c.payload_bytes for c in costs), link_s - saved, codec, coll, cycle, saved, costs)
+
+
+def gpu_codec_seconds(numel, passes, bytes_per_element=4.0, memory_bytes_per_s=2.0e12, launches=0,
+                      launch_s=5e-6) -> float:
+    """Seconds a memory-bound GPU kernel sequence takes on ``numel`` elements:
+    ``passes`` full reads or writes of the fp32 tensor at ``memory_bytes_per_s``
+    plus ``launches`` kernel launches.  The projection's assumption for encode
+    and decode on GPUs (stated with the passes per scheme in
+    ``scripts/scale_projection.py``)."""
+    return passes * bytes_per_element * numel / memory_bytes_per_s + launches * launch_s
+
+
+def fit_constant(xs, ys) -> Optional[float]:
+    """Least-squares slope through the origin of ``y = c x`` (None without data):
+    how a global machine constant is fitted to measured rows."""
+    xs, ys = list(xs), list(ys)
+    den = sum(x * x for x in xs)
+    if not xs or den <= 0:
+        return None
+    return max(0.0, sum(x * y for x, y in zip(xs, ys)) / den)

@@ -1,0 +1,163 @@
+"""The one cost model (hvd_compress/cost_model.py) against hand-computed
+cases, and the two users that must go through it: Auto's planner and
+``hvd-compress advise``."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from hvd_compress import cost_model as cm
+from hvd_compress.cost_model import Link, Machine
+
+MB = 1e6
+
+
+@pytest.mark.parametrize("transport, wire", [("allreduce", 1500.0), ("allgather", 3000.0), ("two_phase", 1500.0),
+                                             ("powersgd", 1500.0)])
+def test_wire_bytes_per_transport_at_four_workers(transport, wire):
+    # 2 (N-1)/N = 1.5 and N-1 = 3 at N = 4, of a 1000-byte payload
+    assert cm.wire_bytes(transport, 1000, 4) == wire
+    assert cm.wire_bytes(transport, 1000, 1) == 0.0
+
+
+@pytest.mark.parametrize("transport, extra, steps", [("allreduce", 0, 6), ("allgather", 0, 9), ("allgather", 2, 15),
+                                                     ("two_phase", 0, 12), ("powersgd", 0, 18)])
+def test_latency_steps_at_four_workers(transport, extra, steps):
+    # allgather: 3 + the placeholder's 6 (+ 3 per length allgather); two-phase: alltoall 3 + allgather 3 +
+    # placeholder 6; PowerSGD: two allreduces (6 each) + placeholder
+    assert cm.latency_steps(transport, 4, extra) == steps
+
+
+def test_comm_time_is_latency_steps_plus_bytes_over_bandwidth():
+    wire, seconds = cm.comm_time("allreduce", 1 * MB, 4, 1 * MB, 1e-3)
+    assert wire == 1.5 * MB and seconds == pytest.approx(1.5 + 6e-3)
+    wire, seconds = cm.comm_time("allgather", 1 * MB, 4, 1 * MB, 1e-3)
+    assert wire == 3 * MB and seconds == pytest.approx(3.0 + 9e-3)
+    assert cm.comm_time("allgather", 1 * MB, 1, 1 * MB, 1e-3) == (0.0, 0.0)
+
+
+def test_codec_seconds_count_the_decodes_each_transport_runs():
+    # encode 1 s, decode 0.5 s, N = 4
+    assert cm.codec_seconds("allreduce", 1.0, 0.5, 4) == 1.5
+    assert cm.codec_seconds("powersgd", 1.0, 0.5, 4) == 1.5
+    assert cm.codec_seconds("allgather", 1.0, 0.5, 4) == 1.0 + 4 * 0.5
+    assert cm.codec_seconds("two_phase", 1.0, 0.5, 4) == pytest.approx(1.25 + 1.0)
+
+
+def test_the_collectives_own_cpu_cost_per_byte_received():
+    m = Machine(reduce_s_per_byte=1e-9, reduce_half_s_per_byte=4e-9, gather_s_per_byte=2e-9)
+    assert cm.collective_cpu_seconds("allreduce", 1 * MB, 4, m) == pytest.approx(1.5e-3)
+    assert cm.collective_cpu_seconds("allreduce", 1 * MB, 4, m, half=True) == pytest.approx(6e-3)
+    assert cm.collective_cpu_seconds("allgather", 1 * MB, 4, m) == pytest.approx(6e-3)
+    assert cm.collective_cpu_seconds("two_phase", 1 * MB, 4, m) == pytest.approx(3e-3)
+    assert cm.collective_cpu_seconds("allgather", 1 * MB, 4, cm.LINK_ONLY) == 0.0
+
+
+def test_tensor_cost_adds_link_codec_collective_and_the_extra_round():
+    m = Machine(gather_s_per_byte=1e-9, cycle_s=2e-3)
+    link = Link(1e-4, 10 * MB)
+    c = cm.tensor_cost("two_phase", 1 * MB, 4, link, m, encode_s=0.01, decode_s=0.02)
+    assert c.wire_bytes == 1.5 * MB
+    assert c.link_s == pytest.approx(12 * 1e-4 + 0.15)
+    assert c.codec_s == pytest.approx(0.01 * 1.25 + 2 * 0.02)
+    assert c.collective_s == pytest.approx(1.5e-3)
+    assert c.rounds_s == 2e-3  # its second round waits one more cycle
+    assert c.total_s == pytest.approx(c.link_s + c.codec_s + c.collective_s + 2e-3)
+    assert cm.tensor_cost("allgather", 1 * MB, 4, link, m).rounds_s == 0.0
+    # a measured codec total replaces encode/decode
+    assert cm.tensor_cost("allgather", 1 * MB, 4, link, m, encode_s=9.0, codec_s=0.25).codec_s == 0.25
+
+
+def test_step_cost_fuses_the_allreduce_latency_and_waits_one_cycle():
+    link = Link(1e-3, 1 * MB)
+    costs = [cm.tensor_cost("allreduce", 100, 2, link) for _ in range(3)]
+    # each: 2 (N-1) = 2 latency steps (2 ms) + 100 B at 1 MB/s
+    assert costs[0].total_s == pytest.approx(2e-3 + 100 / MB)
+    fused = cm.step_cost(costs, Machine(cycle_s=1e-3))
+    assert fused.fusion_saved_s == pytest.approx(2 * 2e-3)  # one buffer: the latency once, not three times
+    assert fused.seconds == pytest.approx(2e-3 + 300 / MB + 1e-3)
+    two_buffers = cm.step_cost(costs, Machine(fusion_bytes=150))
+    assert two_buffers.fusion_saved_s == pytest.approx(2e-3)
+    unfused = cm.step_cost(costs, Machine(fusion_bytes=0))
+    assert unfused.seconds == pytest.approx(3 * (2e-3 + 100 / MB))
+    assert cm.step_cost([], Machine()).seconds == 0.0
+
+
+def test_gpu_codec_is_passes_times_bytes_over_memory_bandwidth():
+    # 1e9 elements, 2 passes of 4 bytes, 2 TB/s: 4 ms, + 3 launches of 5 us
+    assert cm.gpu_codec_seconds(1e9, 2, memory_bytes_per_s=2e12, launches=3) == pytest.approx(4e-3 + 15e-6)
+
+
+def test_fit_constant_is_a_slope_through_the_origin():
+    assert cm.fit_constant([1, 2, 3], [2, 4, 6]) == pytest.approx(2.0)
+    assert cm.fit_constant([], []) is None
+    assert cm.fit_constant([1, 2], [-1, -2]) == 0.0  # never a negative cost
+
+
+def test_bad_input_names_the_parameter():
+    with pytest.raises(ValueError, match="transport must be one of"):
+        cm.wire_bytes("ring", 10, 2)
+    with pytest.raises(ValueError, match="workers must be an integer >= 1"):
+        cm.wire_bytes("allreduce", 10, 0)
+    with pytest.raises(ValueError, match="payload must be a number of bytes"):
+        cm.wire_bytes("allreduce", None, 2)
+
+
+# ----------------------------------------------------------------------------- the users
+def test_the_planner_predicts_through_the_model():
+    from hvd_compress.auto.planner import predict_comm
+    from hvd_compress.schemes import TopK
+    link = Link(50e-6, 100 * MB / 8)
+    topk = TopK(0.01)
+    numel, shape, n = 1 << 22, (2048, 2048), 8
+    payload, seconds = predict_comm(topk, numel, shape, n, link, "two_phase")
+    chunk = topk.payload_nbytes(-(-numel // n))
+    assert payload == 4 + n * chunk
+    # what the tensor adds to a fused step: the allreduce part's latency is shared
+    assert seconds == pytest.approx(cm.tensor_cost("two_phase", payload, n, link).total_s - 2 * (n - 1) * 50e-6)
+    payload, seconds = predict_comm(topk, numel, shape, n, link)
+    assert payload == topk.payload_nbytes(numel) + 4
+    assert seconds == pytest.approx(cm.tensor_cost("allgather", payload, n, link).marginal_s)
+
+
+def test_the_planner_chooses_the_transport_by_the_number_of_workers():
+    """A 4M-element tensor at 100 Mbit/s with TopK(0.01) at 1 ns an element:
+    allgather moves (N-1) payloads, two-phase about 2 in one more round.  At
+    N = 2 both move one payload and allgather has fewer rounds; at N = 8
+    allgather moves 7 payloads (about 2.4 MB, 0.19 s), two-phase 1.75 (0.05 s)."""
+    from hvd_compress.auto.planner import choose, default_candidates
+    link = Link(50e-6, 100 * MB / 8)
+    numel, shape = 1 << 22, (2048, 2048)
+    cands = [c for c in default_candidates(topk_ratios=(0.01,), powersgd_rank=None, fp16=False, int8=False)]
+    assert [c.label for c in cands] == ["none", "TopK(0.01)", "TopK(0.01)/two_phase"]
+    codec = {c.label: 1e-9 * numel for c in cands[1:]}
+    assert choose(numel, shape, 2, link, cands, codec).label == "TopK(0.01)"
+    assert choose(numel, shape, 8, link, cands, codec).label == "TopK(0.01)/two_phase"
+
+
+def test_advise_predicts_through_the_model():
+    from hvd_compress.tools import advise
+    m = Machine(reduce_s_per_byte=2e-9, cycle_s=1e-3)
+    p = advise.predict("none", 1_000_000, 4, 1e9, 1e-4, machine=m)
+    c = cm.tensor_cost("allreduce", 4e6, 4, Link(1e-4, 1e9), m)
+    assert p.comm_s == pytest.approx(c.link_s + c.collective_s) and p.total_s == pytest.approx(p.comm_s)
+    two = advise.predict("TopK(0.01)/two_phase", 1_000_000, 4, 1e9, 1e-4, machine=m, codec=(1e-3, 1e-4))
+    assert two.transport == "two_phase" and two.cost.rounds_s == 1e-3
+    assert two.overhead_s == pytest.approx(cm.codec_seconds("two_phase", 1e-3, 1e-4, 4))
+    with pytest.raises(ValueError, match="two-phase transport needs a fixed-size allgather scheme"):
+        advise.predict("hvd_fp16/two_phase", 1000, 4, 1e9)
+
+
+def test_advise_gpu_model_projection_ranks_allgather_int8_behind_none_and_compresses_on_a_slow_link():
+    from hvd_compress.tools import advise
+    from hvd_compress.tools.projection import GPU_SCHEMES, MODELS, gpu_codec
+    layers = MODELS["resnet50"].layers()
+    assert sum(layer[1] for layer in layers) == 25_557_032  # torchvision's resnet50
+    fast = advise.advise(layers, 8, 100e9 / 8, 5e-6, None, GPU_SCHEMES, 0.1, cm.GPU_NCCL, codec_of=gpu_codec)
+    # an Int8 allgather at 8 workers receives 7 x 1 byte an element, a ring allreduce 1.75 x 4: no gain, plus codec
+    assert fast.totals["Int8"]["total_s"] > fast.totals["none"]["total_s"]
+    assert fast.totals["Int8"]["wire_bytes"] == pytest.approx(fast.totals["none"]["wire_bytes"], rel=0.01)
+    slow = advise.advise(layers, 64, 1e9 / 8, 5e-6, None, GPU_SCHEMES, 0.1, cm.GPU_NCCL, codec_of=gpu_codec)
+    assert slow.plan_total_s < 0.5 * slow.none_total_s
+    assert math.isfinite(slow.totals["TopK(0.01)/two_phase"]["total_s"])
