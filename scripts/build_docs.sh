@@ -31,7 +31,9 @@ if [ "${1:-}" = "--diagrams" ]; then
   done
   exit 0
 fi
-VENV="${HVD_COMPRESS_VENV:-$REPO/.venv}"
+# shellcheck source=scripts/venv_path.sh
+. "$REPO/scripts/venv_path.sh"
+VENV="$(hvdc_selected_venv "$REPO")" || exit 1
 PY="$VENV/bin/python"
 [ -x "$PY" ] || PY=python3
 OUT="${1:-$REPO/out/docs}"

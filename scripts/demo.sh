@@ -7,7 +7,9 @@
 #   bash scripts/demo.sh --epochs 5 --compression int8
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="${HVD_COMPRESS_VENV:-$REPO/.venv}"
+# shellcheck source=scripts/venv_path.sh
+. "$REPO/scripts/venv_path.sh"
+VENV="$(hvdc_selected_venv "$REPO")" || exit 1
 export TF_USE_LEGACY_KERAS=1 TF_CPP_MIN_LOG_LEVEL=3 PYTHONUNBUFFERED=1
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 for f in "$VENV/bin/python" "$VENV/bin/horovodrun"; do

@@ -16,11 +16,7 @@ set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=scripts/venv_path.sh
 . "$REPO/scripts/venv_path.sh"
-if [ -n "${PYTHON:-}" ]; then
-  VENV="$(hvdc_venv_path "$REPO" "$(hvdc_python_minor "$PYTHON")")" || { echo "cannot run PYTHON=$PYTHON" >&2; exit 1; }
-else
-  VENV="${HVD_COMPRESS_VENV:-$REPO/.venv}"
-fi
+VENV="$(hvdc_selected_venv "$REPO")" || exit 1
 PY="$VENV/bin/python"
 HVDRUN="$VENV/bin/horovodrun"
 OUT="${HVDC_TEST_OUT:-$REPO/out/tests}"

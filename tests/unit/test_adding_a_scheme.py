@@ -84,7 +84,7 @@ def test_one_new_file_is_all_it_takes(tmp_path):
         "print(json.dumps({'all': 'Int4' in h.__all__, 'scheme': repr(c.scheme), 'ef': c.error_feedback,\n"
         "  'registry': list(h.schemes.REGISTRY)[-1], 'examples': h.schemes.REGISTRY['Int4'].examples,\n"
         "  'variable': sorted(t.variable_parts)}))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=str(tmp_path),
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, cwd=str(tmp_path),
                          env={**os.environ, "PYTHONPATH": str(tmp_path)})
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])

@@ -31,7 +31,7 @@ def test_import_hvd_compress_loads_no_tooling():
             "import hvd_compress, hvd_compress.schemes, hvd_compress.backend, hvd_compress.coding, "
             "hvd_compress.fingerprint, hvd_compress.policy, hvd_compress.stats, hvd_compress.memory\n"
             "print(json.dumps(sorted(sys.modules)))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900,
                          cwd=str(REPO), env={**os.environ, "PYTHONPATH": str(REPO)})
     assert out.returncode == 0, out.stderr
     loaded = json.loads(out.stdout.strip().splitlines()[-1])
