@@ -122,7 +122,7 @@ class LowRankCodec:
         ``q`` is the stored ``m x r`` Q (its transpose is kept contiguous)."""
         n, m = self.scheme.matrix_shape(shape)
         r = self.scheme.rank
-        lib = _kernels_for(x, r)
+        lib = _kernels_for(x, r) if q.dtype == torch.float32 else None  # a float64 Q (a loaded state): torch
         p_wire = _buffer(ws, "lowrank.P", (n, r), x)
         state = None
         if self.memory is None:
@@ -169,7 +169,7 @@ class LowRankCodec:
         r, (n, m) = self.scheme.rank, mat.shape
         qt_local = _buffer(ws, "lowrank.Qt_local", (r, m), mat)
         lib = _kernels_for(mat, r)
-        if lib is not None and mat.is_contiguous():  # one pass over M, P read at its strides
+        if lib is not None and mat.is_contiguous() and p.dtype == torch.float32:  # one pass over M, P at its strides
             _check(lib.hvdc_lowrank_project(_ptr(mat), n, m, r, _ptr(p), p.stride(0), p.stride(1), _ptr(qt_local)),
                    "project")
         else:
@@ -194,7 +194,8 @@ class LowRankCodec:
             out = torch.empty(n * m, dtype=torch.float32, device=mat.device)
         agg = out.reshape(n, m)
         deps = []
-        lib = _kernels_for(mat, r) if agg.is_contiguous() and mat.is_contiguous() else None
+        fits = agg.is_contiguous() and mat.is_contiguous() and p.dtype == torch.float32
+        lib = _kernels_for(mat, r) if fits else None
         if self.memory is None:
             _outer(p, qt_scaled, agg, ws, lib)
         elif self.in_place_residual:
