@@ -162,8 +162,11 @@ def test_library_two_phase_matches_the_reference_in_process(sid, shape, size):
             assert res["w"].numel() == n
 
 
-#: schemes whose two-phase chunks the torch kernels encode (hvd_compress.kernels.torch_cpu.codec_for)
-FUSED_CASES = {"Int8", "Int8-block64", "EFSignSGD", "OneBit", "SignSGD", "TopK", "TopK-Int8", "BF16"}
+def _kernels_encode(sid, chunk):
+    """Whether the torch kernels have a codec for this case's scheme and memory at ``chunk`` elements."""
+    from hvd_compress.kernels.torch_cpu import codec_for
+    comp = T.make_compressor(hvd_compress, sid, transport="two_phase")
+    return codec_for(comp.scheme, comp.memory, torch.zeros(chunk)) is not None
 
 
 @pytest.mark.parametrize("shape,size", [((300, 70), 3), ((1001,), 4)], ids=["21000-N3", "1001-N4-padded"])
@@ -171,11 +174,14 @@ FUSED_CASES = {"Int8", "Int8-block64", "EFSignSGD", "OneBit", "SignSGD", "TopK",
 def test_fused_chunks_match_the_reference(sid, shape, size):
     """Chunks large enough for the fused kernels (Top-K fuses from 8k elements
     a chunk), one case with a zero-padded tail chunk: the kernels' path agrees
-    with the reference like the eager one."""
+    with the reference like the eager one, and runs wherever a codec exists."""
     from hvd_compress.kernels import native
     if native.load() is None:
         pytest.skip("the C kernels are not built (HVDC_KERNELS=0 or no compiler): only the eager path runs")
     test_library_two_phase_matches_the_reference_in_process(sid, shape, size)
     _, comps = emulate(sid, size, shape, 1)
     used = "two_phase.chunk0" in comps[0].adapters["torch"].workspace("w")
-    assert used == (sid in FUSED_CASES), f"{sid}: fused chunk encode used={used}"
+    chunk = -(-int(np.prod(shape)) // size)
+    assert used == _kernels_encode(sid, chunk), f"{sid}: fused chunk encode used={used}"
+    if sid in ("Int8", "TopK", "EFSignSGD"):
+        assert used, f"{sid} has a fused codec: its chunks must use it"
