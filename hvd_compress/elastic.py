@@ -24,7 +24,9 @@ In a Horovod elastic script, one line after building the state::
   again for the new number of ranks; in-flight bookkeeping is dropped; the
   configuration fingerprint is agreed again at the next exchange (a joining
   worker built differently gets ``ConfigMismatchError`` on every rank);
-  ``Auto()`` measures and plans again for the new world (PyTorch).  Surviving
+  ``Auto()`` measures and plans again for the new world (PyTorch only:
+  :func:`register` refuses ``Auto()`` with a TensorFlow state, naming the
+  fixed schemes that are allowed there).  Surviving
   ranks keep their residuals: they are keyed by parameter name, not by rank.
   TensorFlow: hvd_compress's traced graph holds the rank and the number of
   ranks, so Horovod's cached allreduce function for this compressor and a
@@ -36,6 +38,14 @@ In a Horovod elastic script, one line after building the state::
   per-tensor step counters (schedules and seeded draws read them), so that a
   joining worker continues the survivors' count.  Joining workers start with
   zero residuals.
+
+TensorFlow: Horovod 0.28.1's ``hvd.elastic.run`` treats a failed collective
+as a fault (restore, reset) only if its message names one of Horovod's default
+collective names, and otherwise swallows it, returning as if training had
+finished; hvd_compress's collectives are named.  :func:`register` with a
+TensorFlow state therefore makes ``hvd.elastic.run`` :func:`run`, which
+recognises every Horovod collective failure, for the training functions
+decorated after it.
 
 What a departing rank held in its residuals at its last commit is lost with
 it.  At the first commit after the change, the survivors find which process
@@ -60,6 +70,19 @@ PROCESS_ID = f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 #: names of the collectives issued here (deterministic, the same on every rank)
 MASS_COLLECTIVE = "hvdc.elastic.mass"
 STEPS_COLLECTIVE = "hvdc.elastic.steps"
+
+
+def run(func):
+    """``hvd.elastic.run`` for TensorFlow that rolls back after a failed
+    collective whatever its name (Horovod 0.28.1's own swallows the failure of
+    a named collective, such as every one hvd_compress issues, and returns as
+    if training had finished): see
+    :func:`hvd_compress.horovod_compat.tf_elastic_run`.  :func:`register` with
+    a TensorFlow state makes ``hvd.elastic.run`` this one for the functions
+    decorated after it; use ``@hvd_compress.elastic.run`` for one decorated
+    before."""
+    from .horovod_compat import tf_elastic_run
+    return tf_elastic_run(func)
 
 
 def register(state, compression):
@@ -130,6 +153,15 @@ class ElasticCompression:
             raise ValueError(f"{compression!r} is already registered with an elastic state; register each "
                              f"compressor once")
         self.framework = _framework_of(state)
+        if self.framework == "tensorflow":
+            from .horovod_compat import use_tf_elastic_run_in_horovod
+            use_tf_elastic_run_in_horovod()
+        if self.framework == "tensorflow" and getattr(compression, "replan_after_reset", None) is not None:
+            raise ValueError(f"compression={compression!r}: hvd_compress.Auto under elastic Horovod is supported in "
+                             f"PyTorch only (hvd.elastic.TorchState). In TensorFlow its plan and calibration live "
+                             f"in the traced step and are not re-planned for a new number of workers; allowed "
+                             f"with hvd.elastic.TensorFlowKerasState: a fixed scheme (e.g. hvd_compress.TopK(0.01), "
+                             f"Int8(), PowerSGD(4)) or a Policy of fixed schemes")
         self.ops = _HorovodOps("horovod.torch" if self.framework == "torch" else "horovod.tensorflow")
         self.compression = compression
         self.state = state

@@ -366,3 +366,68 @@ def retrace_after_reset(compression, state):
     model = getattr(state, "model", None)
     if model is not None and hasattr(model, "train_function"):
         model.train_function = None
+
+
+#: text by which a TensorFlow error is a failed Horovod collective: the op types that name Horovod's
+#: unnamed collectives, the text of every collective pending when Horovod shuts down after a peer fails,
+#: and the prefix of hvd_compress's own collectives' names (hvdc.)
+_TF_COLLECTIVE_FAILURE_MARKERS = ("HorovodAllreduce", "HorovodAllgather", "HorovodBroadcast",
+                                  "Horovod has been shut down", "{{node hvdc.")
+
+
+def is_tf_collective_failure(error) -> bool:
+    """Whether a TensorFlow error is a Horovod collective failing (a peer gone)."""
+    message = getattr(error, "message", None) or str(error)
+    return any(marker in message for marker in _TF_COLLECTIVE_FAILURE_MARKERS)
+
+
+def tf_elastic_run(func):
+    """``hvd.elastic.run`` for TensorFlow that rolls back after a failed
+    collective whatever its name.
+
+    Horovod 0.28.1's ``horovod.tensorflow.elastic.run`` turns a
+    ``tf.errors.UnknownError`` into ``HorovodInternalError`` (restore the last
+    commit, reset, go on) only when its message holds ``HorovodAllreduce``,
+    ``HorovodAllgather`` or ``HorovodBroadcast``: the names Horovod gives
+    collectives called without ``name=``.  A failure in a named collective
+    (``hvd.allreduce(t, name="loss")``; every collective of hvd_compress, whose
+    names are deterministic: ``{{node hvdc.topk...}}``; Horovod's own ops
+    inside a traced step are reported by node name too) is *swallowed*: the
+    wrapped function returns None as if training had finished, and the script
+    goes on to its next collective with a dead peer.  This wrapper turns every
+    Horovod collective failure (:func:`is_tf_collective_failure`) into
+    ``HorovodInternalError`` and lets any other error propagate, around
+    Horovod's own ``run_fn`` and reset."""
+    import functools
+
+    import tensorflow as tf
+    from horovod.common import elastic as hvd_common_elastic
+    from horovod.common.exceptions import HorovodInternalError
+    from horovod.tensorflow import elastic as hvd_tf_elastic
+
+    @functools.wraps(func)
+    def wrapper(state, *args, **kwargs):
+        try:
+            return func(state, *args, **kwargs)
+        except tf.errors.UnknownError as e:
+            if is_tf_collective_failure(e):
+                raise HorovodInternalError(e) from e
+            raise
+
+    return hvd_common_elastic.run_fn(wrapper, hvd_tf_elastic._reset)
+
+
+def use_tf_elastic_run_in_horovod():
+    """Make ``hvd.elastic.run`` (``horovod.tensorflow.elastic.run`` and
+    ``horovod.tensorflow.keras.elastic.run``) :func:`tf_elastic_run` for the
+    functions decorated from now on; idempotent.  Called by
+    ``hvd_compress.elastic.register`` with a TensorFlow state."""
+    import horovod.tensorflow.elastic as hvd_tf_elastic
+    modules = [hvd_tf_elastic]
+    try:
+        import horovod.tensorflow.keras.elastic as hvd_keras_elastic
+        modules.append(hvd_keras_elastic)
+    except ImportError:  # no Keras
+        pass
+    for module in modules:
+        module.run = tf_elastic_run

@@ -7,10 +7,13 @@ Runs the job of tests/testing/test_elastic_jobs.py (tests/testing/elastic_worker
 3 workers, host ``127.0.0.1`` removed, added back, its worker SIGKILLed mid-step,
 2 workers to the end; ``horovodrun --gloo --min-np 2 --max-np 3
 --host-discovery-script``) and keeps, per committed step, the number of workers and
-the evaluation loss of the three models trained side by side on the same data:
-Horovod's uncompressed ``none``, ``hvd_compress.TopK(0.01)`` and
-``hvd_compress.Int8(transport="two_phase")``; plus the job's conservation and
-lost-mass numbers.
+the evaluation loss of the four models trained side by side on the same data:
+Horovod's uncompressed ``none``, ``hvd_compress.TopK(0.01)``,
+``hvd_compress.Int8(transport="two_phase")`` and ``hvd_compress.Auto(calibration_steps=3)``;
+plus the job's conservation and lost-mass numbers.  It runs on this machine's
+``localhost`` (2 slots) and ``127.0.0.1`` (1 slot), two names Horovod's elastic
+driver treats as two hosts, so it needs no root; the test runs the same worker on
+the emulated cluster.
 """
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ def run_job(timeout_s=600):
         horovodrun = str(Path(sys.executable).parent / "horovodrun")
         cmd = [horovodrun, "-np", "3", "--min-np", "2", "--max-np", "3", "--host-discovery-script", str(discover),
                "--elastic-timeout", "120", "--network-interface", "lo", "--gloo", sys.executable, str(WORKER),
-               str(hosts)]
+               str(hosts), "localhost:2", "127.0.0.1"]
         out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(REPO), timeout=timeout_s)
     lines = [line for line in (out.stdout + out.stderr).splitlines() if "ELASTIC_RESULT " in line]
     if out.returncode != 0 or len(lines) != 1:
@@ -53,7 +56,8 @@ def plot(doc, path):
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4))
     steps = list(range(1, len(doc["workers"]) + 1))
-    for kind, label in (("none", "none (Horovod)"), ("topk", "TopK(0.01)"), ("int8", "Int8, two-phase")):
+    for kind, label in (("none", "none (Horovod)"), ("topk", "TopK(0.01)"), ("int8", "Int8, two-phase"),
+                        ("auto", "Auto(), re-planned at each change")):
         ax.semilogy(steps, doc["loss"][kind], label=label)
     for change in doc["changes"]:
         ax.axvline(change["step"], color="grey", lw=0.8, ls="--")
@@ -79,7 +83,7 @@ def main():
         "initial_loss": result["initial_loss"],
         "workers": sizes,
         "changes": [{"step": i + 1, "workers": s} for i, s in enumerate(sizes) if i > 0 and s != sizes[i - 1]],
-        "loss": {kind: [row[kind] for row in result["losses"]] for kind in ("none", "topk", "int8")},
+        "loss": {kind: [row[kind] for row in result["losses"]] for kind in ("none", "topk", "int8", "auto")},
         "final_loss": {kind: r["final_loss"] for kind, r in result["kinds"].items()},
         "conservation": {kind: {k: r[k] for k in ("conservation_error", "error_without_lost", "grad_scale",
                                                   "lost_expected_norm", "lost_reported")}

@@ -387,7 +387,9 @@ class Auto(Compressor):
         for the new world (dense calibration steps first), keeping every
         residual; the step counters are agreed by the elastic sync."""
         if self._framework == "tensorflow":
-            raise NotImplementedError("hvd_compress.Auto under elastic Horovod is supported in PyTorch only")
+            raise ValueError("hvd_compress.Auto under elastic Horovod is supported in PyTorch only "
+                             "(hvd_compress.elastic.register refuses it with a TensorFlow state); use a fixed "
+                             "scheme such as hvd_compress.TopK(0.01) with hvd.elastic.TensorFlowKerasState")
         self._reset_plan()
 
     def _new_adapter(self, framework):

@@ -1,22 +1,27 @@
 """Worker of tests/testing/test_elastic_jobs.py (TensorFlow 2, under elastic horovodrun).
 
-    python elastic_worker_tf.py HOSTS_FILE
+    python elastic_worker_tf.py HOSTS_FILE STAYING LEAVING
+
+(as elastic_worker_torch.py)
 
 One linear regression (Keras ``Dense``) in a ``hvd.elastic.TensorFlowKerasState``,
 ``op=hvd.Sum`` and plain SGD, compressed by one ``hvd_compress.TopK(0.01)``
-registered with ``hvd_compress.elastic.register``.  Steps alternate between
-the two TF paths, both through that compressor (the same residuals, keyed by
-variable name): even steps ``model.train_on_batch`` (Keras' compiled train
-function, the Horovod Keras ``DistributedOptimizer``), odd steps a
-``tf.function`` with ``hvd.DistributedGradientTape``, built again after each
-reset.  The membership schedule and the records are those of
-elastic_worker_torch.py up to its fault: host 127.0.0.1 removed, then added
-back, then 12 steps at 3 workers (a killed worker is the torch job's: here a
-survivor would wait out HOROVOD_GLOO_TIMEOUT_SECONDS, set long enough for a
-joining TF worker's start-up).
+registered with ``hvd_compress.elastic.register``.  Training is Keras ``fit``
+with Horovod's elastic callbacks (``UpdateBatchStateCallback``,
+``UpdateEpochStateCallback``, ``CommitStateCallback`` committing every batch)
+under ``hvd.elastic.run``; steps alternate between the two TF paths, both
+through that compressor (the same residuals): even steps are ``fit``'s batches
+(Keras' compiled train function, the Horovod Keras ``DistributedOptimizer``),
+odd steps a ``tf.function`` with ``hvd.DistributedGradientTape``, run from a
+callback after each batch and built again after each reset.  The membership
+schedule and the records are those of elastic_worker_torch.py: host LEAVING
+removed, added back, then its worker killed with SIGKILL in the middle of a
+tape step (after computing its gradient, while the others wait in the
+exchange), so the others restore the last commit; 2 workers to the end.
 """
 import json
 import os
+import signal
 import sys
 import time
 
@@ -32,7 +37,7 @@ import horovod.tensorflow.keras as hvdk  # noqa: E402
 import hvd_compress  # noqa: E402
 import hvd_compress.elastic  # noqa: E402
 
-HOSTS_FILE = sys.argv[1]
+HOSTS_FILE, STAYING, LEAVING = sys.argv[1], sys.argv[2].split(","), sys.argv[3]
 LR = 0.3
 D_IN, D_OUT, BATCH = 64, 16, 32
 STEPS_PER_PHASE = 12
@@ -46,7 +51,7 @@ EVAL_X = rng.standard_normal((256, D_IN)).astype(np.float32)
 EVAL_Y = EVAL_X @ TEACHER
 
 
-def batch(step, rank):
+def batch_of(step, rank):
     g = np.random.default_rng(1_000_003 * step + rank)
     x = g.standard_normal((BATCH, D_IN)).astype(np.float32)
     return x, (x @ TEACHER + 0.01 * g.standard_normal((BATCH, D_OUT))).astype(np.float32)
@@ -115,7 +120,7 @@ steps = {"tape": make_tape_step()}
 
 def folded_residuals():
     """This rank's residual of every variable (numpy); TopK travels by allgather: no stage-2 residual."""
-    adapter = compression._adapters.get("tensorflow")
+    adapter = compression.adapters.get("tensorflow")
     out = []
     for v in model.trainable_variables:
         r = adapter.residuals.get(v.name) if adapter is not None else None
@@ -124,6 +129,9 @@ def folded_residuals():
 
 
 class State(hvd.elastic.TensorFlowKerasState):
+    """Horovod's Keras state; each commit also records (by allgather, so that it rolls back
+    with the state) every rank's process id, gradient sums and residuals."""
+
     def save(self):
         entry = {"grads": [g.numpy().reshape(-1) for g in GRAD_SUMS], "residuals": folded_residuals()}
         gathered = hvd.allgather_object((hvd_compress.elastic.PROCESS_ID, entry), name="test.records")
@@ -138,8 +146,8 @@ class State(hvd.elastic.TensorFlowKerasState):
             g.assign(s)
 
 
-state = State(model, optimizer=keras_optimizer, step=0, phase=0, phase_step=0, records={}, members=[], sizes=[],
-              losses=[])
+state = State(model, optimizer=keras_optimizer, epoch=0, batch=0, step=0, phase=0, phase_step=0, records={},
+              members=[], sizes=[], losses=[])
 state._saved_grads = [g.numpy() for g in GRAD_SUMS]
 hvd_compress.elastic.register(state, compression)
 
@@ -151,6 +159,10 @@ def on_reset():
 state.register_reset_callbacks([on_reset])
 
 
+def hosts_text(with_leaving):
+    return "".join(f"{h}\n" for h in STAYING + ([f"{LEAVING}:1"] if with_leaving else []))
+
+
 def write_hosts(text):
     tmp = HOSTS_FILE + ".tmp"
     with open(tmp, "w") as f:
@@ -160,35 +172,63 @@ def write_hosts(text):
 
 def advance_phase(state):
     size, since = hvd.size(), state.step - state.phase_step
-    waits_for = {0: 3, 2: 2, 4: 3}
+    waits_for = {0: 3, 2: 2, 4: 3, 6: 2}
     if state.phase in waits_for and size == waits_for[state.phase]:
         state.phase, state.phase_step = state.phase + 1, state.step
-    elif state.phase in (1, 3, 5) and since >= STEPS_PER_PHASE:
+    elif state.phase in (1, 3, 5, 7) and since >= STEPS_PER_PHASE:
         state.phase, state.phase_step = state.phase + 1, state.step
         if state.phase == 2 and hvd.rank() == 0:
-            write_hosts("localhost:2\n")
+            write_hosts(hosts_text(with_leaving=False))
         if state.phase == 4 and hvd.rank() == 0:
-            write_hosts("localhost:2\n127.0.0.1:1\n")
+            write_hosts(hosts_text(with_leaving=True))
 
 
 def eval_loss():
     return float(np.mean(np.square(model(EVAL_X).numpy() - EVAL_Y)))
 
 
+def done(state):
+    return state.phase >= 8 or state.step >= MAX_STEPS
+
+
+def finish_step(state):
+    state.step += 1
+    state.sizes = state.sizes + [hvd.size()]
+    state.losses = state.losses + [eval_loss()]
+    advance_phase(state)
+
+
+class TapeStepAndRecords(tf.keras.callbacks.Callback):
+    """After each of fit's batches (an even step): that step's records, then the odd step
+    through the tape; before Horovod's CommitStateCallback commits both."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        finish_step(state)
+        if not done(state):
+            x, y = (tf.constant(a) for a in batch_of(state.step, hvd.rank()))
+            if state.phase == 6 and HOST == LEAVING:
+                add_raw_gradients(model, x, y)
+                print(f"ELASTIC_KILL host={HOST} step={state.step}", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)  # mid-step: the others are waiting in the exchange
+            steps["tape"](x, y)
+            finish_step(state)
+        if done(state):
+            self.model.stop_training = True
+        time.sleep(0.05)
+
+
+CALLBACKS = [TapeStepAndRecords(), hvdk.elastic.UpdateBatchStateCallback(state),
+             hvdk.elastic.UpdateEpochStateCallback(state), hvdk.elastic.CommitStateCallback(state, batches_per_commit=1)]
+
+
 @hvd.elastic.run
 def train(state):
-    while state.phase < 6 and state.step < MAX_STEPS:
-        x, y = batch(state.step, hvd.rank())
-        if state.step % 2 == 0:
-            model.train_on_batch(x, y)
-        else:
-            steps["tape"](tf.constant(x), tf.constant(y))
-        state.step += 1
-        state.sizes = state.sizes + [hvd.size()]
-        state.losses = state.losses + [eval_loss()]
-        advance_phase(state)
-        time.sleep(0.05)
-        state.commit()
+    while not done(state):
+        # fit's batches are the even steps from state.step on (restored after a reset), in order
+        first = state.step + state.step % 2
+        data = [batch_of(s, hvd.rank()) for s in range(first, MAX_STEPS, 2)]
+        model.fit(np.concatenate([x for x, _ in data]), np.concatenate([y for _, y in data]), batch_size=BATCH,
+                  epochs=1, shuffle=False, verbose=0, callbacks=CALLBACKS)
     state.commit()
 
 

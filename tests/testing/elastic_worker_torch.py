@@ -1,18 +1,23 @@
 """Worker of tests/testing/test_elastic_jobs.py (torch, under elastic horovodrun).
 
-    python elastic_worker_torch.py HOSTS_FILE
+    python elastic_worker_torch.py HOSTS_FILE STAYING LEAVING
 
-Three linear regressions trained side by side in one elastic state, on the same
+(``STAYING``: the hosts that stay, ``host:slots`` joined by commas; ``LEAVING``:
+the host, one slot, that is removed, added back and whose worker is killed.)
+
+Four linear regressions trained side by side in one elastic state, on the same
 data, with ``op=hvd.Sum`` and plain SGD: ``none`` (Horovod's own), ``topk``
-(``hvd_compress.TopK(0.01)``) and ``int8`` (``hvd_compress.Int8(transport=
-"two_phase")``), both registered with ``hvd_compress.elastic.register``.
+(``hvd_compress.TopK(0.01)``), ``int8`` (``hvd_compress.Int8(transport=
+"two_phase")``) and ``auto`` (``hvd_compress.Auto(calibration_steps=3)``, which
+calibrates and plans again after every membership change), each registered
+with ``hvd_compress.elastic.register``.
 Membership changes, driven from inside the job so they land at known phases
 (the host file is what the discovery script prints):
 
-1. 3 workers (``localhost:2`` and ``127.0.0.1:1``); rank 0 removes host
-   ``127.0.0.1`` from the host file;
+1. 3 workers (the ``STAYING`` hosts and ``LEAVING``); rank 0 removes host
+   ``LEAVING`` from the host file;
 2. 2 workers; rank 0 adds it back;
-3. 3 workers; the worker on ``127.0.0.1`` kills itself with SIGKILL in the
+3. 3 workers; the worker on ``LEAVING`` kills itself with SIGKILL in the
    middle of a step (after its backward, before its optimizer step): a fault,
    so the others restore the last commit; Horovod blacklists that host;
 4. 2 workers to the end.
@@ -37,12 +42,12 @@ import horovod.torch as hvd
 import hvd_compress
 import hvd_compress.elastic
 
-HOSTS_FILE = sys.argv[1]
+HOSTS_FILE, STAYING, LEAVING = sys.argv[1], sys.argv[2].split(","), sys.argv[3]
 LR = 0.3
 D_IN, D_OUT, BATCH = 64, 16, 32
 STEPS_PER_PHASE = 15
 MAX_STEPS = 400
-KINDS = ("none", "topk", "int8")
+KINDS = ("none", "topk", "int8", "auto")
 HOST = os.environ.get("HOROVOD_HOSTNAME", "?")
 
 hvd.init()
@@ -58,7 +63,8 @@ def batch(step, rank):
     return x, x @ TEACHER + 0.01 * torch.randn(BATCH, D_OUT, generator=g)
 
 
-compressions = {"topk": hvd_compress.TopK(0.01), "int8": hvd_compress.Int8(transport="two_phase")}
+compressions = {"topk": hvd_compress.TopK(0.01), "int8": hvd_compress.Int8(transport="two_phase"),
+                "auto": hvd_compress.Auto(calibration_steps=3)}
 models, optimizers = {}, {}
 for kind in KINDS:
     torch.manual_seed(1)
@@ -111,10 +117,15 @@ class State(hvd.elastic.TorchState):
 
 state = State(model=models["none"], optimizer=optimizers["none"], topk_model=models["topk"],
               topk_optimizer=optimizers["topk"], int8_model=models["int8"], int8_optimizer=optimizers["int8"],
-              step=0, phase=0, phase_step=0, records={}, members=[], sizes=[], losses=[])
+              auto_model=models["auto"], auto_optimizer=optimizers["auto"],
+              step=0, phase=0, phase_step=0, records={}, members=[], sizes=[], losses=[], auto_plans=[])
 state._saved_grads = {k: [g.clone() for g in v] for k, v in grad_sums.items()}
 for comp in compressions.values():
     hvd_compress.elastic.register(state, comp)
+
+
+def hosts_text(with_leaving):
+    return "".join(f"{h}\n" for h in STAYING + ([f"{LEAVING}:1"] if with_leaving else []))
 
 
 def write_hosts(text):
@@ -139,10 +150,10 @@ def advance_phase(state):
     elif state.phase in (1, 3, 5, 7) and since >= STEPS_PER_PHASE:
         state.phase, state.phase_step = state.phase + 1, state.step
         if state.phase == 2 and hvd.rank() == 0:
-            write_hosts("localhost:2\n")
+            write_hosts(hosts_text(with_leaving=False))
         if state.phase == 4 and hvd.rank() == 0:
-            write_hosts("localhost:2\n127.0.0.1:1\n")
-        # phase 6: the worker on 127.0.0.1 dies in the next step; Horovod then blacklists that host
+            write_hosts(hosts_text(with_leaving=True))
+        # phase 6: the worker on LEAVING dies in the next step; Horovod then blacklists that host
 
 
 @hvd.elastic.run
@@ -157,12 +168,16 @@ def train(state):
                                                                    retain_graph=True)):
                     s += g.double()
             loss.backward()
-        if state.phase == 6 and HOST == "127.0.0.1":
+        if state.phase == 6 and HOST == LEAVING:
+            print(f"ELASTIC_KILL host={HOST} step={state.step}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)  # mid-step: the others are waiting in the exchange
         for kind in KINDS:
             optimizers[kind].step()
         state.step += 1
         state.sizes = state.sizes + [hvd.size()]
+        # Auto after this step: the number of plans made since the last reset (0: calibrating) and the plan
+        state.auto_plans = state.auto_plans + [[len(compressions["auto"].history),
+                                                compressions["auto"].current_plan()]]
         state.losses = state.losses + [{k: eval_loss(k) for k in KINDS}]
         advance_phase(state)
         time.sleep(0.05)
@@ -176,7 +191,7 @@ gathered = hvd.allgather(weights.unsqueeze(0), name="test.final_weights")
 if hvd.rank() == 0:
     identical = all(torch.equal(gathered[0], gathered[r]) for r in range(hvd.size()))
     result = {"initial_loss": INITIAL_LOSS, "size": hvd.size(), "steps": state.step, "sizes": state.sizes, "identical": identical,
-              "losses": state.losses, "kinds": {}}
+              "losses": state.losses, "auto_plans": state.auto_plans, "kinds": {}}
     departed = [pid for pid in state.records if pid not in state.members]
     for kind in compressions:
         params = list(models[kind].parameters())

@@ -1,19 +1,20 @@
-"""Elastic Horovod with hvd_compress: real elastic jobs (``horovodrun --gloo
---min-np 2 --max-np 3 --host-discovery-script``) in which a host is removed,
-added back, and a worker is killed with SIGKILL in the middle of a step.
+"""Elastic Horovod with hvd_compress: real elastic jobs on the emulated cluster
+(hvd_compress/tools/testing/cluster.py: 3 hosts ``el-h1`` .. ``el-h3``, each a
+network namespace with its own address and sshd, one rank a host), launched from
+``el-h1`` as ``horovodrun --gloo --min-np 2 --max-np 3 --host-discovery-script``,
+in which a host is removed, added back, and a worker is killed with SIGKILL in
+the middle of a step.
 
-Three jobs: PyTorch (TopK(0.01) and Int8 two-phase, against Horovod's uncompressed
-optimizer on the same schedule) and TensorFlow (TopK(0.01) through Keras'
-compiled step and a ``DistributedGradientTape`` loop, alternating; no killed
-worker there: see tests/testing/elastic_worker_tf.py); and a worker joining with
-another configuration, which must be an error on every rank, not a hang.
+Three jobs: PyTorch (TopK(0.01), Int8 two-phase and Auto(), against Horovod's
+uncompressed optimizer on the same schedule), TensorFlow (TopK(0.01) through
+Keras ``fit`` with Horovod's elastic callbacks and a ``DistributedGradientTape``
+step, alternating), and a worker joining with another configuration, which must
+be an error on every rank, not a hang.
 
-Plain pytest, no root: the "hosts" are ``localhost`` (2 slots) and ``127.0.0.1``
-(1 slot), two names of this machine that Horovod's elastic driver treats as two
-hosts (a killed worker gets its host blacklisted, so the killed one must not
-share a host name with the survivors).  The discovery script prints a file that
-the job's rank 0 rewrites at known steps; see tests/testing/elastic_worker_torch.py
-for the schedule and what each rank records at each commit.
+The discovery script prints a file that the job's rank 0 rewrites at known steps
+(``el-h3`` removed, added back; then the worker on ``el-h3`` kills itself and
+Horovod blacklists that host); see tests/testing/elastic_worker_torch.py for the
+schedule and what each rank records at each commit.
 
 Asserts: the job exits 0 within ``JOB_BOUND_S``; every rank's final weights are
 bitwise identical; with TopK(0.01) and Int8 (two-phase, which re-cuts its chunks
@@ -21,12 +22,17 @@ at 3, 2, 3 and 2 ranks) the conservation law holds across all changes,
 ``(w0 - w) / lr + survivors' residuals + departed ranks' residuals at their last
 commit == sum of every gradient computed and committed`` (op=Sum, plain SGD), and
 fails without the departed ranks' part; the lost mass that the library reports
-equals the departed ranks' residual norm at their last commit; TopK(0.01)'s
-final loss is within ``TOPK_LOSS_TOLERANCE`` times the initial loss of the same
-schedule without compression.
+equals the departed ranks' residual norm at their last commit; Auto calibrates
+and plans again at each new number of workers; TopK(0.01)'s final loss is within
+``TOPK_LOSS_TOLERANCE`` times the initial loss of the same schedule without
+compression.
+
+Needs root (network namespaces): without root these FAIL when CI is set and are
+skipped with a reason otherwise, like tests/testing/test_cluster.py.
 """
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -36,9 +42,16 @@ from pathlib import Path
 
 import pytest
 
+from hvd_compress.tools.testing import cluster as cl
+from hvd_compress.tools.testing.cluster import Cluster
+
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
-HVDRUN = str(Path(PY).parent / "horovodrun")
+#: the cluster's name (its namespaces are el-br, el-h1 .. el-h3); it belongs to these tests
+PREFIX = "el"
+#: the hosts that stay, and the one that is removed, added back and killed
+STAYING = ("el-h1:1", "el-h2:1")
+LEAVING = "el-h3"
 #: a job ends within this (a hang bound, not a speed check): measured 130-200 s (torch), 150-190 s (TF)
 #: on the 2-core machine at a load average of 20; launches there ran up to 7x slower than unloaded,
 #: so the bound leaves 3x over the loaded figure
@@ -49,27 +62,51 @@ JOB_BOUND_S = 600
 TOPK_LOSS_TOLERANCE = 0.25
 #: the same for Int8 (two-phase), which sends every element
 INT8_LOSS_TOLERANCE = 0.001
-#: TF: TopK(0.01)'s final loss at most this fraction of the initial loss (~60 steps; measured 0.14)
+#: TF: TopK(0.01)'s final loss at most this fraction of the initial loss (~75 steps; measured 0.14)
 TF_TOPK_FINAL_LOSS = 0.3
 
 
-def _launch_elastic(tmp_path, worker, first_hosts, np, gloo_timeout_s, elastic_timeout_s, hang_message):
-    """``horovodrun --min-np 2 --max-np 3`` of ``worker`` with a discovery script that prints the
-    file ``hosts`` (``first_hosts`` at the start; the worker rewrites it); returns (output, rc, seconds)
-    and fails the test with ``hang_message`` if the job outlives ``JOB_BOUND_S``."""
+@pytest.fixture(scope="module", autouse=True)
+def _need_root():
+    if os.geteuid() != 0:
+        msg = "emulated-cluster tests need root (network namespaces); run them as root"
+        if os.environ.get("CI"):
+            pytest.fail(msg + " -- CI is set, so this is a failure, not a skip", pytrace=False)
+        pytest.skip(msg)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    cl.teardown(PREFIX)  # clear a crashed run's leftovers
+    with Cluster(3, prefix=PREFIX) as c:
+        yield c
+
+
+def _hosts_text(with_leaving=True):
+    return "".join(f"{h}\n" for h in STAYING + ((f"{LEAVING}:1",) if with_leaving else ()))
+
+
+def _launch_elastic(cluster, tmp_path, worker, with_leaving, np, gloo_timeout_s, elastic_timeout_s, hang_message):
+    """``horovodrun --min-np 2 --max-np 3`` of ``worker`` from ``el-h1``, with a discovery script
+    that prints the file ``hosts`` (the staying hosts, and ``el-h3`` if ``with_leaving``; the
+    worker rewrites it); returns (output, rc, seconds) and fails the test with ``hang_message``
+    if the job outlives ``JOB_BOUND_S``."""
     hosts = tmp_path / "hosts"
-    hosts.write_text(first_hosts)
+    hosts.write_text(_hosts_text(with_leaving))
     discover = tmp_path / "discover.sh"
     discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
     discover.chmod(stat.S_IRWXU)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1", HOROVOD_GLOO_TIMEOUT_SECONDS=str(gloo_timeout_s),
-               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-    cmd = [HVDRUN, "-np", str(np), "--min-np", "2", "--max-np", "3", "--host-discovery-script", str(discover),
-           "--elastic-timeout", str(elastic_timeout_s), "--network-interface", "lo", "--gloo", PY, str(worker),
-           str(hosts)]
+    env = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1",
+           "HOROVOD_GLOO_TIMEOUT_SECONDS": str(gloo_timeout_s), "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    cmd = [str(Path(cluster.venv_bin) / "horovodrun"), "-np", str(np), "--min-np", "2", "--max-np", "3",
+           "--host-discovery-script", str(discover), "--elastic-timeout", str(elastic_timeout_s),
+           "-p", str(cluster.ssh_port), "--ssh-identity-file", cluster.ssh_key,
+           "--network-interface", cluster.iface, "--disable-cache", "--gloo",
+           PY, str(worker), str(hosts), ",".join(STAYING), LEAVING]
     start = time.monotonic()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                         cwd=str(REPO), start_new_session=True)
+    p = cluster.popen(0, cmd, env=env, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                      stdin=subprocess.DEVNULL, text=True)
     try:
         out, _ = p.communicate(timeout=JOB_BOUND_S)
     except subprocess.TimeoutExpired:
@@ -79,8 +116,8 @@ def _launch_elastic(tmp_path, worker, first_hosts, np, gloo_timeout_s, elastic_t
     return out, p.returncode, time.monotonic() - start
 
 
-def _run_elastic_job(tmp_path, worker, gloo_timeout_s=30):
-    out, rc, elapsed = _launch_elastic(tmp_path, worker, "localhost:2\n127.0.0.1:1\n", 3, gloo_timeout_s, 120,
+def _run_elastic_job(cluster, tmp_path, worker, gloo_timeout_s=30):
+    out, rc, elapsed = _launch_elastic(cluster, tmp_path, worker, True, 3, gloo_timeout_s, 120,
                                        "elastic job did not end")
     assert rc == 0, out[-6000:]
     lines = [line for line in out.splitlines() if "ELASTIC_RESULT " in line]
@@ -91,47 +128,65 @@ def _run_elastic_job(tmp_path, worker, gloo_timeout_s=30):
     return result, out
 
 
-def test_torch_host_removed_added_and_worker_killed(tmp_path):
-    result, out = _run_elastic_job(tmp_path, Path(__file__).with_name("elastic_worker_torch.py"))
+def test_torch_host_removed_added_and_worker_killed(cluster, tmp_path):
+    result, out = _run_elastic_job(cluster, tmp_path, Path(__file__).with_name("elastic_worker_torch.py"))
     sizes = result["sizes"]
     # the schedule happened: 3 ranks, 2 (removed), 3 (added back), 2 (killed)
     changes = [s for i, s in enumerate(sizes) if i == 0 or s != sizes[i - 1]]
     assert changes == [3, 2, 3, 2], sizes
     assert result["size"] == 2
-    assert "127.0.0.1[0] has been removed from elastic job" in out  # the removal, as Horovod says it
-    assert "exit with status code 137" in out  # the SIGKILL
+    assert f"{LEAVING}[0] has been removed from elastic job" in out  # the removal, as Horovod says it
+    assert f"ELASTIC_KILL host={LEAVING}" in out  # the SIGKILL ...
+    # ... as Horovod reports it: 137 (128 + SIGKILL), 255 through ssh
+    assert re.search(r"Process \d+ exit with status code (137|255)\.", out), out[-6000:]
     assert result["identical"], "replicas differ after the membership changes"
-    for kind in ("topk", "int8"):
+    # Auto measured and planned again for each new number of workers: every stretch at one size
+    # starts calibrating (no plan since the reset) and ends with a plan made at that size
+    plans = result["auto_plans"]
+    starts = [i for i in range(len(sizes)) if i == 0 or sizes[i] != sizes[i - 1]]
+    for a, b in zip(starts, starts[1:] + [len(sizes)]):
+        assert plans[a][0] == 0 and plans[b - 1][0] >= 1, (sizes[a], plans[a:b])
+        assert plans[b - 1][1], (sizes[a], plans[b - 1])
+    for kind in ("topk", "int8", "auto"):
         r = result["kinds"][kind]
         assert r["departed"] == 2
         # conservation among the survivors, with what the departed took away
         assert r["conservation_error"] <= 1e-5 * r["grad_scale"], (kind, r)
-        assert r["error_without_lost"] > 10 * r["conservation_error"], (kind, r)
         lost = r["lost_reported"]
-        assert lost["ranks"] == 2 and lost["tensors"] >= 2, (kind, lost)
-        assert lost["norm"] == pytest.approx(r["lost_expected_norm"], rel=1e-5), (kind, r)
-        assert f"hvd_compress.elastic: 1 rank(s) left holding" in out
+        assert lost["ranks"] == 2, (kind, lost)
+        assert lost["norm"] == pytest.approx(r["lost_expected_norm"], rel=1e-5, abs=1e-9), (kind, r)
+        if kind == "auto":
+            continue  # its plans may keep tensors dense (no residual): nothing to lose then
+        assert r["error_without_lost"] > 10 * r["conservation_error"], (kind, r)
+        assert lost["tensors"] >= 2, (kind, lost)
+    assert "hvd_compress.elastic: 1 rank(s) left holding" in out
     loss = {kind: r["final_loss"] for kind, r in result["kinds"].items()}
     initial = result["initial_loss"]
     assert loss["none"] < 0.01 * initial, loss  # the schedule trains
     assert loss["topk"] - loss["none"] <= TOPK_LOSS_TOLERANCE * initial, (loss, initial)
     assert loss["int8"] - loss["none"] <= INT8_LOSS_TOLERANCE * initial, (loss, initial)
+    assert loss["auto"] - loss["none"] <= TOPK_LOSS_TOLERANCE * initial, (loss, initial)
 
 
-def test_tf_keras_and_tape_host_removed_and_added(tmp_path):
+def test_tf_keras_fit_and_tape_host_removed_added_and_worker_killed(cluster, tmp_path):
     # a joining TF worker takes longer than 30 s to start on a loaded machine: the survivors'
     # rendezvous waits up to HOROVOD_GLOO_TIMEOUT_SECONDS for it
-    result, out = _run_elastic_job(tmp_path, Path(__file__).with_name("elastic_worker_tf.py"), gloo_timeout_s=120)
+    result, out = _run_elastic_job(cluster, tmp_path, Path(__file__).with_name("elastic_worker_tf.py"),
+                                   gloo_timeout_s=120)
     sizes = result["sizes"]
     changes = [s for i, s in enumerate(sizes) if i == 0 or s != sizes[i - 1]]
-    assert changes == [3, 2, 3], sizes
-    assert "127.0.0.1[0] has been removed from elastic job" in out
+    assert changes == [3, 2, 3, 2], sizes
+    assert result["size"] == 2
+    assert f"{LEAVING}[0] has been removed from elastic job" in out
+    assert f"ELASTIC_KILL host={LEAVING}" in out  # the SIGKILL ...
+    # ... as Horovod reports it: 137 (128 + SIGKILL), 255 through ssh
+    assert re.search(r"Process \d+ exit with status code (137|255)\.", out), out[-6000:]
     assert result["identical"], "replicas differ after the membership changes"
     r = result["kinds"]["topk"]
-    assert r["departed"] == 1
+    assert r["departed"] == 2
     assert r["conservation_error"] <= 1e-5 * r["grad_scale"], r
     assert r["error_without_lost"] > 10 * r["conservation_error"], r
-    assert r["lost_reported"]["ranks"] == 1, r
+    assert r["lost_reported"]["ranks"] == 2, r
     assert r["lost_reported"]["norm"] == pytest.approx(r["lost_expected_norm"], rel=1e-5), r
     assert r["final_loss"] <= TF_TOPK_FINAL_LOSS * result["initial_loss"], r
 
@@ -145,9 +200,9 @@ import hvd_compress.elastic
 from hvd_compress.fingerprint import ConfigMismatchError
 
 hvd.init()
-hosts_file = sys.argv[1]
+hosts_file, staying, leaving = sys.argv[1], sys.argv[2].split(","), sys.argv[3]
 host = os.environ.get("HOROVOD_HOSTNAME")
-compression = hvd_compress.TopK(0.02 if host == "127.0.0.1" else 0.01)  # the joining worker differs
+compression = hvd_compress.TopK(0.02 if host == leaving else 0.01)  # the joining worker differs
 model = torch.nn.Linear(64, 16)
 opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
                                named_parameters=model.named_parameters(), compression=compression)
@@ -163,7 +218,7 @@ def train(state):
         state.step += 1
         if state.step == 5 and hvd.rank() == 0:
             with open(hosts_file + ".tmp", "w") as f:
-                f.write("localhost:2\n127.0.0.1:1\n")
+                f.write("".join(f"{h}\n" for h in staying + [leaving + ":1"]))
             os.replace(hosts_file + ".tmp", hosts_file)
         time.sleep(0.05)
         state.commit()
@@ -177,17 +232,17 @@ except ConfigMismatchError as e:
 '''
 
 
-def test_joining_worker_with_another_configuration_is_an_error_on_every_rank(tmp_path):
+def test_joining_worker_with_another_configuration_is_an_error_on_every_rank(cluster, tmp_path):
     """2 workers train; a third joins with TopK(0.02) instead of TopK(0.01): at the first exchange
     after the reset every rank, the joining one included, raises ConfigMismatchError naming the
     field, and the job ends (non-zero) instead of hanging."""
     worker = tmp_path / "mismatch_worker.py"
     worker.write_text(MISMATCH_WORKER)
-    out, rc, _ = _launch_elastic(tmp_path, worker, "localhost:2\n", 2, 60, 60,
+    out, rc, _ = _launch_elastic(cluster, tmp_path, worker, False, 2, 60, 60,
                                  "the job did not refuse the joining worker")
     assert rc != 0, out[-6000:]
     refused = [line for line in out.splitlines() if "MISMATCH_RESULT" in line and "refused" in line]
     assert len(refused) == 3, out[-6000:]
-    assert any("host=127.0.0.1" in line for line in refused), refused
+    assert any(f"host={LEAVING}" in line for line in refused), refused
     assert all("compression differs" in line and "0.02" in line for line in refused), refused
     assert "trained" not in out

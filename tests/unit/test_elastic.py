@@ -187,3 +187,14 @@ def test_auto_replans_after_a_reset_and_keeps_its_residuals():
     auto.replan_after_reset()
     assert auto.history == [] and auto.tensors == {} and auto.early_link is None
     assert torch.equal(adapter.params["w"].residual, torch.ones(4))
+
+
+def test_auto_with_a_tensorflow_state_is_refused_naming_what_is_allowed():
+    """TensorFlow Auto keeps its plan in the traced step: register() refuses it at once
+    (not at the first reset) and names the fixed schemes that work with a Keras state."""
+    tf = pytest.importorskip("tensorflow")
+    hvd_elastic = pytest.importorskip("horovod.tensorflow.elastic")
+    model = tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(3,))])
+    state = hvd_elastic.TensorFlowKerasState(model, optimizer=tf.keras.optimizers.SGD(0.1), epoch=0)
+    with pytest.raises(ValueError, match=r"Auto under elastic Horovod is supported in PyTorch only.*TopK\(0\.01\)"):
+        hvd_compress.elastic.register(state, hvd_compress.Auto())
