@@ -1,7 +1,7 @@
-"""Elastic Horovod with hvd_compress in Keras: Horovod's TF2 elastic example
-(``hvd.elastic.KerasState``, ``@hvd.elastic.run``, commits every few batches)
-with one compression line added; the step is Keras' compiled one
-(``model.train_on_batch``).
+"""Elastic Horovod with hvd_compress in Keras: Horovod's TF2 Keras elastic example
+(``hvd.elastic.KerasState``, ``@hvd.elastic.run`` around ``model.fit`` with Horovod's
+``UpdateEpochStateCallback``, ``UpdateBatchStateCallback`` and ``CommitStateCallback``)
+with one compression line added.
 
     horovodrun --gloo --min-np 2 --max-np 3 --host-discovery-script ./discover_hosts.sh \\
         python examples/tf2_keras_elastic.py --compression topk --ratio 0.01
@@ -11,7 +11,10 @@ The hvd_compress part (see below)::
     state = hvd.elastic.KerasState(model, batch=0, epoch=0)
     hvd_compress.elastic.register(state, compression)   # residuals follow commit / restore / resets
 
-After a membership change, register() also makes Keras trace ``fit``'s step again
+Call it before the ``@hvd.elastic.run`` function is defined: it also makes
+``hvd.elastic.run`` roll back after a failed collective whatever the collective's
+name (Horovod 0.28.1's own ends training silently when a named collective fails).
+After a membership change, register() makes Keras trace ``fit``'s step again
 (hvd_compress's graph holds the number of workers; Horovod's own ops read it at
 run time).  A ``tf.function`` step of your own around ``hvd.DistributedGradientTape``
 must be built again in a reset callback (``state.register_reset_callbacks``).
@@ -70,21 +73,17 @@ def main():
         log0(hvd.rank(), f"reset: now {hvd.size()} workers")
 
     state.register_reset_callbacks([on_state_reset])
+    callbacks = [hvd.elastic.UpdateEpochStateCallback(state), hvd.elastic.UpdateBatchStateCallback(state),
+                 hvd.elastic.CommitStateCallback(state, batches_per_commit=args.batches_per_commit)]
 
     @hvd.elastic.run
     def train(state):
-        for state.epoch in range(state.epoch, args.epochs):
-            batches = len(x_train) // (args.batch_size * hvd.size())
-            for state.batch in range(state.batch, batches):
-                # this worker's share of the epoch's batch: rank r of N takes every N-th example
-                start = (state.batch * hvd.size() + hvd.rank()) * args.batch_size
-                loss, _ = model.train_on_batch(x_train[start:start + args.batch_size],
-                                               y_train[start:start + args.batch_size])
-                if state.batch % args.batches_per_commit == 0:
-                    state.commit()
-            log0(hvd.rank(), f"epoch {state.epoch}: loss {loss:.4f}, {hvd.size()} workers")
-            state.batch = 0
-            state.commit()
+        # this worker's share of the data: rank r of N takes every N-th example, the same number of
+        # whole batches on every rank (each batch is one collective step)
+        n = len(x_train) // hvd.size() // args.batch_size * args.batch_size
+        xs, ys = x_train[hvd.rank()::hvd.size()][:n], y_train[hvd.rank()::hvd.size()][:n]
+        state.model.fit(xs, ys, batch_size=args.batch_size, callbacks=callbacks,
+                        epochs=args.epochs - state.epoch, verbose=2 if hvd.rank() == 0 else 0)
 
     train(state)
     _, accuracy = model.evaluate(x_test, y_test, verbose=0)

@@ -19,10 +19,12 @@ removed, added back, then its worker killed with SIGKILL in the middle of a
 tape step (after computing its gradient, while the others wait in the
 exchange), so the others restore the last commit; 2 workers to the end.
 """
+import faulthandler
 import json
 import os
 import signal
 import sys
+import threading
 import time
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -233,6 +235,8 @@ def train(state):
 
 
 train(state)
+# a hang at interpreter exit would show as a job that never ends: print every thread's stack and exit 1
+faulthandler.dump_traceback_later(150, exit=True)
 final = tf.concat([tf.reshape(v, [-1]) for v in model.trainable_variables], 0)
 gathered = hvd.allgather(tf.expand_dims(final, 0), name="test.final_weights").numpy()
 if hvd.rank() == 0:
@@ -255,3 +259,4 @@ if hvd.rank() == 0:
                   "lost_reported": compression.stats.lost(), "departed": len(departed),
                   "final_loss": eval_loss()}}}
     print("ELASTIC_RESULT " + json.dumps(result), flush=True)
+print(f"ELASTIC_DONE rank={hvd.rank()} threads={[t.name for t in threading.enumerate() if not t.daemon]}", flush=True)

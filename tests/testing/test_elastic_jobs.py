@@ -199,9 +199,22 @@ import hvd_compress
 import hvd_compress.elastic
 from hvd_compress.fingerprint import ConfigMismatchError
 
+from hvd_compress.compressor import ElasticNotRegistered
+
 hvd.init()
 hosts_file, staying, leaving = sys.argv[1], sys.argv[2].split(","), sys.argv[3]
 host = os.environ.get("HOROVOD_HOSTNAME")
+
+# first, on every rank (the joining one included): a compressor that is not registered with the
+# elastic state is refused at its first compress, before any collective, so the job goes on
+probe = torch.nn.Linear(8, 1)
+hvd.DistributedOptimizer(torch.optim.SGD(probe.parameters(), lr=0.1), compression=hvd_compress.TopK(0.5),
+                         named_parameters=[("unregistered." + n, p) for n, p in probe.named_parameters()])
+try:
+    probe(torch.randn(4, 8)).sum().backward()
+    print(f"MISMATCH_RESULT rank={hvd.rank()} host={host} unregistered accepted", flush=True)
+except ElasticNotRegistered as e:
+    print(f"MISMATCH_RESULT rank={hvd.rank()} host={host} unregistered refused: {e}", flush=True)
 compression = hvd_compress.TopK(0.02 if host == leaving else 0.01)  # the joining worker differs
 model = torch.nn.Linear(64, 16)
 opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
@@ -235,13 +248,22 @@ except ConfigMismatchError as e:
 def test_joining_worker_with_another_configuration_is_an_error_on_every_rank(cluster, tmp_path):
     """2 workers train; a third joins with TopK(0.02) instead of TopK(0.01): at the first exchange
     after the reset every rank, the joining one included, raises ConfigMismatchError naming the
-    field, and the job ends (non-zero) instead of hanging."""
+    field, and the job ends (non-zero) instead of hanging.  Before that, every rank checks that a
+    compressor not registered with the elastic state raises ElasticNotRegistered at its first
+    compress (HOROVOD_ELASTIC=1, set by horovodrun), naming hvd_compress.elastic.register."""
     worker = tmp_path / "mismatch_worker.py"
     worker.write_text(MISMATCH_WORKER)
-    out, rc, _ = _launch_elastic(cluster, tmp_path, worker, False, 2, 60, 60,
-                                 "the job did not refuse the joining worker")
+    out, rc, elapsed = _launch_elastic(cluster, tmp_path, worker, False, 2, 60, 60,
+                                       "the job did not refuse the joining worker")
+    print(f"mismatch job: {elapsed:.0f} s")
     assert rc != 0, out[-6000:]
-    refused = [line for line in out.splitlines() if "MISMATCH_RESULT" in line and "refused" in line]
+    unregistered = [line for line in out.splitlines() if "MISMATCH_RESULT" in line and "unregistered" in line]
+    assert len(unregistered) == 3 and all("unregistered refused: elastic Horovod (HOROVOD_ELASTIC=1) needs the "
+                                          "compressor registered" in line and
+                                          "hvd_compress.elastic.register(state, compression)" in line
+                                          for line in unregistered), out[-6000:]
+    refused = [line for line in out.splitlines() if "MISMATCH_RESULT" in line and " refused: " in line
+               and "unregistered" not in line]
     assert len(refused) == 3, out[-6000:]
     assert any(f"host={LEAVING}" in line for line in refused), refused
     assert all("compression differs" in line and "0.02" in line for line in refused), refused
