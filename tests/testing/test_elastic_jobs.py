@@ -62,7 +62,7 @@ JOB_BOUND_S = 600
 TOPK_LOSS_TOLERANCE = 0.25
 #: the same for Int8 (two-phase), which sends every element
 INT8_LOSS_TOLERANCE = 0.001
-#: TF: TopK(0.01)'s final loss at most this fraction of the initial loss (~75 steps; measured 0.14)
+#: TF: TopK(0.01)'s final loss at most this fraction of the initial loss (~60 steps; measured 0.14)
 TF_TOPK_FINAL_LOSS = 0.3
 
 
@@ -168,25 +168,21 @@ def test_torch_host_removed_added_and_worker_killed(cluster, tmp_path):
     assert loss["auto"] - loss["none"] <= TOPK_LOSS_TOLERANCE * initial, (loss, initial)
 
 
-def test_tf_keras_fit_and_tape_host_removed_added_and_worker_killed(cluster, tmp_path):
+def test_tf_keras_fit_and_tape_host_removed_and_added(cluster, tmp_path):
     # a joining TF worker takes longer than 30 s to start on a loaded machine: the survivors'
     # rendezvous waits up to HOROVOD_GLOO_TIMEOUT_SECONDS for it
     result, out = _run_elastic_job(cluster, tmp_path, Path(__file__).with_name("elastic_worker_tf.py"),
                                    gloo_timeout_s=120)
     sizes = result["sizes"]
     changes = [s for i, s in enumerate(sizes) if i == 0 or s != sizes[i - 1]]
-    assert changes == [3, 2, 3, 2], sizes
-    assert result["size"] == 2
+    assert changes == [3, 2, 3], sizes
     assert f"{LEAVING}[0] has been removed from elastic job" in out
-    assert f"ELASTIC_KILL host={LEAVING}" in out  # the SIGKILL ...
-    # ... as Horovod reports it: 137 (128 + SIGKILL), 255 through ssh
-    assert re.search(r"Process \d+ exit with status code (137|255)\.", out), out[-6000:]
     assert result["identical"], "replicas differ after the membership changes"
     r = result["kinds"]["topk"]
-    assert r["departed"] == 2
+    assert r["departed"] == 1
     assert r["conservation_error"] <= 1e-5 * r["grad_scale"], r
     assert r["error_without_lost"] > 10 * r["conservation_error"], r
-    assert r["lost_reported"]["ranks"] == 2, r
+    assert r["lost_reported"]["ranks"] == 1, r
     assert r["lost_reported"]["norm"] == pytest.approx(r["lost_expected_norm"], rel=1e-5), r
     assert r["final_loss"] <= TF_TOPK_FINAL_LOSS * result["initial_loss"], r
 
