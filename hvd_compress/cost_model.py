@@ -42,7 +42,11 @@ both factors.)  On top of the link:
   step, the allreduce latency is paid once per fusion buffer, not once per
   tensor (:func:`step_cost`).  Horovod fuses tensors of one dtype: the fp32
   allreduces with the allgather schemes' fp32 placeholders, the half-precision
-  payloads among themselves;
+  payloads among themselves; it fuses the allgathers of a cycle too, and the
+  two-phase transport sends one alltoall and one allgather for all the
+  tensors of a round, so their latency is also paid once per step (per
+  tensor, :attr:`TensorCost.marginal_s` keeps it: a tensor alone on its
+  transport pays it in full);
 * no overlap with the backward pass: an upper bound of the communication
   share of a step.
 
@@ -197,6 +201,12 @@ class TensorCost:
     fusable_bytes: float = 0.0
     #: the dtype of the fusable part: Horovod fuses tensors of one dtype only
     fusion_dtype: str = "float32"
+    #: the latency of the tensor's allgather or two-phase rounds, which a step
+    #: shares across its tensors (Horovod fuses the allgathers of a cycle; the
+    #: two-phase transport sends one alltoall and one allgather for every
+    #: tensor of a round): counted in full per tensor, once per step by
+    #: :func:`step_cost`
+    gather_latency_s: float = 0.0
 
     @property
     def total_s(self) -> float:
@@ -225,10 +235,13 @@ def tensor_cost(transport, payload, workers, link: Link, machine: Machine = LINK
     # Horovod fuses tensors of one dtype: the fp32 allreduces and the
     # placeholders share fp32 buffers, half-precision payloads their own
     dtype = "float16" if half and transport == "allreduce" else "float32"
+    gather = 0.0
+    if transport in ("allgather", "two_phase") and workers > 1:
+        gather = (latency_steps(transport, workers, extra_allgathers) - 2 * (workers - 1)) * link.latency_s
     return TensorCost(transport, float(payload), wire, link_s, codec,
                       collective_cpu_seconds(transport, payload, workers, machine, half),
                       extra_rounds * machine.cycle_s, fusable,
-                      float(payload) if transport == "allreduce" else 4.0, dtype)
+                      float(payload) if transport == "allreduce" else 4.0, dtype, gather)
 
 
 @dataclass(frozen=True)
@@ -250,7 +263,7 @@ def step_cost(costs: Iterable[TensorCost], machine: Machine = LINK_ONLY) -> Step
     """Sum of :func:`tensor_cost` over a step's tensors.  Fusion: the
     allreduce parts (tensors and placeholders) of one dtype share fusion
     buffers of ``machine.fusion_bytes``, so their latency is paid once per
-    buffer; the
+    buffer, and so do the allgathers, and the two-phase rounds; the
     step waits one cycle of Horovod's per dependent round (two where any
     tensor travels two-phase or by PowerSGD: the tensors' second rounds
     share a cycle)."""
@@ -258,6 +271,12 @@ def step_cost(costs: Iterable[TensorCost], machine: Machine = LINK_ONLY) -> Step
     if not costs:
         return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, [])
     saved = 0.0
+    for transport in ("allgather", "two_phase"):
+        group = [c for c in costs if c.transport == transport and c.gather_latency_s > 0]
+        if group and machine.fusion_bytes > 0:
+            buffers = max(1, math.ceil(sum(c.payload_bytes for c in group) / machine.fusion_bytes))
+            saved += max(0.0, sum(c.gather_latency_s for c in group)
+                         - buffers * max(c.gather_latency_s for c in group))
     for dtype in sorted({c.fusion_dtype for c in costs}):
         fusable = [c for c in costs if c.fusable_latency_s > 0 and c.fusion_dtype == dtype]
         if fusable and machine.fusion_bytes > 0:

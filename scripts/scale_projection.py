@@ -122,6 +122,22 @@ def tables(cells, check):
                            f"{c['best_wire_bytes'] / 1e6:.0f} MB")
             lines.append(" | ".join(row) + " |")
         lines.append("")
+    lines += ["Ranges over N = 8..256: speedup of the best choice over `none`, no overlap (communication hidden):",
+              "", "| model | " + " | ".join(f"{g} Gbit/s" for g in LINKS_GBIT) + " |",
+              "|---|" + "---|" * len(LINKS_GBIT)]
+    for model in MODELS.values():
+        row = [f"| {model.name} "]
+        for g in LINKS_GBIT:
+            cs = [c for c in cells if c["model"] == model.name and c["link_gbit"] == g]
+            a = [c["speedup_vs_none"] for c in cs]
+            h = [c["speedup_vs_none_if_hidden"] for c in cs]
+            row.append(f"{min(a):.2f}-{max(a):.2f}x ({min(h):.2f}-{max(h):.2f}x)")
+        lines.append(" | ".join(row) + " |")
+    wins = {}
+    for c in cells:
+        wins[label(c["best"])] = wins.get(label(c["best"]), 0) + 1
+    lines += ["", "Best choice, cells won: " + ", ".join(f"{k} {v}" for k, v in sorted(wins.items(), key=lambda kv: -kv[1]))
+              + f" (of {len(cells)}).", ""]
     lines += ["Horovod's published scaling at 512 GPUs, 25 Gbit/s, against the model's `none`:", "",
               "| model | parameters | compute (assumed) | comm (model) | efficiency, no overlap | full overlap | "
               "published | P100 use at which no overlap = published |", "|---|---:|---:|---:|---:|---:|---:|---:|"]

@@ -412,7 +412,7 @@ def _ms(s):
 
 def format_advice(adv: Advice, max_layers=40) -> str:
     bw_gbit = adv.bandwidth * 8 / 1e9
-    total_n = sum(n for _, n in adv.layers)
+    total_n = sum(layer[1] for layer in adv.layers)
     out = [f"## Prediction: {human_count(total_n)} parameters in {len(adv.layers)} tensor(s), "
            f"{adv.workers} workers, {bw_gbit:g} Gbit/s, latency {adv.latency * 1e6:g} us per ring step",
            "",

@@ -84,6 +84,20 @@ def test_step_cost_fuses_the_allreduce_latency_and_waits_one_cycle():
     assert cm.step_cost([], Machine()).seconds == 0.0
 
 
+def test_step_cost_shares_the_allgather_and_two_phase_latency_across_tensors():
+    link = Link(1e-3, 1 * MB)
+    # N = 4: an allgather's own 3 latency steps and its placeholder's 6; two-phase 3 + 3 and 6
+    gathers = [cm.tensor_cost("allgather", 100, 4, link) for _ in range(3)]
+    assert gathers[0].gather_latency_s == pytest.approx(3e-3)
+    step = cm.step_cost(gathers, Machine())
+    assert step.fusion_saved_s == pytest.approx(2 * 3e-3 + 2 * 6e-3)  # each shared once, not three times
+    phases = [cm.tensor_cost("two_phase", 100, 4, link) for _ in range(2)]
+    assert phases[0].gather_latency_s == pytest.approx(6e-3)
+    assert cm.step_cost(phases, Machine()).fusion_saved_s == pytest.approx(6e-3 + 6e-3)
+    # per tensor the allgather latency stays: a tensor alone on its transport pays it
+    assert gathers[0].marginal_s == pytest.approx(gathers[0].total_s - 6e-3)
+
+
 def test_gpu_codec_is_passes_times_bytes_over_memory_bandwidth():
     # 1e9 elements, 2 passes of 4 bytes, 2 TB/s: 4 ms, + 3 launches of 5 us
     assert cm.gpu_codec_seconds(1e9, 2, memory_bytes_per_s=2e12, launches=3) == pytest.approx(4e-3 + 15e-6)
