@@ -563,18 +563,31 @@ def row_spec(row):
     return spec
 
 
-def _auto_specs(row, count):
-    """Per-tensor specs of an Auto row from its ``auto_plan`` (candidate
-    labels in parameter order, or {name: label} in the row's layer order),
-    or None."""
-    plan = row.get("auto_plan")
-    if isinstance(plan, dict):
-        labels = list(plan.values()) if "labels" not in plan else plan["labels"]
-    else:
-        labels = plan
-    if not isinstance(labels, list) or len(labels) != count:
+def auto_plan_tensors(plan_text):
+    """``[(numel, shape, spec)]`` from the table ``Auto.describe()`` prints
+    (``auto_plan`` of a bench row): each tensor's shape and chosen candidate
+    label (an advise spec: ``none``, ``FP16``, ``TopK(0.01)/two_phase``, ...);
+    None where the text is not such a table or a tensor is pinned by a rule."""
+    if not isinstance(plan_text, str):
         return None
-    return ["none" if lab in (None, "none") else str(lab) for lab in labels]
+    out = []
+    header = False
+    for line in plan_text.splitlines():
+        parts = line.split()
+        if parts[:3] == ["tensor", "shape", "choice"]:
+            header = True
+            continue
+        if not header or len(parts) < 7 or parts[0] in ("predicted", "link:"):
+            continue
+        shape_text, label = parts[1], parts[2]
+        if label == "rule":
+            return None
+        shape = () if shape_text == "scalar" else tuple(int(d) for d in shape_text.split("x"))
+        numel = 1
+        for d in shape:
+            numel *= d
+        out.append((numel, shape, label))
+    return out or None
 
 
 def predict_row(row, overhead: Optional[Overhead], machine: Machine, latency=DEFAULT_LATENCY_S, mbit=None):
@@ -604,9 +617,10 @@ def predict_row(row, overhead: Optional[Overhead], machine: Machine, latency=DEF
         shapes = [None] * len(numels)
     params = row.get("model_params") or sum(numels)
     if row.get("transport") == "mixed" or str(row.get("scheme", "")).startswith("Auto"):
-        specs = _auto_specs(row, len(numels))
-        if specs is None:
+        tensors = auto_plan_tensors(row.get("auto_plan"))
+        if tensors is None:
             return None, False
+        numels, shapes, specs = (list(t) for t in zip(*tensors))
     else:
         specs = [row_spec(row)] * len(numels)
     fraction = None

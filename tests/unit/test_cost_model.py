@@ -175,3 +175,23 @@ def test_advise_gpu_model_projection_ranks_allgather_int8_behind_none_and_compre
     slow = advise.advise(layers, 64, 1e9 / 8, 5e-6, None, GPU_SCHEMES, 0.1, cm.GPU_NCCL, codec_of=gpu_codec)
     assert slow.plan_total_s < 0.5 * slow.none_total_s
     assert math.isfinite(slow.totals["TopK(0.01)/two_phase"]["total_s"])
+
+
+def test_advise_predicts_an_auto_row_from_the_plan_it_printed():
+    """A bench row of Auto carries ``Auto.describe()``'s table: the model reads
+    each tensor's shape and chosen candidate (transport included) from it."""
+    from hvd_compress.auto.planner import Choice, format_plan
+    from hvd_compress.tools import advise
+    tensors = {"fc.weight": (1 << 20, (1024, 1024)), "fc.bias": (1024, (1024,)), "emb": (1 << 18, (512, 512))}
+    choices = {"fc.weight": Choice("TopK(0.01)/two_phase", 0.01, 0.1, 1000.0),
+               "fc.bias": Choice("none", 1e-4, 1e-4, 4096.0), "emb": Choice("Int8", 0.01, 0.02, 262148.0)}
+    text = "Auto plan version 0, in force from communication 6\n" + format_plan(choices, tensors, Link(1e-4, 1e7))
+    assert sorted(advise.auto_plan_tensors(text)) == sorted(
+        [(1 << 20, (1024, 1024), "TopK(0.01)/two_phase"), (1024, (1024,), "none"), (1 << 18, (512, 512), "Int8")])
+    row = {"scheme": "Auto()", "transport": "mixed", "workers": 4, "link_mbit": 100.0, "model_params": 1 << 21,
+           "auto_plan": text, "encode_s_per_step": 0.01, "decode_s_per_step": 0.02}
+    step, known = advise.predict_row(row, None, cm.LINK_ONLY)
+    parts = [advise.predict(s, n, 4, 100e6 / 8, 50e-6, codec=(0.0, 0.0), shape=sh).cost
+             for n, sh, s in advise.auto_plan_tensors(text)]
+    assert known and step.seconds == pytest.approx(cm.step_cost(parts).seconds + 0.03)
+    assert advise.auto_plan_tensors("Auto: calibrating (5 dense steps before the first plan)") is None
