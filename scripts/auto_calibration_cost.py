@@ -3,6 +3,9 @@
 
     .venv/bin/python scripts/auto_calibration_cost.py [--params 16M] [--e2e docs/results/e2e.json] \
         [--out docs/results/auto_calibration_cost.json]
+    .venv/bin/python scripts/auto_calibration_cost.py --measured docs/results/e2e_auto_calibration.json
+
+The second form prints what the cluster measured (:func:`measured_overhead`).
 
 Two parts, for the torch MLP of ``bench e2e`` (its weight shapes):
 
@@ -65,12 +68,54 @@ def decision_step_seconds(tensors, eager_powersgd):
         tl.codec_for = real
 
 
+def measured_overhead(rows, steps=1000):
+    """Auto's calibration overhead per link, from ``bench e2e --schemes
+    "none,Auto()"`` rows: its warm-up steps (``warmup_step_s_all``) start with
+    the calibration steps (index 0 to ``calibration_steps - 1``, the first
+    one also probing the link) and the decision step, then the plan runs
+    (``median_step_s``).  Overhead = those steps minus as many steps of the
+    plan; share = overhead / ``steps`` steps of the plan."""
+    from hvd_compress import Auto
+    n = Auto().calibration_steps
+    out = []
+    for r in rows:
+        if r.get("scheme") != "Auto()":
+            continue
+        warm = r["warmup_step_s_all"]
+        plan_s = r["median_step_s"]
+        none = [x for x in rows if x.get("scheme") == "none" and x.get("link_mbit") == r.get("link_mbit")]
+        overhead = sum(warm[:n + 1]) - (n + 1) * plan_s
+        out.append({"link_mbit": r.get("link_mbit"), "link_measured_mbit": r.get("link_measured_mbit"),
+                    "calibration_steps_s": warm[:n], "decision_step_s": warm[n], "plan_step_s": plan_s,
+                    "none_step_s": none[0]["median_step_s"] if none else None,
+                    "speedup_vs_none": r.get("speedup_vs_none"), "overhead_s": overhead,
+                    "share_of_run": overhead / (steps * plan_s), "run_steps": steps,
+                    "loadavg_1m": [r.get("loadavg_1m_before"), r.get("loadavg_1m_after")]})
+    return out
+
+
+def print_measured(rows):
+    print(f"{'link':>10} {'calibration steps':>18} {'decision step':>14} {'plan step':>10} {'overhead':>9} "
+          f"{'share of 1000 steps':>20} {'vs none':>8}")
+    for m in rows:
+        name = "unshaped" if m["link_mbit"] is None else f"{m['link_mbit']:g} Mbit/s"
+        print(f"{name:>10} {sum(m['calibration_steps_s']):>17.2f}s {m['decision_step_s']:>13.2f}s "
+              f"{1e3 * m['plan_step_s']:>8.0f}ms {m['overhead_s']:>8.2f}s {100 * m['share_of_run']:>19.1f}% "
+              f"{m['speedup_vs_none'] or 0:>7.2f}x")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--params", default="16M")
     ap.add_argument("--e2e", default=os.path.join(ROOT, "docs/results/e2e.json"))
     ap.add_argument("--out", default=None)
+    ap.add_argument("--measured", default=None,
+                    help="only print the measured overhead of the Auto() rows of this bench e2e JSON "
+                         "(docs/results/e2e_auto_calibration.json)")
     args = ap.parse_args(argv)
+    if args.measured:
+        print_measured(measured_overhead(json.load(open(args.measured))))
+        return 0
     import torch
     torch.set_num_threads(1)
     from hvd_compress.auto.compressor import EARLY_PROBE_NUMELS, provisional_choice

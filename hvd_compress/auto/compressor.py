@@ -11,9 +11,11 @@ Life of an ``Auto``:
    (:func:`hvd_compress.auto.planner.provisional_choice`), the others dense
    (``calibrate_compressed=False``: all dense).
 2. **Decide** at the first ``compress`` of the next step, on every rank:
-   time blocking allreduces of ``probe_numels`` elements (fit of latency and
+   time blocking allreduces of ``probe_numels`` elements, capped at what the
+   link known so far moves in :data:`PROBE_BUDGET_S` (fit of latency and
    bandwidth, :func:`hvd_compress.auto.planner.fit_link`) and each candidate's error
-   feedback + encode + decode on every distinct tensor shape; average the
+   feedback + encode + decode on every distinct tensor shape (``none``: 0,
+   not timed); average the
    measurements over ranks (one allreduce); rank 0 plans
    (:func:`hvd_compress.auto.planner.plan`) and broadcasts candidate indices in sorted
    key order (one broadcast); every rank allgathers a hash of the plan it is
@@ -41,6 +43,7 @@ object, and tensors first seen after calibration are not planned.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import threading
 import time
@@ -53,6 +56,10 @@ from ..memory import ResidualMemory
 from ..schemes.base import check_range
 
 DEFAULT_PROBE_NUMELS = (1 << 10, 1 << 16, 1 << 20)
+#: a check's probe sizes are capped at what the link known so far (the early
+#: probe's fit, or the last decision's) moves in this many seconds per
+#: allreduce: on a slow link the largest default size alone would cost seconds
+PROBE_BUDGET_S = 0.1
 
 
 class Auto(Compressor):
@@ -72,7 +79,8 @@ class Auto(Compressor):
             ``none`` for a tensor (0.1 = 10%).
         replan_threshold: a re-check adopts a new plan only if it is predicted
             this much faster than the plan in force.
-        probe_numels: fp32 allreduce sizes timed to fit the link.
+        probe_numels: fp32 allreduce sizes timed to fit the link (each capped
+            at what the link known so far moves in :data:`PROBE_BUDGET_S`).
         exclude: labels of candidates to leave out (``("FP16",)`` where a
             half-precision sum would overflow; ``"none"`` always stays; a
             scheme's label also leaves out its ``"/two_phase"`` candidate).
@@ -156,6 +164,7 @@ class Auto(Compressor):
         #: tensor's calibration candidate (label; "none": dense)
         self.early_link = None
         self.provisional = {}
+        self.check_seconds = None
         #: what measures and agrees (None: :mod:`hvd_compress.auto.calibration`, PyTorch)
         self._cal = None
 
@@ -256,7 +265,10 @@ class Auto(Compressor):
         version = len(self.history)
         keys = sorted(k for k in self.tensors if self._pinned(k) is None)
         first = self.link is None
-        probes = cal.probe_link(self.probe_numels, f"{version}.{start}", ps)
+        numels = self.probe_sizes(size)
+        t0 = time.perf_counter()
+        probes = cal.probe_link(numels, f"{version}.{start}", ps)
+        t1 = time.perf_counter()
         if not first:
             codecs = []  # a re-check keeps the codec costs
         else:
@@ -268,12 +280,14 @@ class Auto(Compressor):
                 codecs = cal.measure_codecs(self.tensors, keys, self.candidates, size, usable)
             codecs = [[v if usable(c, self.tensors[k][1]) else -1.0 for c, v in zip(self.candidates, row)]
                       for k, row in zip(keys, codecs)]
+        #: this rank's seconds in the last check: probing the link, timing the codecs
+        self.check_seconds = {"probe": t1 - t0, "codecs": time.perf_counter() - t1, "probe_numels": list(numels)}
         stamps = self._step_times if step_times is None else step_times
         gaps = [b - a for a, b in zip(stamps, stamps[1:])]
         step_s = statistics.median(gaps) if gaps else 0.0
         flat = probes + [step_s] + [v for row in codecs for v in row]
         avg = cal.average_over_ranks(flat, f"{version}.{start}", ps)
-        self.link = fit_link([4 * n for n in self.probe_numels], avg[:len(probes)], size)
+        self.link = fit_link([4 * n for n in numels], avg[:len(probes)], size)
         if first:
             self.step_s = avg[len(probes)]
             width = len(self.candidates)
@@ -293,6 +307,21 @@ class Auto(Compressor):
             self._phases = {}
             if "torch" in self._adapters:  # two-phase owners' residuals join the whole tensor's
                 self._adapters["torch"].fold_owned_chunks(rank, size)
+
+    def probe_sizes(self, size):
+        """The sizes a check times: ``probe_numels``, each capped at what the
+        link known so far (the last fit, else the early probe's; both averaged
+        over ranks, so every rank probes the same sizes) moves in
+        :data:`PROBE_BUDGET_S`; all of them as given where nothing is known
+        yet or the cap would leave fewer than two distinct sizes."""
+        sizes = tuple(sorted(set(self.probe_numels)))
+        link = self.link or self.early_link
+        if link is None or size < 2 or not math.isfinite(link.bytes_per_s):
+            return sizes
+        hops = 2.0 * (size - 1)
+        cap = (PROBE_BUDGET_S - hops * link.latency_s) * link.bytes_per_s * size / hops / 4
+        capped = tuple(sorted({min(n, max(1, int(cap))) for n in sizes}))
+        return capped if len(capped) >= 2 else sizes[:2]
 
     def _propose(self, keys, size):
         """Rank 0: candidate indices of the new plan, or of the plan in force

@@ -301,8 +301,10 @@ def format_plan(choices: Dict[str, Choice], tensors, link: Optional[Link] = None
 
 
 #: the allreduces timed at the first ``compress`` to choose how to calibrate:
-#: small, so that even a slow link answers in a few tens of milliseconds
-EARLY_PROBE_NUMELS = (1 << 10, 1 << 15)
+#: 4 KB and 1 MB, so that the larger one's time is mostly bandwidth on a slow
+#: link (84 ms at 100 Mbit/s, above the milliseconds a loaded machine adds to
+#: any collective) and costs little on a fast one
+EARLY_PROBE_NUMELS = (1 << 10, 1 << 18)
 #: the candidates a tensor may be calibrated with, where present: every
 #: element kept to 8 bits, or the largest tenth of them, with error feedback
 PROVISIONAL_LABELS = ("FP16", "Int8", "TopK(0.1)")

@@ -220,3 +220,40 @@ def test_e2e_smoke_two_hosts(tmp_path):
     assert topk["payload_bytes_per_step"] < 0.05 * none["payload_bytes_per_step"]
     assert (tmp_path / "e2e.png").exists() and (tmp_path / "e2e_wire.png").exists()
     assert "hvdcbt" not in cluster.existing_clusters()
+
+
+def _step_breakdown_script():
+    import importlib.util
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "step_breakdown.py")
+    spec = importlib.util.spec_from_file_location("step_breakdown", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_step_breakdown_reads_horovods_timeline(tmp_path):
+    """scripts/step_breakdown.py: negotiation and execution spans summed by
+    op, activities by name, cycles counted, from a timeline as Horovod leaves
+    it (the array unclosed, a trailing comma)."""
+    events = [{"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "w"}},
+              {"name": "CYCLE_START", "ph": "i", "ts": 0, "s": "g"},
+              {"name": "NEGOTIATE_ALLGATHER", "ph": "B", "ts": 100, "pid": 1},
+              {"name": "0", "ph": "X", "ts": 150, "pid": 1, "dur": 0},
+              {"ph": "E", "ts": 400, "pid": 1},
+              {"name": "ALLGATHER", "ph": "B", "ts": 400, "pid": 1},
+              {"name": "GLOO_ALLGATHER", "ph": "B", "ts": 410, "pid": 1},
+              {"ph": "E", "ts": 1410, "pid": 1},
+              {"ph": "E", "ts": 1500, "pid": 1},
+              {"name": "CYCLE_START", "ph": "i", "ts": 2000, "s": "g"},
+              {"name": "NEGOTIATE_ALLREDUCE", "ph": "B", "ts": 2000, "pid": 2},
+              {"ph": "E", "ts": 2100, "pid": 2},
+              {"name": "ALLREDUCE", "ph": "B", "ts": 2100, "pid": 2},
+              {"ph": "E", "ts": 2600, "pid": 2}]
+    path = tmp_path / "timeline.json"
+    path.write_text("[\n" + "".join(json.dumps(e) + ",\n" for e in events))
+    got = _step_breakdown_script().parse_timeline(str(path))
+    assert got["cycles"] == 2
+    assert got["negotiate"] == pytest.approx({"ALLGATHER": 300e-6, "ALLREDUCE": 100e-6})
+    assert got["execute"] == pytest.approx({"ALLGATHER": 1100e-6, "ALLREDUCE": 500e-6})
+    assert got["activity"] == pytest.approx({"GLOO_ALLGATHER": 1000e-6})
+    assert got["collectives"] == {"ALLGATHER": 1, "ALLREDUCE": 1}

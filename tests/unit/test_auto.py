@@ -206,7 +206,7 @@ def test_tensorflow_codec_timing():
     from hvd_compress.auto import tf as auto_tf
     from hvd_compress.schemes import NoCompression, PowerSGD, TopK
     got = auto_tf.codec_seconds([NoCompression(), None, TopK(0.1), PowerSGD(2)], 4096, (64, 64), 2)
-    assert got[1] is None and all(0.0 <= t < 1.0 for t in got[:1] + got[2:]), got
+    assert got[0] == 0.0 and got[1] is None and all(0.0 <= t < 1.0 for t in got[2:]), got
 
 
 def test_one_auto_serves_one_framework():
@@ -344,6 +344,53 @@ def test_calibration_runs_a_safe_compressed_scheme_where_dense_clearly_loses(lin
     for key, (numel, shape) in TENSORS.items():  # later steps probe nothing more
         auto.plan_for(key, numel, shape)
     assert len(cal.probed) == 1
+
+
+class RecordingCalibration(OneRankCalibration):
+    """Also records the sizes each decision probes."""
+
+    def probe_link(self, numels, version, process_set):
+        if version != "early":
+            self.probed.append(("check", tuple(numels)))
+        return super().probe_link(numels, version, process_set)
+
+
+def test_a_check_caps_its_probe_sizes_at_the_known_links_budget():
+    """A check's probe sizes are capped at what the link known so far (the
+    early probe's fit, then the last decision's) moves in PROBE_BUDGET_S;
+    as given with nothing known, on a fast link, or where the cap would leave
+    fewer than two sizes."""
+    from hvd_compress.auto.compressor import DEFAULT_PROBE_NUMELS, EARLY_PROBE_NUMELS, PROBE_BUDGET_S
+    auto = hvd_compress.Auto(calibration_steps=1, codec_costs={"Int8": 1e-9})
+    assert auto.probe_sizes(2) == DEFAULT_PROBE_NUMELS
+    auto.early_link = FAST
+    assert auto.probe_sizes(2) == DEFAULT_PROBE_NUMELS
+    auto.early_link = SLOW
+    small, middle, capped = auto.probe_sizes(2)
+    assert (small, middle) == DEFAULT_PROBE_NUMELS[:2] and middle < capped < DEFAULT_PROBE_NUMELS[2]
+    seconds = comm_time("allreduce", 4 * capped, 2, SLOW.bytes_per_s, SLOW.latency_s)[1]
+    assert PROBE_BUDGET_S * 0.99 < seconds <= PROBE_BUDGET_S
+    auto.early_link = Link(1e-3, 1e3)  # every size over the budget: the two smallest as given
+    assert auto.probe_sizes(2) == DEFAULT_PROBE_NUMELS[:2]
+    cal = RecordingCalibration(SLOW)
+    auto = hvd_compress.Auto(calibration_steps=1, codec_costs={"Int8": 1e-9})
+    auto._cal = cal
+    for _ in range(2):
+        for key, (numel, shape) in TENSORS.items():
+            auto.plan_for(key, numel, shape)
+    assert cal.probed == [EARLY_PROBE_NUMELS, ("check", (small, middle, capped))]
+    assert auto.link.bytes_per_s == pytest.approx(SLOW.bytes_per_s) and auto.current_plan()[BIG[0]] == "Int8"
+
+
+def test_none_costs_nothing_in_both_frameworks():
+    """``none`` runs without error feedback: the gradient goes to Horovod
+    untouched, so neither framework times it (0.0, as a fixed
+    ``codec_costs`` without it assumes), and the others are timed."""
+    from hvd_compress.auto import calibration
+    from hvd_compress.schemes import NoCompression, TopK
+    got = calibration.codec_seconds([NoCompression(), None, TopK(0.1)], 4096, (64, 64), 2)
+    assert got[0] == 0.0 and got[1] is None and 0.0 < got[2] < 1.0, got
+    assert calibration.codec_seconds([NoCompression(), None], 4096, (64, 64), 2) == [0.0, None]
 
 
 def test_a_compressed_calibration_flushes_its_residual_when_the_plan_is_none():

@@ -273,12 +273,82 @@ def _torch_block(a, hvd, spec, clock):
         dopt.step()
         return loss.detach().item()
 
+    if a.breakdown:
+        dist_step = _breakdown_step(a, hvd, dopt, comp, model, loss_fn, x, y)
     everyone = _measure(a, hvd, barrier, dist_step, comp, compute,
                         lambda obj: hvd.broadcast_object(obj, root_rank=0),
                         lambda obj: hvd.allgather_object(obj), timed=timed, backward_s=backward_s)
     info = _compressor_info(a, comp, spec, layer_shapes, hvd.size())
     del dopt
     return everyone, info
+
+
+class StepBreakdown:
+    """Where a PyTorch step's time goes, from clocks around the calls that
+    make it up (``--breakdown``): ``forward`` (zero_grad and the forward
+    pass), ``backward`` (the backward pass less the ``compress`` calls its
+    hooks make), ``encode`` (``compress``: error feedback, encode, launching
+    the side collectives), ``wait_allreduce`` (Horovod's ``synchronize`` of
+    the allreduces the optimizer launched: the dense gradients, or a
+    compressor's placeholders), ``wait_gather`` (``synchronize`` of the side
+    collectives, inside ``decompress``), ``decode`` (``decompress`` less
+    that waiting), ``sync_rest`` (the rest of the optimizer's synchronize)
+    and ``update`` (the optimizer step).  One dict per step, seconds."""
+
+    def __init__(self):
+        self.now = {}
+        self.steps = []
+
+    def add(self, part, seconds):
+        self.now[part] = self.now.get(part, 0.0) + seconds
+
+    def timed(self, part, fn):
+        def wrapper(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.add(part, time.perf_counter() - t0)
+        return wrapper
+
+
+def _breakdown_step(a, hvd, dopt, comp, model, loss_fn, x, y):
+    """The distributed step with :class:`StepBreakdown`'s clocks (rank-local
+    wrappers of ``compress``, ``decompress``, the optimizer's
+    ``synchronize`` calls and the adapter's wait); the breakdowns of the
+    timed steps go to the result as ``breakdown_steps``."""
+    import horovod.torch.optimizer as hvd_optimizer
+
+    from ...torch_adapter import TorchAdapter
+    clock = a.breakdown_clock = StepBreakdown()
+    comp.compress = clock.timed("encode", comp.compress)
+    comp.decompress = clock.timed("decompress", comp.decompress)
+    hvd_optimizer.synchronize = clock.timed("wait_allreduce", hvd_optimizer.synchronize)
+    TorchAdapter.wait = clock.timed("wait_gather", TorchAdapter.wait)
+
+    def step():
+        clock.now = {}
+        t0 = time.perf_counter()
+        dopt.zero_grad()
+        loss = loss_fn(model(x), y)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        dopt.synchronize()
+        t3 = time.perf_counter()
+        with dopt.skip_synchronize():
+            dopt.step()
+        value = loss.detach().item()
+        t4 = time.perf_counter()
+        got = clock.now
+        encode, decompress = got.get("encode", 0.0), got.get("decompress", 0.0)
+        wait_allreduce, wait_gather = got.get("wait_allreduce", 0.0), got.get("wait_gather", 0.0)
+        clock.steps.append({"step": t4 - t0, "forward": t1 - t0, "backward": t2 - t1 - encode, "encode": encode,
+                            "wait_allreduce": wait_allreduce, "wait_gather": wait_gather,
+                            "decode": decompress - wait_gather,
+                            "sync_rest": t3 - t2 - wait_allreduce - decompress, "update": t4 - t3})
+        return value
+    return step
 
 
 # ----------------------------------------------------------------------------- TensorFlow
@@ -371,6 +441,11 @@ def _measure(a, hvd, barrier, dist_step, comp, compute, bcast, gather, timed=Non
     if backward_s is not None:
         del backward_s[:]
     barrier()
+    clock = getattr(a, "breakdown_clock", None)
+    if clock is not None:
+        clock.steps = []  # the timed steps only
+        if a.step_timeline:  # every rank calls it (HOROVOD_TIMELINE=DYNAMIC); rank 0 writes the file
+            hvd.start_timeline(a.step_timeline, mark_cycles=True)
     c0 = read_iface(a.iface)
     times = []
     t_start = time.perf_counter()
@@ -383,6 +458,8 @@ def _measure(a, hvd, barrier, dist_step, comp, compute, bcast, gather, timed=Non
     barrier()
     wall = time.perf_counter() - t_start
     c1 = read_iface(a.iface)
+    if clock is not None and a.step_timeline:
+        hvd.stop_timeline()
     codec = None if timed is None else {k: getattr(timed, k) for k in
                                         ("encode_s", "decode_s", "encode_wait_s", "decode_wait_s")}
     # Horovod's background loop keeps coordinating while no tensor is pending:
@@ -395,7 +472,8 @@ def _measure(a, hvd, barrier, dist_step, comp, compute, bcast, gather, timed=Non
           "rx": None if c0 is None else c1[0] - c0[0], "tx": None if c0 is None else c1[1] - c0[1],
           "idle_tx": None if c0 is None else c2[1] - c1[1], "idle_rx": None if c0 is None else c2[0] - c1[0],
           "payload_bytes_per_step": _payload_per_step(comp, steps), "loss_first": losses[0],
-          "loss_last": losses[-1]}
+          "loss_last": losses[-1], "breakdown_steps": clock.steps if clock is not None else None,
+          "auto_check_seconds": comp.check_seconds if _is_auto(comp) else None}
     return gather(me)
 
 
@@ -407,6 +485,11 @@ def _compressor_info(a, comp, spec, layer_shapes, size):
         info["auto_history_starts"] = [start for start, *_ in comp.history]
         info["auto_calibration_steps"] = comp.calibration_steps
         info["auto_recheck_every"] = comp.recheck_every
+        # the early probe's link (None: not probed) and what each tensor was calibrated with
+        early = comp.early_link
+        info["auto_early_link"] = None if early is None else {"latency_s": early.latency_s,
+                                                               "bytes_per_s": early.bytes_per_s}
+        info["auto_calibrated_with"] = dict(comp.provisional)
     return info
 
 
@@ -496,9 +579,18 @@ def _row(a, spec, blocks, info):
             vals = [r[k + "_per_step"] for r in per_rank]
             result[k + "_per_step"] = statistics.mean(vals)
             result[k + "_per_step_max"] = max(vals)
+    if all(r.get("breakdown_steps") is not None for everyone in blocks for r in everyone):
+        # every rank's breakdown of every timed step (the blocks' steps pooled)
+        result["breakdown_per_rank"] = [{"rank": rank, "steps": [s for everyone in blocks for r in everyone
+                                                                  if r["rank"] == rank
+                                                                  for s in r["breakdown_steps"]]}
+                                        for rank in ranks]
     if "auto_plan" in info:
         warmup = info["warmup"]
         result["auto_plan"] = info["auto_plan"]
+        result["auto_early_link"] = info["auto_early_link"]
+        result["auto_calibrated_with"] = info["auto_calibrated_with"]
+        result["auto_check_seconds"] = [r["auto_check_seconds"] for r in blocks[-1]]
         # the timed step at which each plan took effect: a plan's start counts the communications
         # before it (warm-up included), so start s is the (s + 1)-th call, timed step s - warmup
         result["auto_plan_steps"] = [start - warmup for start in info["auto_history_starts"]]
@@ -547,8 +639,14 @@ def main(argv=None):
     p.add_argument("--change-link-at", type=int, default=0,
                    help="before this timed step, have the driver reshape the link (0: never)")
     p.add_argument("--link-file", default=None, help="the request/done file pair's prefix for --change-link-at")
+    p.add_argument("--breakdown", action="store_true",
+                   help="torch: time the parts of each step (StepBreakdown) and report them per rank")
+    p.add_argument("--step-timeline", default=None,
+                   help="with --breakdown: rank 0 records Horovod's timeline of the timed steps to this file")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
+    if a.breakdown and a.framework != "torch":
+        p.error("--breakdown is implemented for --framework torch")
     if a.change_link_at and not a.link_file:
         p.error("--change-link-at needs --link-file")
     if a.framework == "tf":
