@@ -203,6 +203,78 @@ absl::Status CheckVector(const Tensor &t, i64 n, const char *what) {
   return absl::OkStatus();
 }
 
+// ---- the randomised schemes: the kernels draw TF's stateless Philox stream for the seed ----
+// u: none (the op draws tf.random.stateless_uniform's numbers for `seed` itself) or one
+// tensor of n draws (a caller's own uniform), as the kernels take them.
+REGISTER_OP("HvdcQsgdEncode")
+    .Input("x: float")
+    .Input("r: M * resource")
+    .Input("u: U * float")
+    .Input("seed: int64")
+    .Output("q: int8")
+    .Output("norm: float")
+    .Attr("M: int >= 0")
+    .Attr("U: int >= 0")
+    .Attr("n: int >= 0")
+    .Attr("levels: int >= 1")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext *c) {
+      TF_RETURN_IF_ERROR(VectorFromAttr(c, 0, "n"));
+      c->set_output(1, c->Vector(1));
+      return absl::OkStatus();
+    });
+
+REGISTER_OP("HvdcTernGradEncode")
+    .Input("x: float")
+    .Input("r: M * resource")
+    .Input("u: U * float")
+    .Input("seed: int64")
+    .Output("t: uint8")
+    .Output("scale: float")
+    .Attr("M: int >= 0")
+    .Attr("U: int >= 0")
+    .Attr("n: int >= 0")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext *c) {
+      int64_t n;
+      TF_RETURN_IF_ERROR(c->GetAttr("n", &n));
+      c->set_output(0, c->Vector((n + 3) / 4));
+      c->set_output(1, c->Vector(1));
+      return absl::OkStatus();
+    });
+
+REGISTER_OP("HvdcTernGradDecodeSum")
+    .Input("ts: N * uint8")
+    .Input("scales: N * float")
+    .Input("s: float")
+    .Output("out: float")
+    .Attr("N: int >= 1")
+    .Attr("n: int >= 0")
+    .Attr("scaled: bool")
+    .SetShapeFn([](InferenceContext *c) { return VectorFromAttr(c, 0, "n"); });
+
+REGISTER_OP("HvdcRandomKEncode")
+    .Input("x: float")
+    .Input("r: M * resource")
+    .Input("seed: int64")
+    .Output("vals: float")
+    .Output("idx: int64")
+    .Attr("M: int >= 0")
+    .Attr("n: int >= 0")
+    .Attr("k: int >= 1")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext *c) {
+      TF_RETURN_IF_ERROR(VectorFromAttr(c, 0, "k"));
+      return VectorFromAttr(c, 1, "k");
+    });
+
+REGISTER_OP("HvdcScatter")
+    .Input("idx: int64")
+    .Input("vals: float")
+    .Output("out: float")
+    .Attr("n: int >= 0")
+    .SetShapeFn([](InferenceContext *c) { return VectorFromAttr(c, 0, "n"); });
+
 // An op's dense float output, kept across calls.  A fresh allocation of a large output
 // faults in every page on each call: glibc serves allocations above 32 MB with a new mmap
 // (at 16M elements most of a Top-K decode's time: docs/design/kernels.md).  The kept
@@ -755,6 +827,173 @@ class Bf16DecodeSumOp : public OpKernel {
   int64_t n_;
   bool scaled_;
 };
+
+// ---- the randomised schemes ------------------------------------------------------------------
+// The seed input (a scalar int64, the last input) and the optional draws u (input 1 + M).
+struct Draws {
+  const float *u = nullptr;
+  i64 seed = 0;
+};
+
+absl::Status GetDraws(OpKernelContext *ctx, int m, int with_u, i64 n, Draws *d) {
+  const Tensor &seed = ctx->input(ctx->num_inputs() - 1);
+  if (seed.NumElements() != 1) return errors::InvalidArgument("seed must be one int64");
+  d->seed = seed.flat<int64_t>()(0);
+  if (d->seed < 0) return errors::InvalidArgument("seed must be >= 0; got ", d->seed);
+  if (with_u) {
+    const Tensor &u = ctx->input(1 + m);
+    TF_RETURN_IF_ERROR(CheckVector(u, n, "u"));
+    d->u = u.flat<float>().data();
+  }
+  return absl::OkStatus();
+}
+
+class QsgdEncodeOp : public OpKernel {
+ public:
+  explicit QsgdEncodeOp(OpKernelConstruction *c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("M", &m_));
+    OP_REQUIRES_OK(c, c->GetAttr("U", &u_));
+    OP_REQUIRES_OK(c, c->GetAttr("n", &n_));
+    OP_REQUIRES_OK(c, c->GetAttr("levels", &levels_));
+  }
+  void Compute(OpKernelContext *ctx) override {
+    const Tensor &x = ctx->input(0);
+    OP_REQUIRES_OK(ctx, CheckVector(x, n_, "x"));
+    Draws d;
+    OP_REQUIRES_OK(ctx, GetDraws(ctx, m_, u_, n_, &d));
+    Tensor *q = nullptr, *norm = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n_}), &q));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({1}), &norm));
+    const float *xp = x.flat<float>().data();
+    WithResidual(ctx, m_, n_, [&](float *r) {
+      hvdc_qsgd_encode(xp, r, n_, levels_, d.u, HVDC_FW_TF, d.seed, q->flat<int8_t>().data(), norm->flat<float>().data());
+    });
+  }
+
+ private:
+  int m_, u_, levels_;
+  int64_t n_;
+};
+
+class TernGradEncodeOp : public OpKernel {
+ public:
+  explicit TernGradEncodeOp(OpKernelConstruction *c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("M", &m_));
+    OP_REQUIRES_OK(c, c->GetAttr("U", &u_));
+    OP_REQUIRES_OK(c, c->GetAttr("n", &n_));
+  }
+  void Compute(OpKernelContext *ctx) override {
+    const Tensor &x = ctx->input(0);
+    OP_REQUIRES_OK(ctx, CheckVector(x, n_, "x"));
+    Draws d;
+    OP_REQUIRES_OK(ctx, GetDraws(ctx, m_, u_, n_, &d));
+    Tensor *t = nullptr, *scale = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({(n_ + 3) / 4}), &t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({1}), &scale));
+    const float *xp = x.flat<float>().data();
+    WithResidual(ctx, m_, n_, [&](float *r) {
+      hvdc_terngrad_encode(xp, r, n_, d.u, HVDC_FW_TF, d.seed, t->flat<uint8_t>().data(), scale->flat<float>().data());
+    });
+  }
+
+ private:
+  int m_, u_;
+  int64_t n_;
+};
+
+class TernGradDecodeSumOp : public OpKernel {
+ public:
+  explicit TernGradDecodeSumOp(OpKernelConstruction *c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("n", &n_));
+    OP_REQUIRES_OK(c, c->GetAttr("scaled", &scaled_));
+  }
+  void Compute(OpKernelContext *ctx) override {
+    OpInputList ts, scales;
+    OP_REQUIRES_OK(ctx, ctx->input_list("ts", &ts));
+    OP_REQUIRES_OK(ctx, ctx->input_list("scales", &scales));
+    std::vector<const uint8_t *> tp;
+    std::vector<float> sv;
+    for (int j = 0; j < ts.size(); j++) {
+      OP_REQUIRES_OK(ctx, CheckVector(ts[j], (n_ + 3) / 4, "t"));
+      OP_REQUIRES(ctx, scales[j].NumElements() >= 1, errors::InvalidArgument("scale of rank ", j, " is empty"));
+      tp.push_back(ts[j].flat<uint8_t>().data());
+      sv.push_back(scales[j].flat<float>()(0));
+    }
+    Tensor *out = nullptr;
+    OP_REQUIRES_OK(ctx, kept_out_.Allocate(ctx, 0, n_, &out));
+    hvdc_terngrad_decode_sum(ts.size(), tp.data(), sv.data(), n_, ScaleInput(ctx, 2 * ts.size()), scaled_,
+                             out->flat<float>().data());
+  }
+
+ private:
+  KeptOutput kept_out_;
+  int64_t n_;
+  bool scaled_;
+};
+
+// Random-K: TF's shared indices (the k largest stateless draws) drawn in C into a kept
+// buffer of the draws' bits, then acc formed in place, the values gathered and their
+// residual cleared.
+class RandomKEncodeOp : public OpKernel {
+ public:
+  explicit RandomKEncodeOp(OpKernelConstruction *c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("M", &m_));
+    OP_REQUIRES_OK(c, c->GetAttr("n", &n_));
+    OP_REQUIRES_OK(c, c->GetAttr("k", &k_));
+    OP_REQUIRES(c, k_ <= std::max<int64_t>(n_, 1), errors::InvalidArgument("k must be at most n"));
+  }
+  void Compute(OpKernelContext *ctx) override {
+    const Tensor &x = ctx->input(0);
+    OP_REQUIRES_OK(ctx, CheckVector(x, n_, "x"));
+    Draws d;
+    OP_REQUIRES_OK(ctx, GetDraws(ctx, m_, 0, n_, &d));
+    Tensor *vals = nullptr, *idx = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({k_}), &vals));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({k_}), &idx));
+    mutex_lock l(mu_);
+    words_.resize(std::max<int64_t>(n_, 1));
+    cand_.resize(k_ + n_ / 64 + 4096);
+    hvdc_randomk_indices_tf(d.seed, n_, k_, cand_.data(), words_.data());
+    std::memcpy(idx->flat<int64_t>().data(), cand_.data(), k_ * sizeof(i64));
+    const float *xp = x.flat<float>().data();
+    WithResidual(ctx, m_, n_, [&](float *r) {
+      hvdc_randomk_encode(xp, r, n_, cand_.data(), k_, vals->flat<float>().data());
+    });
+  }
+
+ private:
+  mutex mu_;
+  std::vector<uint32_t> words_;
+  std::vector<i64> cand_;
+  int m_;
+  int64_t n_, k_;
+};
+
+class ScatterOp : public OpKernel {
+ public:
+  explicit ScatterOp(OpKernelConstruction *c) : OpKernel(c) { OP_REQUIRES_OK(c, c->GetAttr("n", &n_)); }
+  void Compute(OpKernelContext *ctx) override {
+    const Tensor &idx = ctx->input(0), &vals = ctx->input(1);
+    OP_REQUIRES(ctx, idx.NumElements() == vals.NumElements(),
+                errors::InvalidArgument("idx and vals differ in length: ", idx.NumElements(), " and ", vals.NumElements()));
+    const int64_t *ip = idx.flat<int64_t>().data();
+    for (int64_t j = 0; j < idx.NumElements(); j++)
+      OP_REQUIRES(ctx, ip[j] >= 0 && ip[j] < n_, errors::InvalidArgument("index ", ip[j], " outside [0, ", n_, ")"));
+    Tensor *out = nullptr;
+    OP_REQUIRES_OK(ctx, kept_out_.Allocate(ctx, 0, n_, &out));
+    hvdc_scatter(ip, idx.NumElements(), vals.flat<float>().data(), n_, out->flat<float>().data());
+  }
+
+ private:
+  KeptOutput kept_out_;
+  int64_t n_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("HvdcQsgdEncode").Device(DEVICE_CPU), QsgdEncodeOp);
+REGISTER_KERNEL_BUILDER(Name("HvdcTernGradEncode").Device(DEVICE_CPU), TernGradEncodeOp);
+REGISTER_KERNEL_BUILDER(Name("HvdcTernGradDecodeSum").Device(DEVICE_CPU), TernGradDecodeSumOp);
+REGISTER_KERNEL_BUILDER(Name("HvdcRandomKEncode").Device(DEVICE_CPU), RandomKEncodeOp);
+REGISTER_KERNEL_BUILDER(Name("HvdcScatter").Device(DEVICE_CPU), ScatterOp);
 
 REGISTER_KERNEL_BUILDER(Name("HvdcSignEncode").Device(DEVICE_CPU), SignEncodeOp);
 REGISTER_KERNEL_BUILDER(Name("HvdcSignDecodeSum").Device(DEVICE_CPU), SignDecodeSumOp);

@@ -13,7 +13,8 @@ scheme's names, dtypes and bytes; tests/unit/test_kernels_tf.py holds the two
 paths to the same results.
 
 Fused here: Int8 (any block size), Top-K (``values=None`` or ``BF16()``),
-Threshold and DGC (``values=None``), SignSGD, EFSignSGD, OneBit, BF16, and FP16 with error feedback or momentum (without either,
+Threshold and DGC (``values=None``), SignSGD, EFSignSGD, OneBit, QSGD, TernGrad, Random-K
+(drawing TF's own stateless numbers for the seed), BF16, and FP16 with error feedback or momentum (without either,
 TF's cast is one pass already), with plain error feedback, none, or
 momentum-aware error feedback (:class:`~hvd_compress.MomentumMemory`: the
 adapter's ``fused_momentum`` forms the direction first, in two elementwise
@@ -27,8 +28,8 @@ from ..backend import ceil_div
 from ..coding import _ef_low_bits, index_code_nbytes
 from ..memory import MomentumMemory, ResidualMemory
 from ..schemes.casts import BF16, FP16
-from ..schemes.quantization import EFSignSGD, Int8, OneBit, SignSGD
-from ..schemes.sparsification import DGC, Threshold, TopK, _k_for
+from ..schemes.quantization import QSGD, EFSignSGD, Int8, OneBit, SignSGD, TernGrad
+from ..schemes.sparsification import DGC, RandomK, Threshold, TopK, _k_for
 from .constants import SignMode
 from .plan import CODES, fits_fused, fused_topk_plan, fuses_topk
 from .tf_native import load
@@ -184,6 +185,72 @@ class HalfCodec(TFCodec):
         return self.ops.hvdc_bf16_decode_sum(hs=[p["bits"] for p in payloads], s=s, n=numel, scaled=scaled)
 
 
+def _seed(seed):
+    """A seed (a Python int or an int64 tensor) as the scalar int64 input of the ops."""
+    return tf.reshape(tf.cast(0 if seed is None else seed, tf.int64), [])
+
+
+def _draws(ctx, n):
+    """(u, seed) inputs of a randomised encode op: the adapters' draws carry their seed
+    (:class:`~hvd_compress.schemes.base.SeededDraws`) and the op draws TF's stateless
+    stream for it itself (u empty); any other ``ctx.uniform`` is called and its n draws
+    handed over; none (a codec timed outside a step) draws for seed 0."""
+    if ctx.uniform is None or getattr(ctx.uniform, "seed", None) is not None:
+        return [], _seed(getattr(ctx.uniform, "seed", None))
+    return [tf.reshape(tf.cast(ctx.uniform(n), tf.float32), [n])], _seed(0)
+
+
+class QSGDCodec(TFCodec):
+    """QSGD: the norm and ``acc`` in one pass, the levels (TF's draws, block by block in
+    cache) and the residual in a second; the decode is Int8's with ``norm_j / levels``."""
+
+    def encode(self, x, r, ws, ctx):
+        n = int(x.shape[0])
+        u, seed = _draws(ctx, n)
+        q, norm = self.ops.hvdc_qsgd_encode(x=x, r=self.residual_handles(r, ctx), u=u, seed=seed, n=n,
+                                            levels=self.scheme.levels)
+        return {"q": q, "norm": norm}
+
+    def aggregate(self, payloads, numel, local, scale, out, ws):
+        s, scaled = _scale_args(scale)
+        steps = [tf.reshape(p["norm"], [1]) / float(self.scheme.levels) for p in payloads]
+        return self.ops.hvdc_int8_decode_sum(qs=[p["q"] for p in payloads], scales=steps, s=s, n=numel,
+                                             block=max(1, numel), scaled=scaled)
+
+
+class TernGradCodec(TFCodec):
+    """TernGrad: ``acc`` and ``max|acc|`` in one pass, the ternary draw, its 2-bit codes
+    and the residual in a second."""
+
+    def encode(self, x, r, ws, ctx):
+        n = int(x.shape[0])
+        u, seed = _draws(ctx, n)
+        t, scale = self.ops.hvdc_tern_grad_encode(x=x, r=self.residual_handles(r, ctx), u=u, seed=seed, n=n)
+        return {"t": t, "scale": scale}
+
+    def aggregate(self, payloads, numel, local, scale, out, ws):
+        s, scaled = _scale_args(scale)
+        return self.ops.hvdc_tern_grad_decode_sum(ts=[p["t"] for p in payloads],
+                                                  scales=[tf.reshape(p["scale"], [1]) for p in payloads], s=s,
+                                                  n=numel, scaled=scaled)
+
+
+class RandomKCodec(TFCodec):
+    """Random-K: TF's shared indices (the k largest stateless draws) drawn in C, ``acc``
+    formed in place, the k values gathered and their residual cleared, in one op; the
+    decode scatters Horovod's reduced values at the indices of this trace's encode."""
+
+    def encode(self, x, r, ws, ctx):
+        n = int(x.shape[0])
+        vals, idx = self.ops.hvdc_random_k_encode(x=x, r=self.residual_handles(r, ctx), seed=_seed(ctx.shared_seed),
+                                                  n=n, k=_k_for(self.scheme.ratio, n))
+        ws["randomk_idx"] = idx
+        return {"reduce": vals, "_idx": idx}
+
+    def decode_reduced(self, reduced, numel, out, ws):
+        return self.ops.hvdc_scatter(idx=ws["randomk_idx"], vals=tf.reshape(reduced, [-1]), n=numel)
+
+
 def _idx_dtype(code):
     return tf.int32 if code == "raw" else tf.uint8
 
@@ -229,6 +296,10 @@ def _maker(scheme, memory, n):
         return lambda ops, adapter: SignCodec(ops, adapter, scheme, mode)
     if cls in (FP16, BF16):
         return lambda ops, adapter: HalfCodec(ops, adapter, scheme, cls is BF16)
+    if cls is RandomK:
+        return (lambda ops, adapter: RandomKCodec(ops, adapter, scheme)) if n > 0 else None
+    if cls in (QSGD, TernGrad):
+        return lambda ops, adapter: (QSGDCodec if cls is QSGD else TernGradCodec)(ops, adapter, scheme)
     return (lambda ops, adapter: Int8Codec(ops, adapter, scheme)) if cls is Int8 else None
 
 
@@ -264,10 +335,11 @@ def timing_fn(scheme, feedback, numel, shape, size, inner):
     def run(x, start):
         total = tf.zeros([], tf.float32)
         for _ in range(inner):
-            payload = codec.encode(x, start if feedback else None, {}, ctx)
+            ws = {}  # Random-K's decode reads the indices its encode left there
+            payload = codec.encode(x, start if feedback else None, ws, ctx)
             wire = {k: v for k, v in payload.items() if not k.startswith("_")}
-            dense = (codec.aggregate([wire] * size, int(numel), {}, None, None, {}) if allgather
-                     else codec.decode_reduced(wire["reduce"], int(numel), None, {}))
+            dense = (codec.aggregate([wire] * size, int(numel), {}, None, None, ws) if allgather
+                     else codec.decode_reduced(wire["reduce"], int(numel), None, ws))
             total += dense[0]  # every repetition's result is used: nothing is pruned
         return total
     return run

@@ -16,7 +16,7 @@ from hvd_compress.backend import backend_for  # noqa: E402
 from hvd_compress.kernels import tf_native  # noqa: E402
 from hvd_compress.kernels.tf_cpu import codec_for, fused_topk_plan  # noqa: E402
 from hvd_compress.memory import ResidualMemory, finite_or_zero  # noqa: E402
-from hvd_compress.schemes.base import EncodeContext  # noqa: E402
+from hvd_compress.schemes.base import EncodeContext, SeededDraws  # noqa: E402
 
 pytestmark = pytest.mark.skipif(tf_native.load() is None, reason="the TF op library did not build")
 
@@ -38,11 +38,16 @@ SCHEMES = {
     "onebit": lambda: hc.schemes.OneBit(),
     "fp16": lambda: hc.schemes.FP16(),
     "bf16": lambda: hc.schemes.BF16(),
+    "qsgd": lambda: hc.schemes.QSGD(),
+    "qsgd4": lambda: hc.schemes.QSGD(4),
+    "terngrad": lambda: hc.schemes.TernGrad(),
+    "randomk1%": lambda: hc.schemes.RandomK(0.01),
+    "randomk-20%": lambda: hc.schemes.RandomK(0.2),
 }
 #: payload parts that are reductions over the tensor (EFSignSGD's l1 scale, OneBit's
 #: two means): the kernel sums in double, TF in float32 in its own order, so they agree
 #: to rounding, not bit for bit; the element-wise rest is checked given the fused value
-REDUCTIONS = {"efsignsgd": "scale", "onebit": "means"}
+REDUCTIONS = {"efsignsgd": "scale", "onebit": "means", "qsgd": "norm", "qsgd4": "norm"}
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True, max_examples=8)
 
 
@@ -57,8 +62,10 @@ class _Residuals:
 
 
 def _ctx(n, step, rank, size):
-    return EncodeContext(key=f"w{rank}", step=step, rank=rank, size=size, uniform=lambda m: tf.zeros([m]),
-                         shared_seed=step, shape=(n,))
+    # the adapters' draws: the fused ops draw TF's stateless stream for the seed themselves
+    seed = tf.constant(1000 * step + rank, tf.int64)
+    return EncodeContext(key=f"w{rank}", step=step, rank=rank, size=size, uniform=SeededDraws(B, seed, None),
+                         shared_seed=tf.constant(step, tf.int64), shape=(n,))
 
 
 def _bytes(t):
@@ -81,12 +88,40 @@ def _assert_payloads_equal(pe, pf, raw_topk, reduction=None):
         assert ve.tobytes() == vf.tobytes()
         return
     for part in pe:
+        if part == "_idx":  # Random-K's indices, kept locally (int32 from top_k, int64 from the op)
+            assert np.array_equal(pe[part].numpy(), pf[part].numpy())
+            continue
         assert _bytes(pe[part]) == _bytes(pf[part]), part
 
 
-def _given_fused_scale(name, pe, pf, acc, ef):
-    """The eager payload and residual of EFSignSGD or OneBit, with the fused reduction."""
+class _GivenNorm:
+    """The TF backend with ``norm`` answered by a given value: QSGD's eager graph given the
+    kernel's norm."""
+
+    def __init__(self, norm):
+        self.value = norm
+
+    def norm(self, x):
+        return self.value
+
+    def __getattr__(self, name):
+        return getattr(B, name)
+
+
+def _qsgd_given(scheme, ctx, n):
+    @tf.function(input_signature=[tf.TensorSpec([n], tf.float32), tf.TensorSpec([], tf.float32)])
+    def encode(acc, norm):
+        payload, sent = scheme.encode(_GivenNorm(norm), acc, ctx)
+        return payload, finite_or_zero(B, acc - sent)
+    return encode
+
+
+def _given_fused_scale(name, pe, pf, acc, ef, scheme=None, ctx=None):
+    """The eager payload and residual of EFSignSGD, OneBit or QSGD, with the fused reduction."""
     part = REDUCTIONS[name]
+    if name.startswith("qsgd"):
+        pe, residual = _qsgd_given(scheme, ctx, int(acc.shape[0]))(acc, tf.reshape(pf[part], []))
+        return pe, (residual if ef else None)
     pe = {**pe, part: pf[part]}
     if name == "efsignsgd":
         sent = tf.where(acc >= 0, 1.0, -1.0) * pf[part][0]
@@ -138,8 +173,11 @@ def _run_steps(name, n, ranks, steps, seed, ef, scale):
             acc = x if res_e[rank] is None else x + res_e[rank]
             pe, new_residual = references[rank](acc)
             pf = encoders[rank](x)
+            if name.startswith("qsgd"):  # the levels drawn given the kernel's norm
+                np.testing.assert_allclose(pf["norm"].numpy(), pe["norm"].numpy(), rtol=1e-4, atol=0)
+                pe, new_residual = _given_fused_scale(name, pe, pf, acc, ef, scheme, _ctx(n, 1, rank, ranks))
             _assert_payloads_equal(pe, pf, raw_topk, REDUCTIONS.get(name))
-            if name in REDUCTIONS:
+            if name in REDUCTIONS and not name.startswith("qsgd"):
                 pe, new_residual = _given_fused_scale(name, pe, pf, acc, ef)
             if ef:
                 res_e[rank] = new_residual
@@ -151,9 +189,11 @@ def _run_steps(name, n, ranks, steps, seed, ef, scale):
 
 
 def _assert_decodes_equal(scheme, codec, pes, pfs, n, scale):
-    if scheme.transport == "allreduce":  # FP16: Horovod sums the halves; the decode casts back
+    if scheme.transport == "allreduce":  # FP16, Random-K: Horovod sums the payloads; the decode places them
         reduced = tf.reduce_sum(tf.stack([p["reduce"] for p in pfs]), axis=0)
-        assert _bytes(codec.decode_reduced(reduced, n, None, {})) == _bytes(scheme.decode_reduced(B, reduced, n))
+        ws = {"randomk_idx": pfs[0].get("_idx")}  # Random-K: the indices its encode left there
+        want = scheme.decode_reduced(B, reduced, n, pes[0])
+        assert _bytes(codec.decode_reduced(reduced, n, None, ws)) == _bytes(want)
         return
     if not scheme.apply_op_scale:  # SignSGD: a vote, never scaled
         assert _bytes(codec.aggregate(pfs, n, {}, None, None, {})) == _bytes(scheme.aggregate(B, pes, n))
@@ -174,7 +214,7 @@ def _assert_decodes_equal(scheme, codec, pes, pfs, n, scale):
        ranks=st.integers(1, 3), seed=st.integers(0, 2**16), ef=st.booleans(),
        scale=st.sampled_from([1.0, 0.5, 1 / 3]))
 def test_fused_equals_eager(name, n, ranks, seed, ef, scale):
-    if n == 0 and name.startswith(("topk", "efsignsgd")):
+    if n == 0 and name.startswith(("topk", "efsignsgd", "randomk")):
         n = 1  # the eager reference has no meaning for an empty top-k or l1 scale
     _run_steps(name, n, ranks, steps=3, seed=seed, ef=ef, scale=scale)
 
@@ -221,7 +261,8 @@ def test_topk_exact_up_to_ties(case):
                                   # momentum-aware error feedback (MomentumMemory), and momentum without it
                                   "TopK(0.01, momentum=0.9)", "Int8(momentum=0.9, nesterov=True)",
                                   "EFSignSGD(momentum=0.9)", "SignSGD(momentum=0.9)", "FP16(momentum=0.9)",
-                                  "OneBit()", "OneBit(momentum=0.9)"])
+                                  "OneBit()", "OneBit(momentum=0.9)", "TernGrad(error_feedback=True)",
+                                  "RandomK(0.01)"])
 def test_adapter_flow_fused_equals_eager(spec, monkeypatch):
     """compress + decompress through the TF adapter in a tf.function (one-rank
     collectives), kernels on and off (HVDC_KERNELS=0): the same gradients and
@@ -265,7 +306,7 @@ def test_codec_is_off_where_it_does_not_apply(monkeypatch):
     x = tf.zeros([1000])
     assert codec_for(hc.schemes.TopK(0.5), ResidualMemory(), x, _Residuals()) is None  # k > n / 8
     assert codec_for(hc.schemes.TopK(0.01, values=hc.schemes.Int8()), None, x, _Residuals()) is None
-    assert codec_for(hc.schemes.QSGD(), None, x, _Residuals()) is None
+    assert codec_for(hc.schemes.PowerSGD(2), None, x, _Residuals()) is None
     assert codec_for(hc.schemes.FP16(), None, x, _Residuals()) is None  # TF's cast is one pass already
     assert codec_for(hc.schemes.FP16(), ResidualMemory(), x, _Residuals()) is not None
     assert codec_for(hc.schemes.TopK(0.01), hc.MomentumMemory(0.9), x, _Residuals()) is not None
@@ -276,7 +317,7 @@ def test_codec_is_off_where_it_does_not_apply(monkeypatch):
     assert codec_for(hc.schemes.Int8(), None, x, _Residuals()) is None
 
 
-@pytest.mark.parametrize("name", ["int8", "topk1%", "efsignsgd", "onebit", "bf16"])
+@pytest.mark.parametrize("name", ["int8", "topk1%", "efsignsgd", "onebit", "bf16", "qsgd", "terngrad", "randomk1%"])
 def test_non_finite_values_never_reach_the_residual(name):
     """NaN and +-Inf in the gradient: sent (as an uncompressed gradient would
     be), never kept in the residual, which stays finite."""
@@ -294,7 +335,8 @@ def test_non_finite_values_never_reach_the_residual(name):
 
 
 @pytest.mark.parametrize("scheme, fused", [("Int8()", True), ("TopK(0.01)", True), ("EFSignSGD()", True),
-                                           ("FP16()", True), ("QSGD()", False), ("PowerSGD(2)", False)])
+                                           ("FP16()", True), ("QSGD()", True), ("RandomK(0.01)", True),
+                                           ("PowerSGD(2)", False)])
 @pytest.mark.parametrize("kernels", ["1", "0"])
 def test_auto_times_what_the_step_runs(scheme, fused, kernels, monkeypatch):
     """Auto's TF codec timing (calibration) runs the fused ops where the
@@ -344,3 +386,28 @@ def test_decode_output_is_reused_only_when_nobody_holds_it(name):
     again = decode(payloads[2])  # nothing holds the last output: the same buffer again
     assert _address(again) == address != _address(blocker)
     np.testing.assert_array_equal(held.numpy(), held_values)
+
+
+@pytest.mark.parametrize("seed", [0, 5, 2**31 - 1, 2**31, 123456789012345, 2**63 - 1])
+def test_kernel_draws_are_tf_stateless_uniform(seed):
+    """The kernels draw TF's own numbers for a seed (Philox4x32-10 keyed from the pair
+    (seed // 2^31, seed % 2^31)), across their 624-draw blocks, as B.uniform gives them."""
+    from hvd_compress.kernels import native
+    from hvd_compress.kernels.constants import Framework
+    lib = native.load()
+    for n in (1, 623, 624, 625, 5000):
+        u = np.empty(n, np.float32)
+        lib.hvdc_uniform(Framework.TF, seed, n, u.ctypes.data)
+        assert u.tobytes() == B.uniform(n, tf.constant(seed, tf.int64)).numpy().tobytes(), n
+
+
+@pytest.mark.parametrize("n,k", [(10, 10), (1000, 500), (5000, 50), (100_000, 1000), (1 << 20, 1 << 13)])
+def test_randomk_indices_are_tf_randperm_prefix(n, k):
+    """Random-K's shared indices from the kernel are the TF backend's (the k largest
+    stateless draws, ties to the lower index, ascending), index for index."""
+    from hvd_compress.kernels import native
+    lib = native.load()
+    idx, words = np.empty(k + n // 64 + 4096, np.int64), np.empty(n, np.uint32)
+    for seed in (1, 12345, 2**40 + 3):
+        lib.hvdc_randomk_indices_tf(seed, n, k, idx.ctypes.data, words.ctypes.data)
+        assert np.array_equal(idx[:k], B.randperm_prefix(n, k, tf.constant(seed, tf.int64)).numpy()), seed
