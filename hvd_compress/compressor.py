@@ -49,8 +49,11 @@ from .schemes.base import Scheme
 from .stats import CompressionStats
 
 
-def encode_with_feedback(B, scheme, x, residual, encode_context):
-    """Plain error feedback around ``scheme.encode``; returns (payload, new_residual).
+def encode_with_residual(B, scheme, x, residual, encode_context):
+    """Plain error feedback around ``scheme.encode``, as a pure function of the residual
+    passed in; returns (payload, new_residual).  The transports keep their state in the
+    compressor's memory instead (``transports.base.encode_with_feedback``); this form is
+    the reference the tests and the GPU check drive by hand.
 
     ``acc = x + residual``; the scheme sends ``sent``; the residual becomes
     ``acc - sent``, so over any number of steps

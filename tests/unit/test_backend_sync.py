@@ -21,7 +21,7 @@ import torch
 
 import hvd_compress
 from hvd_compress.backend import TorchBackend
-from hvd_compress.compressor import encode_with_feedback
+from hvd_compress.compressor import encode_with_residual
 from hvd_compress.schemes.base import EncodeContext
 from unit_helpers import CASES, wire
 
@@ -44,8 +44,8 @@ def _hot_path(B, scheme, x, residual, step):
     ctx = EncodeContext(key="w", step=step, rank=0, size=2,
                         uniform=lambda k: B.uniform(k, 1000 + step, like=x),
                         shared_seed=77 + step, shape=tuple(x.shape), state={})
-    payload, new_residual = encode_with_feedback(B, scheme, x, residual, ctx)
-    payload2, _ = encode_with_feedback(B, scheme, x * 0.5, residual, ctx)
+    payload, new_residual = encode_with_residual(B, scheme, x, residual, ctx)
+    payload2, _ = encode_with_residual(B, scheme, x * 0.5, residual, ctx)
     if scheme.transport == "allreduce":
         local = {k: v for k, v in payload.items() if k.startswith("_")}
         out = scheme.decode_reduced(B, payload["reduce"] + payload2["reduce"], n, local)

@@ -18,7 +18,7 @@ from hypothesis.extra import numpy as hnp
 import reference as R
 from hvd_compress import schemes as S
 from hvd_compress.backend import TorchBackend
-from hvd_compress.compressor import encode_with_feedback
+from hvd_compress.compressor import encode_with_residual
 from hvd_compress.schemes.base import EncodeContext
 from unit_helpers import CASE_IDS, CASES, wire
 
@@ -275,12 +275,12 @@ def test_randomk_unbiased_after_rescaling(x, ratio):
 
 # --- error feedback: nothing lost ----------------------------------------------------------------------
 def run_feedback(scheme, grads):
-    """encode_with_feedback over steps; returns (decoded per step, residual per step)."""
+    """encode_with_residual over steps; returns (decoded per step, residual per step)."""
     n = grads[0].size
     residual = torch.zeros(n)
     sent, residuals = [], []
     for t, g in enumerate(grads):
-        payload, residual = encode_with_feedback(B, scheme, torch.from_numpy(g), residual, ctx(t, n=n))
+        payload, residual = encode_with_residual(B, scheme, torch.from_numpy(g), residual, ctx(t, n=n))
         sent.append(decoded(scheme, payload, n).astype(np.float64))
         residuals.append(residual.numpy().astype(np.float64))
     return sent, residuals

@@ -1,5 +1,5 @@
 """``reference.simulate`` (the integration tests' oracle) against the library
-driven by hand: per rank, ``encode_with_feedback`` with the torch backend; per
+driven by hand: per rank, ``encode_with_residual`` with the torch backend; per
 step, the scheme's aggregation and the compressor's op scaling -- so the
 oracle's error-feedback loop, byte counts and op handling are themselves
 checked before multi-process tests rely on them."""
@@ -11,7 +11,7 @@ import torch
 
 import reference as R
 from hvd_compress.backend import TorchBackend
-from hvd_compress.compressor import encode_with_feedback
+from hvd_compress.compressor import encode_with_residual
 from hvd_compress.schemes.base import EncodeContext
 from unit_helpers import CASE_IDS, CASES, assert_same, data, wire
 
@@ -37,7 +37,7 @@ def library_run(scheme, grads, error_feedback, op):
             ctx = EncodeContext(key="p", step=step, rank=rank, size=size,
                                 uniform=lambda k, s=step, r=rank: torch.from_numpy(uniform_fn(s, r, k)),
                                 shared_seed=4242 + step, shape=(n,), state={})
-            payload, residuals[rank] = encode_with_feedback(B, scheme, torch.from_numpy(grads[step][rank]),
+            payload, residuals[rank] = encode_with_residual(B, scheme, torch.from_numpy(grads[step][rank]),
                                                             residuals[rank], ctx)
             payloads.append(payload)
         placeholder = torch.ones(1) * (1.0 if op == "average" else float(size))  # Horovod's op on 1.0

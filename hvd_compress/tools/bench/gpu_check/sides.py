@@ -9,7 +9,7 @@ import functools
 
 import numpy as np
 
-from ....compressor import encode_with_feedback
+from ....compressor import encode_with_residual
 from ....schemes.base import EncodeContext
 from .catalogue import f32
 
@@ -156,7 +156,7 @@ def run_case(side, scheme, xs, shape, draw_seed=1234):
                 rec[f"r{r}.acc"] = side.get(xt + residuals[r])
                 ctx = EncodeContext(key="w", step=s + 1, rank=r, size=len(per_rank), uniform=uniform,
                                     shared_seed=1000 + s, shape=tuple(shape), state={})
-                payload, residuals[r] = encode_with_feedback(B, scheme, xt, residuals[r], ctx)
+                payload, residuals[r] = encode_with_residual(B, scheme, xt, residuals[r], ctx)
                 for part, t in payload.items():
                     rec[f"r{r}.{part}"] = side.get(t)
                 rec[f"r{r}.residual"] = side.get(residuals[r])

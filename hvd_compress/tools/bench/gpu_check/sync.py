@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ....compressor import encode_with_feedback
+from ....compressor import encode_with_residual
 from ....schemes.base import EncodeContext
 from . import catalogue
 from .catalogue import KNOWN_SYNCS, each_case, is_variable_size, sync_specs
@@ -40,8 +40,8 @@ def _scheme_hot_path(B, scheme, shape, x, residual, step):
         p, q_local = scheme.second_round(B, p_local + p_local, mat)
         agg, sent = scheme.finish(B, p, q_local, q_local + q_local)
         return agg, acc - sent
-    payload, new_residual = encode_with_feedback(B, scheme, x, residual, ctx)
-    payload2, _ = encode_with_feedback(B, scheme, x * 0.5, residual, ctx)
+    payload, new_residual = encode_with_residual(B, scheme, x, residual, ctx)
+    payload2, _ = encode_with_residual(B, scheme, x * 0.5, residual, ctx)
     if scheme.transport == "allreduce":
         local = {k: v for k, v in payload.items() if k.startswith("_")}
         out = scheme.decode_reduced(B, payload["reduce"] + payload2["reduce"], n, local)
