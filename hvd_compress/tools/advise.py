@@ -594,7 +594,8 @@ def predict_row(row, overhead: Optional[Overhead], machine: Machine, latency=DEF
     """The cost model's :class:`~hvd_compress.cost_model.StepCost` for a
     measured row (bench e2e or bench scale: ``scheme``, ``transport``,
     ``workers``, ``layer_numels``/``layer_shapes`` or ``model_params``, the
-    link in Mbit/s), and whether its codec cost is known.  The codec is the
+    link in Mbit/s; Horovod's cycle time and fusion threshold where the row
+    names them), and whether its codec cost is known.  The codec is the
     row's own measured encode + decode seconds per step where it carries them
     (bench scale: wall time inside ``compress``/``decompress`` less the waits,
     so the CPU sharing of the run is in it), else ``overhead``'s bench micro
@@ -602,9 +603,13 @@ def predict_row(row, overhead: Optional[Overhead], machine: Machine, latency=DEF
     where it has one.  (None, False) where the model cannot predict the row
     (Auto without its plan, an unknown scheme)."""
     workers = row["workers"]
+    from dataclasses import replace
     if row.get("cpus") and machine.cpus is None and machine is not cost_model.LINK_ONLY:
-        from dataclasses import replace
         machine = replace(machine, cpus=int(row["cpus"]))  # the emulated hosts share this machine's cores
+    if row.get("horovod_cycle_time_ms") is not None and machine is not cost_model.LINK_ONLY:
+        machine = replace(machine, cycle_s=row["horovod_cycle_time_ms"] * 1e-3)  # what the run's Horovod used
+    if row.get("horovod_fusion_threshold_bytes") is not None and machine is not cost_model.LINK_ONLY:
+        machine = replace(machine, fusion_bytes=row["horovod_fusion_threshold_bytes"])
     mbit = mbit or row.get("link_measured_mbit") or row.get("link_mbit")
     if not mbit:
         return None, False
