@@ -596,7 +596,7 @@ def predict_row(row, overhead: Optional[Overhead], machine: Machine, latency=DEF
     ``workers``, ``layer_numels``/``layer_shapes`` or ``model_params``, the
     link in Mbit/s; Horovod's cycle time and fusion threshold where the row
     names them), and whether its codec cost is known.  The codec is the
-    row's own measured encode + decode seconds per step where it carries them
+    row's own measured encode + decode seconds per step of its slowest rank where it carries them
     (bench scale: wall time inside ``compress``/``decompress`` less the waits,
     so the CPU sharing of the run is in it), else ``overhead``'s bench micro
     costs; the latency per ring step is half the row's measured round trip
@@ -633,7 +633,9 @@ def predict_row(row, overhead: Optional[Overhead], machine: Machine, latency=DEF
         fraction = row["payload_bytes_per_step"] / (4.0 * params)
     measured_codec = None
     if row.get("encode_s_per_step") is not None and row.get("decode_s_per_step") is not None:
-        measured_codec = row["encode_s_per_step"] + row["decode_s_per_step"]
+        # the slowest rank's: a step's time is its slowest rank's
+        measured_codec = (row.get("encode_s_per_step_max", row["encode_s_per_step"])
+                          + row.get("decode_s_per_step_max", row["decode_s_per_step"]))
     known = True
     costs = []
     for n, shape, spec in zip(numels, shapes, specs):
