@@ -596,3 +596,36 @@ def test_avx2_paths_equal_this_cpus_vector_paths(tmp_path, n):
     here, avx2 = native.load(), _library_built_with(tmp_path, "-mno-avx512f")
     assert here is not None
     _assert_same_vector_results(_vector_path_results(here, n), _vector_path_results(avx2, n))
+
+
+@pytest.mark.parametrize("spec, name, config", [("QSGD()", "QSGD", {"levels": 127}), ("QSGD(4)", "QSGD", {"levels": 4}),
+                                                ("TernGrad()", "TernGrad", {}),
+                                                ("RandomK(0.01)", "RandomK", {"ratio": 0.01})])
+def test_randomised_kernels_match_the_numpy_reference(spec, name, config):
+    """The fused codecs' decoded contribution against tests/reference.py (numpy, written
+    from the papers), given torch's draws for the same seed: exact for TernGrad and
+    Random-K; QSGD to its norm's rounding (float64 there, a level apart at most at an
+    element on a rounding boundary)."""
+    import reference
+    n, seed = 70_001, 4242
+    scheme = eval("hc.schemes." + spec)
+    x = torch.randn(n, generator=torch.Generator().manual_seed(1))
+    ctx = EncodeContext(key="w", step=1, rank=0, size=1, uniform=SeededDraws(B, seed, like=x), shared_seed=seed,
+                        shape=(n,))
+    codec = codec_for(scheme, None, x)
+    payload = codec.encode(x, None, {}, ctx)
+    if name == "RandomK":
+        got = codec.decode_reduced(payload["reduce"], n, None, {"randomk_idx": payload["_idx"]})
+        want = reference.sent(name, config, x.numpy(), indices=B.randperm_prefix(n, payload["_idx"].numel(), seed,
+                                                                                  like=x).numpy())
+    else:
+        got = codec.aggregate([payload], n, {}, None, None, {})
+        want = reference.sent(name, config, x.numpy(), uniform=torch.rand(n, generator=torch.Generator().manual_seed(seed)).numpy())
+    if name == "QSGD":  # the levels, each side given its own norm
+        norm_ref = np.float32(np.linalg.norm(x.numpy().astype(np.float64)))
+        np.testing.assert_allclose(float(payload["norm"][0]), norm_ref, rtol=1e-6)
+        lg = np.rint(got.numpy() / (float(payload["norm"][0]) / config["levels"]))
+        lw = np.rint(want / (norm_ref / config["levels"]))
+        assert np.abs(lg - lw).max() <= 1 and np.mean(lg != lw) < 1e-3
+    else:
+        assert np.array_equal(got.numpy(), want.astype(np.float32))  # the reference keeps -0.0 where a code sends 0
