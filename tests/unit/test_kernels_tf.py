@@ -38,16 +38,14 @@ SCHEMES = {
     "onebit": lambda: hc.schemes.OneBit(),
     "fp16": lambda: hc.schemes.FP16(),
     "bf16": lambda: hc.schemes.BF16(),
-    "qsgd": lambda: hc.schemes.QSGD(),
-    "qsgd4": lambda: hc.schemes.QSGD(4),
+    "qsgd4": lambda: hc.schemes.QSGD(4),  # the same ops as QSGD(): one level count keeps the traces few
     "terngrad": lambda: hc.schemes.TernGrad(),
-    "randomk1%": lambda: hc.schemes.RandomK(0.01),
-    "randomk-20%": lambda: hc.schemes.RandomK(0.2),
+    "randomk1%": lambda: hc.schemes.RandomK(0.01),  # TF has one index path at every ratio (torch's tests: two)
 }
 #: payload parts that are reductions over the tensor (EFSignSGD's l1 scale, OneBit's
 #: two means): the kernel sums in double, TF in float32 in its own order, so they agree
 #: to rounding, not bit for bit; the element-wise rest is checked given the fused value
-REDUCTIONS = {"efsignsgd": "scale", "onebit": "means", "qsgd": "norm", "qsgd4": "norm"}
+REDUCTIONS = {"efsignsgd": "scale", "onebit": "means", "qsgd4": "norm"}
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True, max_examples=8)
 
 
@@ -116,11 +114,12 @@ def _qsgd_given(scheme, ctx, n):
     return encode
 
 
-def _given_fused_scale(name, pe, pf, acc, ef, scheme=None, ctx=None):
-    """The eager payload and residual of EFSignSGD, OneBit or QSGD, with the fused reduction."""
+def _given_fused_scale(name, pe, pf, acc, ef, given=None):
+    """The eager payload and residual of EFSignSGD, OneBit or QSGD (``given``: its traced
+    encode given a norm), with the fused reduction."""
     part = REDUCTIONS[name]
     if name.startswith("qsgd"):
-        pe, residual = _qsgd_given(scheme, ctx, int(acc.shape[0]))(acc, tf.reshape(pf[part], []))
+        pe, residual = given(acc, tf.reshape(pf[part], []))
         return pe, (residual if ef else None)
     pe = {**pe, part: pf[part]}
     if name == "efsignsgd":
@@ -166,6 +165,8 @@ def _run_steps(name, n, ranks, steps, seed, ef, scale):
     raw_topk = isinstance(scheme, hc.schemes.TopK) and scheme.index_code(n) == "raw"
     encoders = [_encoder(codec, store.vars.get(f"w{rank}"), n, _ctx(n, 1, rank, ranks)) for rank in range(ranks)]
     references = [_reference(scheme, n, _ctx(n, 1, rank, ranks)) for rank in range(ranks)]
+    givens = [_qsgd_given(scheme, _ctx(n, 1, rank, ranks), n) if name.startswith("qsgd") else None
+              for rank in range(ranks)]
     for step in range(1, steps + 1):
         pes, pfs = [], []
         for rank in range(ranks):
@@ -175,7 +176,7 @@ def _run_steps(name, n, ranks, steps, seed, ef, scale):
             pf = encoders[rank](x)
             if name.startswith("qsgd"):  # the levels drawn given the kernel's norm
                 np.testing.assert_allclose(pf["norm"].numpy(), pe["norm"].numpy(), rtol=1e-4, atol=0)
-                pe, new_residual = _given_fused_scale(name, pe, pf, acc, ef, scheme, _ctx(n, 1, rank, ranks))
+                pe, new_residual = _given_fused_scale(name, pe, pf, acc, ef, givens[rank])
             _assert_payloads_equal(pe, pf, raw_topk, REDUCTIONS.get(name))
             if name in REDUCTIONS and not name.startswith("qsgd"):
                 pe, new_residual = _given_fused_scale(name, pe, pf, acc, ef)
@@ -317,7 +318,7 @@ def test_codec_is_off_where_it_does_not_apply(monkeypatch):
     assert codec_for(hc.schemes.Int8(), None, x, _Residuals()) is None
 
 
-@pytest.mark.parametrize("name", ["int8", "topk1%", "efsignsgd", "onebit", "bf16", "qsgd", "terngrad", "randomk1%"])
+@pytest.mark.parametrize("name", ["int8", "topk1%", "efsignsgd", "onebit", "bf16", "qsgd4", "terngrad", "randomk1%"])
 def test_non_finite_values_never_reach_the_residual(name):
     """NaN and +-Inf in the gradient: sent (as an uncompressed gradient would
     be), never kept in the residual, which stays finite."""
