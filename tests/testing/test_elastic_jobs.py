@@ -62,7 +62,7 @@ JOB_BOUND_S = 600
 TOPK_LOSS_TOLERANCE = 0.25
 #: the same for Int8 (two-phase), which sends every element
 INT8_LOSS_TOLERANCE = 0.001
-#: TF: TopK(0.01)'s final loss at most this fraction of the initial loss (~60 steps; measured 0.14)
+#: TF: TopK(0.01)'s final loss at most this fraction of the initial loss (measured 2.8 of 60.8 in 143 steps)
 TF_TOPK_FINAL_LOSS = 0.3
 
 
