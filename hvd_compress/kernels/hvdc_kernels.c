@@ -602,6 +602,55 @@ i64 hvdc_select_sent(const float *x, float *r, i64 n, float thr, enum hvdc_thres
     return c;
 }
 
+/* The sum of nr raw-coded sparse payloads (int32 indices, ascending within a rank) into a
+ * dense out of n, as hvdc_sparse_sum: out = 0, every index's values added onto 0 in rank
+ * order, [* s] where touched.  Block by block (4096 elements): the block is zeroed and the
+ * ranks' values added while it is in cache, so the output is written once.  Returns 0; -1
+ * where a rank's indices are not strictly ascending, -2 where one is outside [0, n) (out
+ * is then unspecified: the caller sorts, or fails). */
+i64 hvdc_sparse_sum_i32(int nr, const int32_t *const *idx, const float *const *vals, const i64 *ks, i64 n, float s,
+                        int scaled, float *out) {
+    enum { BLOCK = 4096 };
+    i64 small[64] = {0};
+    i64 *pos = nr <= 64 ? small : calloc((size_t)nr, sizeof(i64));
+    uint64_t touched[BLOCK / 64];
+    i64 status = 0;
+    if (!pos) return -2;
+    for (int j = 0; j < nr && !status; j++)
+        for (i64 t = 0; t < ks[j]; t++) {
+            if (idx[j][t] < 0 || idx[j][t] >= n) { status = -2; break; }
+            if (t && idx[j][t] <= idx[j][t - 1]) { status = -1; break; }
+        }
+    for (i64 lo = 0; lo < n && !status; lo += BLOCK) {
+        const i64 hi = lo + BLOCK < n ? lo + BLOCK : n;
+        memset(out + lo, 0, (size_t)(hi - lo) * sizeof(float));
+        if (nr == 1) {  /* one rank: (0 + v) [* s] written directly */
+            const int32_t *ix = idx[0];
+            const float *v = vals[0];
+            i64 t = pos[0];
+            for (; t < ks[0] && ix[t] < hi; t++) out[ix[t]] = scaled ? (0.0f + v[t]) * s : 0.0f + v[t];
+            pos[0] = t;
+            continue;
+        }
+        if (scaled) memset(touched, 0, sizeof touched);
+        for (int j = 0; j < nr; j++) {
+            const int32_t *ix = idx[j];
+            const float *v = vals[j];
+            i64 t = pos[j];
+            for (; t < ks[j] && ix[t] < hi; t++) {
+                out[ix[t]] += v[t];
+                if (scaled) touched[(ix[t] - lo) >> 6] |= (uint64_t)1 << ((ix[t] - lo) & 63);
+            }
+            pos[j] = t;
+        }
+        if (scaled)
+            for (int w = 0; w < BLOCK / 64; w++)
+                for (uint64_t b = touched[w]; b; b &= b - 1) out[lo + 64 * w + __builtin_ctzll(b)] *= s;
+    }
+    if (pos != small) free(pos);
+    return status;
+}
+
 /* r[idx[j]] = val[j] for j < c: the residual of a hvdc_select_sent that ran out of room
  * put back, so that the selection can run again from r with room */
 void hvdc_unsend(float *r, const int32_t *idx, const float *val, i64 c) {

@@ -135,6 +135,12 @@ void hvdc_clear_sent(float *acc, const i64 *idx, i64 k, const i64 *cand, const f
  * (16) to be written at full speed; near cap they are written one by one. */
 i64 hvdc_select_sent(const float *x, float *r, i64 n, float thr, enum hvdc_threshold_rule rule, int32_t *idx,
                      float *val, i64 cap);
+/* out = 0, then each rank's values added at its int32 indices (ascending within a rank) in rank
+ * order, [* s] where touched (hvdc_sparse_sum for raw payloads of any lengths, written block by
+ * block in cache); returns 0, -1 where a rank's indices are not strictly ascending, -2 where one is
+ * outside [0, n) */
+i64 hvdc_sparse_sum_i32(int nr, const int32_t *const *idx, const float *const *vals, const i64 *ks, i64 n, float s,
+                        int scaled, float *out);
 /* r[idx[j]] = val[j] for j < c: undoes hvdc_select_sent's residual where it stored */
 void hvdc_unsend(float *r, const int32_t *idx, const float *val, i64 c);
 

@@ -482,7 +482,8 @@ class TopKEncodeOp : public OpKernel {
     float *vals = bf16_values_ ? Alloc<float>(ctx, &vals_t, DT_FLOAT, k_) : val_out->flat<float>().data();
     if (!kept || !tmp || !vals) return;
     hvdc_topk_fixup(cand, cval, c, k_, HVDC_NAN_LARGEST, kept, vals, tmp);
-    if (r) hvdc_clear_sent(r, kept, k_, cand, cval, c);
+    // with bfloat16 values their kernel writes the residual where sent: only the non-finite candidates here
+    if (r) hvdc_clear_sent(r, kept, bf16_values_ ? 0 : k_, cand, cval, c);
     if (bf16_values_)  // the bits, and the residual where sent: acc - float(bits)
       hvdc_sparse_bf16_encode(vals, k_, kept, r, reinterpret_cast<uint16_t *>(val_out->flat<int16_t>().data()));
     auto *coded = reinterpret_cast<uint8_t *>(const_cast<char *>(idx_out->tensor_data().data()));
@@ -632,50 +633,38 @@ class SparseSumRawOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->input_list("idxs", &idxs));
     OP_REQUIRES_OK(ctx, ctx->input_list("vals", &vals));
     const int nr = idxs.size();
-    i64 total = 0;
     std::vector<i64> ks(nr);
+    std::vector<const int32_t *> ip(nr);
+    std::vector<const float *> vp(nr);
     for (int j = 0; j < nr; j++) {
       ks[j] = idxs[j].NumElements();
       OP_REQUIRES(ctx, idxs[j].dims() == 1 && vals[j].dims() == 1 && vals[j].NumElements() == ks[j],
                   errors::InvalidArgument("idx and val of rank ", j, " must be vectors of one length; got ",
                                           idxs[j].shape().DebugString(), " and ", vals[j].shape().DebugString()));
-      total += ks[j];
-    }
-    Tensor idx_t;
-    i64 *idx = Alloc<i64>(ctx, &idx_t, DT_INT64, total);
-    if (!idx) return;
-    std::vector<const i64 *> ip;
-    std::vector<const float *> vp;
-    std::vector<Tensor> sorted_vals;
-    i64 *ij = idx;
-    for (int j = 0; j < nr; j++) {
-      const int32_t *src = idxs[j].flat<int32_t>().data();
-      for (i64 t = 0; t < ks[j]; t++) {
-        OP_REQUIRES(ctx, src[t] >= 0 && src[t] < n_, errors::InvalidArgument("index ", src[t], " out of [0, ", n_, ")"));
-        ij[t] = src[t];
-      }
-      const float *vj = vals[j].flat<float>().data();
-      if (!hvdc_is_ascending(ij, ks[j])) {  // a selection sends them ascending; any other order is sorted
-        std::vector<i64> order(ks[j]);
-        std::iota(order.begin(), order.end(), 0);
-        std::stable_sort(order.begin(), order.end(), [&](i64 a, i64 b) { return ij[a] < ij[b]; });
-        Tensor v2;
-        float *vs = Alloc<float>(ctx, &v2, DT_FLOAT, ks[j]);
-        if (!vs) return;
-        std::vector<i64> i2(ks[j]);
-        for (i64 t = 0; t < ks[j]; t++) i2[t] = ij[order[t]], vs[t] = vj[order[t]];
-        std::copy(i2.begin(), i2.end(), ij);
-        sorted_vals.push_back(v2);
-        vj = vs;
-      }
-      ip.push_back(ij);
-      vp.push_back(vj);
-      ij += ks[j];
+      ip[j] = idxs[j].flat<int32_t>().data();
+      vp[j] = vals[j].flat<float>().data();
     }
     Tensor *out = nullptr;
     OP_REQUIRES_OK(ctx, kept_out_.Allocate(ctx, 0, n_, &out));
-    hvdc_sparse_sum(nr, ip.data(), vp.data(), ks.data(), n_, ScaleInput(ctx, 2 * nr), scaled_,
-                    out->flat<float>().data());
+    const float s = ScaleInput(ctx, 2 * nr);
+    i64 status = hvdc_sparse_sum_i32(nr, ip.data(), vp.data(), ks.data(), n_, s, scaled_, out->flat<float>().data());
+    if (status == -1) {  // indices not ascending (not a selection's order): sorted copies, then summed
+      std::vector<std::vector<int32_t>> si(nr);
+      std::vector<std::vector<float>> sv(nr);
+      for (int j = 0; j < nr; j++) {
+        std::vector<i64> order(ks[j]);
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(), [&](i64 a, i64 b) { return ip[j][a] < ip[j][b]; });
+        si[j].resize(ks[j]);
+        sv[j].resize(ks[j]);
+        for (i64 t = 0; t < ks[j]; t++) si[j][t] = ip[j][order[t]], sv[j][t] = vp[j][order[t]];
+        ip[j] = si[j].data();
+        vp[j] = sv[j].data();
+      }
+      status = hvdc_sparse_sum_i32(nr, ip.data(), vp.data(), ks.data(), n_, s, scaled_, out->flat<float>().data());
+    }
+    OP_REQUIRES(ctx, status == 0, errors::InvalidArgument("a sparse payload holds an index outside [0, ", n_,
+                                                          ") or a repeated index"));
   }
 
  private:

@@ -62,6 +62,7 @@ SIGNATURES = {
     "hvdc_topk_fixup": ((ptr, ptr, i64, i64, enum, ptr, ptr, ptr), None),
     "hvdc_clear_sent": ((ptr, ptr, i64, ptr, ptr, i64), None),
     "hvdc_select_sent": ((ptr, ptr, i64, f32, enum, ptr, ptr, i64), i64),
+    "hvdc_sparse_sum_i32": ((c_int, ptr, ptr, ptr, i64, f32, c_int, ptr), i64),
     "hvdc_unsend": ((ptr, ptr, ptr, i64), None),
     "hvdc_sparse_bf16_encode": ((ptr, i64, ptr, ptr, ptr), None),
     "hvdc_index_encode": ((ptr, i64, i64, enum, c_int, ptr, i64), None),

@@ -194,7 +194,9 @@ class SparseCodec(Codec):
             if kept is not None:
                 idx, vals = kept
                 if r is not None:
-                    self.lib.hvdc_clear_sent(_p(acc), _p(idx), idx.numel(), _p(cand), _p(cval), c)
+                    # values=BF16(): its kernel writes the residual where sent, so only the non-finite candidates here
+                    cleared = 0 if type(self.scheme.values) is BF16 else idx.numel()
+                    self.lib.hvdc_clear_sent(_p(acc), _p(idx), cleared, _p(cand), _p(cval), c)
                 return self.pack(acc, idx, vals, r is not None, ws, ctx)
             # the sample overshot (fewer than k candidates): a lower threshold, one more read of acc
             thr = thr / 4.0
@@ -355,6 +357,26 @@ class SentSelectCodec(SparseCodec):
             c = self.lib.hvdc_select_sent(_p(src), _p(r), n, ctx_float(thr), ThresholdRule.AT_LEAST, _p(idx),
                                           _p(val), room)
         return {"idx": idx[:c], "val": val[:c]}
+
+    def aggregate(self, payloads, numel, local, scale, out, ws):
+        if self.scheme.values is not None:
+            return super().aggregate(payloads, numel, local, scale, out, ws)
+        out = output(ws, out, numel)
+        idxs = [p["idx"].to(torch.int32).contiguous() for p in payloads]
+        vals = [p["val"].contiguous() for p in payloads]
+        ks = torch.tensor([i.numel() for i in idxs], dtype=torch.int64)
+        status = self.lib.hvdc_sparse_sum_i32(len(idxs), _ptrs(idxs), _ptrs(vals), _p(ks), numel, *_scale_args(scale),
+                                              _p(out))
+        if status == -1:  # indices not ascending (not a selection's order): sorted, then summed
+            pairs = [torch.sort(i) for i in idxs]
+            idxs = [sorted_idx for sorted_idx, _ in pairs]
+            vals = [v[order] for v, (_, order) in zip(vals, pairs)]
+            status = self.lib.hvdc_sparse_sum_i32(len(idxs), _ptrs(idxs), _ptrs(vals), _p(ks), numel,
+                                                  *_scale_args(scale), _p(out))
+        if status != 0:
+            raise ValueError(f"a {type(self.scheme).__name__} payload holds an index outside [0, {numel}) or a "
+                             "repeated index")
+        return out
 
 
 class ThresholdCodec(SentSelectCodec):

@@ -58,7 +58,9 @@ FIELDS = ("scheme", "framework", "device", "numel", "encode_decode_s", "copy_s",
 #: the targets at 16M elements on one CPU thread, default malloc (ratio to a copy)
 TARGETS = {("torch", "TopK(0.01)"): 4.0, ("torch", "Int8"): 4.0, ("torch", "EFSignSGD"): 4.0,
            ("torch", "FP16"): 1.5, ("tensorflow", "TopK(0.01)"): 6.0, ("tensorflow", "Int8"): 4.0,
-           ("torch", "PowerSGD(4)"): 5.0}
+           ("torch", "PowerSGD(4)"): 5.0,
+           ("torch", "Threshold(2.576)"): 4.0, ("torch", "OneBit"): 4.0, ("torch", "TopK(0.1, values=BF16())"): 5.0,
+           ("tensorflow", "DGC(0.01)"): 5.0}
 
 
 def target_of(row):
