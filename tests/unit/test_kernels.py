@@ -330,6 +330,35 @@ def test_select_sent_equals_numpy(n, room):
     assert rt.numpy().tobytes() == np.where(np.isnan(acc), np.float32(0), acc).tobytes()
 
 
+@pytest.mark.parametrize("ranks", [1, 3])
+@pytest.mark.parametrize("scaled", [0, 1])
+def test_sparse_sum_i32_equals_numpy(ranks, scaled):
+    """hvdc_sparse_sum_i32: zeros, each rank's values added onto 0 in rank order at its int32
+    indices, times s where touched; -1 for indices out of order, -2 for one out of range."""
+    import ctypes
+    rng = np.random.default_rng(ranks)
+    n = 3 * 4096 + 77
+    idxs = [np.sort(rng.choice(n, rng.integers(0, n // 3), replace=False)).astype(np.int32) for _ in range(ranks)]
+    vals = [rng.standard_normal(len(i)).astype(np.float32) for i in idxs]
+    s = np.float32(0.25)
+    want = np.zeros(n, np.float32)
+    touched = np.zeros(n, bool)
+    for i, v in zip(idxs, vals):
+        want[i] += v
+        touched[i] = True
+    if scaled:
+        want[touched] *= s
+    it, vt = [torch.from_numpy(i) for i in idxs], [torch.from_numpy(v) for v in vals]
+    ks, out = torch.tensor([len(i) for i in idxs], dtype=torch.int64), torch.full((n,), 7.0)
+    lib = native.load()
+    assert lib.hvdc_sparse_sum_i32(ranks, _ptrs(it), _ptrs(vt), _p(ks), n, ctypes.c_float(s), scaled, _p(out)) == 0
+    assert out.numpy().tobytes() == want.tobytes()
+    bad = torch.from_numpy(np.array([5, 3], np.int32)), torch.from_numpy(np.array([1, n], np.int32))
+    two, v2 = torch.tensor([2], dtype=torch.int64), torch.ones(2)
+    for t, status in zip(bad, (-1, -2)):
+        assert lib.hvdc_sparse_sum_i32(1, _ptrs([t]), _ptrs([v2]), _p(two), n, ctypes.c_float(1.0), 0, _p(out)) == status
+
+
 @pytest.mark.parametrize("case", ["random", "ties", "nan_inf", "all_equal"])
 def test_topk_fixup_equals_numpy(case):
     """The radix selection: the k largest magnitudes, ties in index order (a NaN counts as
