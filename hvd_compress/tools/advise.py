@@ -270,8 +270,11 @@ def _payload(spec, numel, workers, transport, payload_fraction, shape=None):
         chunk, exact = payload_nbytes(spec, -(-int(numel) // workers))
         return (None, exact) if chunk is None else (4 + workers * (chunk - 4), exact)
     payload, exact = payload_nbytes(spec, numel)
-    if payload_fraction is not None and transport == "powersgd":
+    if transport == "powersgd":
         # low rank compresses matrices, and a tensor here is only an element count
+        if payload_fraction is None:
+            raise ValueError(f"{spec}: the payload depends on the tensor's shape; give shapes (--layers, "
+                             f"--model) or a bench micro measurement")
         return payload_fraction * 4 * numel, False
     if payload is None:
         if payload_fraction is None:
