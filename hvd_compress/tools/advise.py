@@ -728,7 +728,8 @@ def format_validation(rows, micro_path=None, e2e_path=None, latency=DEFAULT_LATE
     errs = [abs(v["error"]) for v in rows if v["error"] is not None]
     if errs:
         errs.sort()
-        lines += ["", f"Median absolute error {100 * errs[len(errs) // 2]:.0f}%, worst {100 * errs[-1]:.0f}% "
+        import statistics
+        lines += ["", f"Median absolute error {100 * statistics.median(errs):.0f}%, worst {100 * errs[-1]:.0f}% "
                       f"over {len(errs)} runs."]
     by_scheme = {}
     for v in rows:
