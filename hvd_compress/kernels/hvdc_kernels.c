@@ -1136,8 +1136,12 @@ i64 hvdc_randomk_indices_torch(i64 seed, i64 n, i64 k, i64 *idx, uint64_t *seen,
     memset(seen, 0, (size_t)words * sizeof(uint64_t));
     int used = DRAW_BLOCK;
 #define NEXT_WORD() (used == DRAW_BLOCK ? (stream_next(&st, w), used = 0, w[used++]) : w[used++])
+    /* w % n without a division per draw: Lemire's exact 32-bit remainder by a 64-bit
+     * reciprocal (fastmod), the same value for every w and n < 2^32 */
+    const uint64_t recip = UINT64_C(0xFFFFFFFFFFFFFFFF) / (uint64_t)n + 1;
     for (i64 j = 0; j < m; j++) {
-        uint32_t v = NEXT_WORD() % (uint32_t)n;
+        uint32_t w32 = NEXT_WORD();
+        uint32_t v = (uint32_t)(((unsigned __int128)(recip * w32) * (uint64_t)n) >> 64);
         seen[v >> 6] |= (uint64_t)1 << (v & 63);
     }
     i64 u = 0;
