@@ -79,15 +79,6 @@ EXPECTED_ERROR = {
 }
 
 
-@pytest.fixture(scope="module", autouse=False)
-def need_root():
-    if os.geteuid() != 0:
-        msg = "fault tests need root (network namespaces); run them as root"
-        if os.environ.get("CI"):
-            pytest.fail(msg + " -- CI is set, so this is a failure, not a skip", pytrace=False)
-        pytest.skip(msg)
-
-
 @pytest.fixture(scope="module")
 def cluster(need_root):
     cl.teardown(PREFIX)  # this prefix belongs to these tests: clear a crashed run's leftovers
