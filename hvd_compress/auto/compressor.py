@@ -313,13 +313,21 @@ class Auto(Compressor):
         link known so far (the last fit, else the early probe's; both averaged
         over ranks, so every rank probes the same sizes) moves in
         :data:`PROBE_BUDGET_S`; all of them as given where nothing is known
-        yet or the cap would leave fewer than two distinct sizes."""
+        yet or the cap would leave fewer than two distinct sizes.
+
+        The cap never leaves the largest probe's bytes less time than the
+        link's latency steps take: bytes hidden under the latency (and its
+        noise on a loaded machine) show no slope, and the fit would read an
+        infinite bandwidth.  A check on a high-latency link may therefore
+        spend up to twice the latency steps, more than the budget."""
         sizes = tuple(sorted(set(self.probe_numels)))
         link = self.link or self.early_link
         if link is None or size < 2 or not math.isfinite(link.bytes_per_s):
             return sizes
         hops = 2.0 * (size - 1)
-        cap = (PROBE_BUDGET_S - hops * link.latency_s) * link.bytes_per_s * size / hops / 4
+        latency_steps_s = hops * link.latency_s
+        byte_seconds = max(PROBE_BUDGET_S - latency_steps_s, latency_steps_s)
+        cap = byte_seconds * link.bytes_per_s * size / hops / 4
         capped = tuple(sorted({min(n, max(1, int(cap))) for n in sizes}))
         return capped if len(capped) >= 2 else sizes[:2]
 

@@ -372,6 +372,16 @@ def test_a_check_caps_its_probe_sizes_at_the_known_links_budget():
     assert PROBE_BUDGET_S * 0.99 < seconds <= PROBE_BUDGET_S
     auto.early_link = Link(1e-3, 1e3)  # every size over the budget: the two smallest as given
     assert auto.probe_sizes(2) == DEFAULT_PROBE_NUMELS[:2]
+    # latency steps that nearly fill the budget (4 ranks: 6 steps of 16 ms): the largest probe's
+    # bytes still take as long as the latency steps, so the fit can see the bandwidth
+    for rate in (100e6 / 8, 1e9 / 8):
+        auto.early_link = Link(16e-3, rate)
+        sizes = auto.probe_sizes(4)
+        largest_bytes_s = comm_time("allreduce", 4 * sizes[-1], 4, rate, 0.0)[1]
+        assert sizes[:2] == DEFAULT_PROBE_NUMELS[:2], sizes
+        assert sizes == DEFAULT_PROBE_NUMELS or largest_bytes_s >= 0.99 * 6 * 16e-3, (rate, sizes)
+        assert largest_bytes_s > 0.04, (rate, sizes)  # 1 Gbit/s: the 4 MB probe as given, 50 ms
+    auto.early_link = SLOW
     cal = RecordingCalibration(SLOW)
     auto = hvd_compress.Auto(calibration_steps=1, codec_costs={"Int8": 1e-9})
     auto._cal = cal
