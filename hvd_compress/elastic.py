@@ -31,7 +31,7 @@ In a Horovod elastic script, one line after building the state::
   TensorFlow: hvd_compress's traced graph holds the rank and the number of
   ranks, so Horovod's cached allreduce function for this compressor and a
   Keras model's ``train_function`` are dropped and traced again
-  (:func:`hvd_compress.horovod_compat.retrace_after_reset`); a ``tf.function``
+  (:func:`hvd_compress.horovod_compat_elastic.retrace_after_reset`); a ``tf.function``
   of your own around ``DistributedGradientTape`` must be built again in a
   reset callback.
 * ``state.sync()`` broadcasts only what must be equal on every rank: the
@@ -77,11 +77,11 @@ def run(func):
     collective whatever its name (Horovod 0.28.1's own swallows the failure of
     a named collective, such as every one hvd_compress issues, and returns as
     if training had finished): see
-    :func:`hvd_compress.horovod_compat.tf_elastic_run`.  :func:`register` with
+    :func:`hvd_compress.horovod_compat_elastic.tf_elastic_run`.  :func:`register` with
     a TensorFlow state makes ``hvd.elastic.run`` this one for the functions
     decorated after it; use ``@hvd_compress.elastic.run`` for one decorated
     before."""
-    from .horovod_compat import tf_elastic_run
+    from .horovod_compat_elastic import tf_elastic_run
     return tf_elastic_run(func)
 
 
@@ -138,30 +138,37 @@ def departed_mass(before, after_ids):
     return len(gone), sum(int(before[p][0]) for p in gone), sum(float(before[p][1]) for p in gone)
 
 
+def _check_registration(state, compression):
+    """The framework of ``state``, once ``state`` and ``compression`` are shown
+    to be a pair :func:`register` accepts; a clear error otherwise."""
+    from horovod.common.elastic import State
+    if not isinstance(state, State):
+        raise ValueError(f"state must be a Horovod elastic state (hvd.elastic.TorchState, "
+                         f"hvd.elastic.TensorFlowKerasState); got {state!r}")
+    if not isinstance(compression, Compressor):
+        raise ValueError(f"compression must be an hvd_compress compressor (e.g. hvd_compress.TopK(0.01)); "
+                         f"got {compression!r}")
+    if getattr(compression, "_elastic", None) is not None:
+        raise ValueError(f"{compression!r} is already registered with an elastic state; register each "
+                         f"compressor once")
+    framework = _framework_of(state)
+    if framework == "tensorflow" and getattr(compression, "replan_after_reset", None) is not None:
+        raise ValueError(f"compression={compression!r}: hvd_compress.Auto under elastic Horovod is supported in "
+                         f"PyTorch only (hvd.elastic.TorchState). In TensorFlow its plan and calibration live "
+                         f"in the traced step and are not re-planned for a new number of workers; allowed "
+                         f"with hvd.elastic.TensorFlowKerasState: a fixed scheme (e.g. hvd_compress.TopK(0.01), "
+                         f"Int8(), PowerSGD(4)) or a Policy of fixed schemes")
+    return framework
+
+
 class ElasticCompression:
     """The handler :func:`register` installs; see the module docstring."""
 
     def __init__(self, state, compression):
-        from horovod.common.elastic import State
-        if not isinstance(state, State):
-            raise ValueError(f"state must be a Horovod elastic state (hvd.elastic.TorchState, "
-                             f"hvd.elastic.TensorFlowKerasState); got {state!r}")
-        if not isinstance(compression, Compressor):
-            raise ValueError(f"compression must be an hvd_compress compressor (e.g. hvd_compress.TopK(0.01)); "
-                             f"got {compression!r}")
-        if getattr(compression, "_elastic", None) is not None:
-            raise ValueError(f"{compression!r} is already registered with an elastic state; register each "
-                             f"compressor once")
-        self.framework = _framework_of(state)
+        self.framework = _check_registration(state, compression)
         if self.framework == "tensorflow":
-            from .horovod_compat import use_tf_elastic_run_in_horovod
+            from .horovod_compat_elastic import use_tf_elastic_run_in_horovod
             use_tf_elastic_run_in_horovod()
-        if self.framework == "tensorflow" and getattr(compression, "replan_after_reset", None) is not None:
-            raise ValueError(f"compression={compression!r}: hvd_compress.Auto under elastic Horovod is supported in "
-                             f"PyTorch only (hvd.elastic.TorchState). In TensorFlow its plan and calibration live "
-                             f"in the traced step and are not re-planned for a new number of workers; allowed "
-                             f"with hvd.elastic.TensorFlowKerasState: a fixed scheme (e.g. hvd_compress.TopK(0.01), "
-                             f"Int8(), PowerSGD(4)) or a Policy of fixed schemes")
         self.ops = _HorovodOps("horovod.torch" if self.framework == "torch" else "horovod.tensorflow")
         self.compression = compression
         self.state = state
@@ -244,7 +251,7 @@ class ElasticCompression:
         if replan is not None:
             replan()
         if self.framework == "tensorflow":
-            from .horovod_compat import retrace_after_reset
+            from .horovod_compat_elastic import retrace_after_reset
             retrace_after_reset(self.compression, self.state)
         self._world = self.ops.rank_and_size()
 

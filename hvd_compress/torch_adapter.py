@@ -301,5 +301,5 @@ def torch_load_state_dict(table, entries):
 
 
 def _dtype(name):
-    """The torch dtype of a :meth:`Backend.dtype_name` (``float32``, ``uint8``, ...)."""
+    """The torch dtype of a :meth:`hvd_compress.backend.torch_backend.TorchBackend.dtype_name` (``float32``, ``uint8``, ...)."""
     return getattr(torch, name)

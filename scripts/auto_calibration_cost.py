@@ -118,7 +118,7 @@ def main(argv=None):
         return 0
     import torch
     torch.set_num_threads(1)
-    from hvd_compress.auto.compressor import EARLY_PROBE_NUMELS, provisional_choice
+    from hvd_compress.auto.planner import EARLY_PROBE_NUMELS, provisional_choice
     from hvd_compress.auto.planner import Link, comm_time, default_candidates, predict_comm
     tensors = mlp_tensors(_count(args.params))
     result = {"params": args.params, "tensors": tensors}

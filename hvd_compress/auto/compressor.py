@@ -11,12 +11,11 @@ Life of an ``Auto``:
    (:func:`hvd_compress.auto.planner.provisional_choice`), the others dense
    (``calibrate_compressed=False``: all dense).
 2. **Decide** at the first ``compress`` of the next step, on every rank:
-   time blocking allreduces of ``probe_numels`` elements, capped at what the
-   link known so far moves in :data:`PROBE_BUDGET_S` (fit of latency and
-   bandwidth, :func:`hvd_compress.auto.planner.fit_link`) and each candidate's error
-   feedback + encode + decode on every distinct tensor shape (``none``: 0,
-   not timed); average the
-   measurements over ranks (one allreduce); rank 0 plans
+   time blocking allreduces of ``probe_numels`` elements
+   (:func:`hvd_compress.auto.planner.probe_numels_for`; fit of latency and
+   bandwidth, :func:`hvd_compress.auto.planner.fit_link`) and each candidate's
+   error feedback + encode + decode on every distinct tensor shape (``none``:
+   0, not timed); average the measurements over ranks (one allreduce); rank 0 plans
    (:func:`hvd_compress.auto.planner.plan`) and broadcasts candidate indices in sorted
    key order (one broadcast); every rank allgathers a hash of the plan it is
    about to apply and raises
@@ -43,23 +42,18 @@ object, and tensors first seen after calibration are not planned.
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import threading
 import time
 
 from . import saved_plan
-from .planner import (EARLY_PROBE_NUMELS, NONE_LABEL, Choice, applies, check_codec_costs, default_candidates,
-                      fit_link, fixed_codec_seconds, format_plan, plan, predicted_total, provisional_choice)
+from .planner import (DEFAULT_PROBE_NUMELS, EARLY_PROBE_NUMELS, NONE_LABEL, check_codec_costs, choice_as,
+                      codec_table, default_candidates, fit_link, format_plan, plan, probe_numels_for, propose,
+                      provisional_choice)
 from ..compressor import Compressor, Phase
 from ..memory import ResidualMemory
 from ..schemes.base import check_range
 
-DEFAULT_PROBE_NUMELS = (1 << 10, 1 << 16, 1 << 20)
-#: a check's probe sizes are capped at what the link known so far (the early
-#: probe's fit, or the last decision's) moves in this many seconds per
-#: allreduce: on a slow link the largest default size alone would cost seconds
-PROBE_BUDGET_S = 0.1
 
 
 class Auto(Compressor):
@@ -68,9 +62,8 @@ class Auto(Compressor):
 
     Args:
         rules: :class:`~hvd_compress.Rule` s that pin tensors (they win over the planner).
-        calibration_steps: dense steps measured before the first plan (>= 1).
-            Also a warmup: DGC (Lin et al., ICLR 2018) warms up dense for the
-            same reason.
+        calibration_steps: dense steps measured before the first plan (>= 1);
+            also a warmup, as DGC's (Lin et al., ICLR 2018).
         recheck_every: steps between re-checks of the link (0: never).
         topk_ratios, min_topk_ratio, powersgd_rank, include_sign: the
             candidates (:func:`hvd_compress.auto.planner.default_candidates`); raise
@@ -79,8 +72,8 @@ class Auto(Compressor):
             ``none`` for a tensor (0.1 = 10%).
         replan_threshold: a re-check adopts a new plan only if it is predicted
             this much faster than the plan in force.
-        probe_numels: fp32 allreduce sizes timed to fit the link (each capped
-            at what the link known so far moves in :data:`PROBE_BUDGET_S`).
+        probe_numels: fp32 allreduce sizes timed to fit the link, capped by
+            :func:`hvd_compress.auto.planner.probe_numels_for`.
         exclude: labels of candidates to leave out (``("FP16",)`` where a
             half-precision sum would overflow; ``"none"`` always stays; a
             scheme's label also leaves out its ``"/two_phase"`` candidate).
@@ -269,17 +262,8 @@ class Auto(Compressor):
         t0 = time.perf_counter()
         probes = cal.probe_link(numels, f"{version}.{start}", ps)
         t1 = time.perf_counter()
-        if not first:
-            codecs = []  # a re-check keeps the codec costs
-        else:
-            allgather_only = self._framework == "tensorflow"  # the traced modes carry allgather only
-            usable = (lambda c, shape: c.transport == "allgather" and applies(c, shape)) if allgather_only else applies
-            if self.codec_costs is not None:
-                codecs = fixed_codec_seconds(self.tensors, keys, self.candidates, self.codec_costs)
-            else:
-                codecs = cal.measure_codecs(self.tensors, keys, self.candidates, size, usable)
-            codecs = [[v if usable(c, self.tensors[k][1]) else -1.0 for c, v in zip(self.candidates, row)]
-                      for k, row in zip(keys, codecs)]
+        codecs = codec_table(self.tensors, keys, self.candidates, size, self._framework == "tensorflow",
+                             self.codec_costs, cal.measure_codecs) if first else []  # a re-check keeps them
         #: this rank's seconds in the last check: probing the link, timing the codecs
         self.check_seconds = {"probe": t1 - t0, "codecs": time.perf_counter() - t1, "probe_numels": list(numels)}
         stamps = self._step_times if step_times is None else step_times
@@ -309,41 +293,17 @@ class Auto(Compressor):
                 self._adapters["torch"].fold_owned_chunks(rank, size)
 
     def probe_sizes(self, size):
-        """The sizes a check times: ``probe_numels``, each capped at what the
-        link known so far (the last fit, else the early probe's; both averaged
-        over ranks, so every rank probes the same sizes) moves in
-        :data:`PROBE_BUDGET_S`; all of them as given where nothing is known
-        yet or the cap would leave fewer than two distinct sizes.
-
-        The cap never leaves the largest probe's bytes less time than the
-        link's latency steps take: bytes hidden under the latency (and its
-        noise on a loaded machine) show no slope, and the fit would read an
-        infinite bandwidth.  A check on a high-latency link may therefore
-        spend up to twice the latency steps, more than the budget."""
-        sizes = tuple(sorted(set(self.probe_numels)))
-        link = self.link or self.early_link
-        if link is None or size < 2 or not math.isfinite(link.bytes_per_s):
-            return sizes
-        hops = 2.0 * (size - 1)
-        latency_steps_s = hops * link.latency_s
-        byte_seconds = max(PROBE_BUDGET_S - latency_steps_s, latency_steps_s)
-        cap = byte_seconds * link.bytes_per_s * size / hops / 4
-        capped = tuple(sorted({min(n, max(1, int(cap))) for n in sizes}))
-        return capped if len(capped) >= 2 else sizes[:2]
+        """The sizes a check times (:func:`hvd_compress.auto.planner.probe_numels_for`)
+        on the link known so far: the last fit, else the early probe's; both
+        averaged over ranks, so every rank probes the same sizes."""
+        return probe_numels_for(self.probe_numels, self.link or self.early_link, size)
 
     def _propose(self, keys, size):
         """Rank 0: candidate indices of the new plan, or of the plan in force
         where the new one is not ``replan_threshold`` faster."""
-        tensors = {k: self.tensors[k] for k in keys}
-        fresh = plan(tensors, size, self.link, self.candidates, self.codec_s, (), self.min_gain)
-        if self.history:
-            current = self.history[-1][1]
-            now = predicted_total(current, tensors, size, self.link, self.candidates, self.codec_s)
-            new = predicted_total(fresh, tensors, size, self.link, self.candidates, self.codec_s)
-            if not new < now * (1.0 - self.replan_threshold):
-                fresh = current
-        index = {c.label: i for i, c in enumerate(self.candidates)}
-        return [index[fresh[k].label] if k in fresh else 0 for k in keys]
+        current = self.history[-1][1] if self.history else None
+        return propose({k: self.tensors[k] for k in keys}, size, self.link, self.candidates, self.codec_s,
+                       self.min_gain, current, self.replan_threshold)
 
     def labels_from_indices(self, keys, indices):
         """``{key: candidate label}`` from the broadcast indices."""
@@ -354,15 +314,7 @@ class Auto(Compressor):
 
     def _choice_as(self, choice, label, key, size):
         """The broadcast label with this rank's predictions of it."""
-        if choice.label == label:
-            return choice
-        from .planner import choose
-        numel, shape = self.tensors[key]
-        forced = [c for c in self.candidates if c.label in (NONE_LABEL, label)]
-        got = choose(numel, shape, size, self.link, forced, {label: self.codec_s[key].get(label, 0.0),
-                                                             NONE_LABEL: self.codec_s[key].get(NONE_LABEL, 0.0)},
-                     min_gain=0.0)
-        return Choice(label, got.predicted_s if got.label == label else float("nan"), got.none_s, None)
+        return choice_as(choice, label, *self.tensors[key], size, self.link, self.candidates, self.codec_s[key])
 
     def _pinned(self, key):
         numel, shape = self.tensors[key]

@@ -300,11 +300,79 @@ def format_plan(choices: Dict[str, Choice], tensors, link: Optional[Link] = None
     return "\n".join(lines)
 
 
+
+def propose(tensors, workers, link, candidates, codec_s, min_gain, current=None, replan_threshold=0.0):
+    """Candidate indices (in ``tensors``' order) of a fresh :func:`plan`, or of
+    ``current`` (the plan in force) where the fresh one is not predicted
+    ``replan_threshold`` faster."""
+    fresh = plan(tensors, workers, link, candidates, codec_s, (), min_gain)
+    if current:
+        now = predicted_total(current, tensors, workers, link, candidates, codec_s)
+        new = predicted_total(fresh, tensors, workers, link, candidates, codec_s)
+        if not new < now * (1.0 - replan_threshold):
+            fresh = current
+    index = {c.label: i for i, c in enumerate(candidates)}
+    return [index[fresh[k].label] if k in fresh else 0 for k in tensors]
+
+
+def codec_table(tensors, keys, candidates, workers, allgather_only, codec_costs, measure):
+    """Seconds of each candidate's error feedback + encode + decode per key
+    (rows in ``keys``' order), -1 where the candidate does not apply:
+    ``codec_costs`` fixed per element where given, else ``measure`` (the
+    framework's timing, ``measure(tensors, keys, candidates, workers, usable)``).
+    ``allgather_only``: TensorFlow, whose traced modes carry allgather only."""
+    usable = (lambda c, shape: c.transport == "allgather" and applies(c, shape)) if allgather_only else applies
+    if codec_costs is not None:
+        rows = fixed_codec_seconds(tensors, keys, candidates, codec_costs)
+    else:
+        rows = measure(tensors, keys, candidates, workers, usable)
+    return [[v if usable(c, tensors[k][1]) else -1.0 for c, v in zip(candidates, row)] for k, row in zip(keys, rows)]
+
+def choice_as(choice, label, numel, shape, workers, link, candidates, codec_s):
+    """``choice`` as ``label`` (the plan rank 0 broadcast) with this rank's
+    predictions of it; ``codec_s``: the tensor's ``{label: seconds}``."""
+    if choice.label == label:
+        return choice
+    forced = [c for c in candidates if c.label in (NONE_LABEL, label)]
+    got = choose(numel, shape, workers, link, forced, {label: codec_s.get(label, 0.0),
+                                                       NONE_LABEL: codec_s.get(NONE_LABEL, 0.0)}, min_gain=0.0)
+    return Choice(label, got.predicted_s if got.label == label else float("nan"), got.none_s, None)
+
 #: the allreduces timed at the first ``compress`` to choose how to calibrate:
 #: 4 KB and 1 MB, so that the larger one's time is mostly bandwidth on a slow
 #: link (84 ms at 100 Mbit/s, above the milliseconds a loaded machine adds to
 #: any collective) and costs little on a fast one
 EARLY_PROBE_NUMELS = (1 << 10, 1 << 18)
+#: the allreduce sizes a decision times, before :func:`probe_numels_for` caps them
+DEFAULT_PROBE_NUMELS = (1 << 10, 1 << 16, 1 << 20)
+#: a check's probe sizes are capped at what the link known so far (the early
+#: probe's fit, or the last decision's) moves in this many seconds per
+#: allreduce: on a slow link the largest default size alone would cost seconds
+PROBE_BUDGET_S = 0.1
+
+
+def probe_numels_for(numels, link, workers):
+    """The sizes a check times: ``numels``, each capped at what ``link`` moves
+    in :data:`PROBE_BUDGET_S`; all of them as given where nothing is known
+    (``link`` None or of infinite bandwidth) or the cap would leave fewer
+    than two distinct sizes (then the two smallest).
+
+    The cap never leaves the largest probe's bytes less time than the link's
+    latency steps take: bytes hidden under the latency (and its noise on a
+    loaded machine) show no slope, and the fit would read an infinite
+    bandwidth.  A check on a high-latency link may therefore spend up to
+    twice the latency steps, more than the budget."""
+    sizes = tuple(sorted(set(numels)))
+    if link is None or workers < 2 or not math.isfinite(link.bytes_per_s):
+        return sizes
+    hops = 2.0 * (workers - 1)
+    latency_steps_s = hops * link.latency_s
+    byte_seconds = max(PROBE_BUDGET_S - latency_steps_s, latency_steps_s)
+    cap = byte_seconds * link.bytes_per_s * workers / hops / 4
+    capped = tuple(sorted({min(n, max(1, int(cap))) for n in sizes}))
+    return capped if len(capped) >= 2 else sizes[:2]
+
+
 #: the candidates a tensor may be calibrated with, where present: every
 #: element kept to 8 bits, or the largest tenth of them, with error feedback
 PROVISIONAL_LABELS = ("FP16", "Int8", "TopK(0.1)")

@@ -13,64 +13,20 @@ to the same results.
 from __future__ import annotations
 
 import ctypes
-import math
 
 import torch
 
 from ..backend import backend_for, ceil_div
-from ..coding import _ef_low_bits, index_code_nbytes
 from ..memory import MomentumMemory, ResidualMemory
 from ..schemes.casts import BF16, FP16
 from ..schemes.lossless import Lossless
 from ..schemes.quantization import QSGD, EFSignSGD, Int8, OneBit, SignSGD, TernGrad
 from ..schemes.sparsification import DGC, RandomK, TopK, Threshold, _k_for
-from .constants import Framework, HalfDtype, NanRule, SignMode, ThresholdRule, TopKPlan
+from .constants import Framework, HalfDtype, SignMode
 from .native import load
-from .plan import CODES, fits_fused, fused_topk_plan, fuses_topk, topk_candidate_room
-
-
-def _p(t):
-    return ctypes.c_void_p(t.data_ptr()) if t is not None else None
-
-
-def _ptrs(ts):
-    return (ctypes.c_void_p * len(ts))(*[t.data_ptr() for t in ts])
-
-
-def buffer(ws, name, n, dtype, headroom=False):
-    """The workspace buffer ``name`` of ``n`` elements, allocated once and reused
-    (``headroom``: a data-dependent size, grown by half again when it grows)."""
-    t = ws.get(name)
-    if t is None or t.numel() < n or t.dtype != dtype:
-        t = ws[name] = torch.empty(max(n + (n // 2 if headroom else 0), 1), dtype=dtype)
-    return t[:n]
-
-
-def output(ws, out, n):
-    """Where a decode writes: the caller's buffer (the gradient Horovod will
-    replace by the result), else a fresh tensor, since the caller keeps it."""
-    return out if out is not None else torch.empty(n, dtype=torch.float32)
-
-
-class Codec:
-    """Encode (with error feedback) and decode of one scheme, fused."""
-
-    def __init__(self, lib, scheme):
-        self.lib, self.scheme = lib, scheme
-
-    def encode(self, x, r, ws, ctx):
-        raise NotImplementedError
-
-    def aggregate(self, payloads, numel, local, scale, out, ws):
-        """The sum over ranks, times ``scale`` unless it is None, into ``out``."""
-        raise NotImplementedError
-
-    def decode_reduced(self, reduced, numel, out, ws):
-        raise NotImplementedError
-
-
-def _scale_args(scale):
-    return (ctypes.c_float(0.0), 0) if scale is None else (ctypes.c_float(float(scale)), 1)
+from .plan import fits_fused, fuses_topk
+from .torch_codec import Codec, _p, _ptrs, _scale_args, buffer, output
+from .torch_sparse import DGCCodec, ThresholdCodec, TopKCodec
 
 
 class Int8Codec(Codec):
@@ -163,128 +119,6 @@ class HalfCodec(Codec):
         return out
 
 
-class SparseCodec(Codec):
-    """Top-K, Threshold and DGC: one pass that forms ``acc = x + r`` in place and
-    collects the candidates above a threshold, then an exact selection among
-    the candidates only (Top-K), gathering, and the index code."""
-    nan_rule = NanRule.DROPPED
-
-    def threshold(self, x, r, ws, ctx):
-        raise NotImplementedError
-
-    def encode(self, x, r, ws, ctx):
-        n = x.numel()
-        thr, cap = self.threshold(x, r, ws, ctx)
-        kept_room = ws.get("cand")
-        if kept_room is not None:  # the room a past step needed: a data-dependent count collects in one pass
-            cap = max(cap, min(kept_room.numel(), self.max_candidates(n)))
-        cand, cval = buffer(ws, "cand", cap, torch.int64), buffer(ws, "cand_val", cap, torch.float32)
-        c = self.lib.hvdc_compensate_select(_p(x), _p(r), n, ctx_float(thr), ThresholdRule.AT_LEAST, self.nan_rule,
-                                            _p(cand), _p(cval), cap)
-        acc = r if r is not None else x
-        for _ in range(self.retries + 1):
-            if c > cap:  # more candidates than room: collect again from acc, with room
-                if c > self.max_candidates(n):
-                    break
-                cap = c
-                cand, cval = buffer(ws, "cand", c, torch.int64), buffer(ws, "cand_val", c, torch.float32)
-                self.lib.hvdc_compensate_select(_p(acc), None, n, ctx_float(thr), ThresholdRule.AT_LEAST,
-                                                self.nan_rule, _p(cand), _p(cval), c)
-            kept = self.select(cand[:c], cval[:c], n, ws)
-            if kept is not None:
-                idx, vals = kept
-                if r is not None:
-                    # values=BF16(): its kernel writes the residual where sent, so only the non-finite candidates here
-                    cleared = 0 if type(self.scheme.values) is BF16 else idx.numel()
-                    self.lib.hvdc_clear_sent(_p(acc), _p(idx), cleared, _p(cand), _p(cval), c)
-                return self.pack(acc, idx, vals, r is not None, ws, ctx)
-            # the sample overshot (fewer than k candidates): a lower threshold, one more read of acc
-            thr = thr / 4.0
-            c = self.lib.hvdc_compensate_select(_p(acc), None, n, ctx_float(thr), ThresholdRule.AT_LEAST,
-                                                self.nan_rule, _p(cand), _p(cval), cap)
-        return self.encode_eager(acc, r is not None, ctx)
-
-    #: times a threshold that left too few candidates is lowered before the eager selection runs
-    retries = TopKPlan.LOWERINGS
-
-    def max_candidates(self, n):
-        """The most candidate indices kept in the workspace (beyond it: the eager path)."""
-        return n
-
-    def select(self, cand, cval, n, ws):
-        """(indices, values) kept among the candidates, or None: too few."""
-        return cand, cval
-
-    def pack(self, acc, idx, vals, ef, ws, ctx):
-        n, k = acc.numel(), idx.numel()
-        code = self.scheme.index_code(n)
-        nbytes = index_code_nbytes(code, n, k)
-        coded = buffer(ws, "idx", k if code == "raw" else nbytes, torch.int32 if code == "raw" else torch.uint8)
-        self.lib.hvdc_index_encode(_p(idx), k, n, CODES[code], _ef_low_bits(n, k), _p(coded), nbytes)
-        payload = {"idx": coded}
-        values = self.scheme.values
-        if values is None:
-            payload["val"] = vals
-            return payload
-        if type(values) is BF16:  # one kernel: the bits and the residual where sent
-            bits = buffer(ws, "v.bits", k, torch.int16)
-            self.lib.hvdc_sparse_bf16_encode(_p(vals), k, _p(idx), _p(acc) if ef else None, _p(bits))
-            payload["v.bits"] = bits
-            return payload
-        B = backend_for(acc)
-        vpayload, sent = values.encode(B, vals, ctx)
-        payload.update({"v." + name: part for name, part in vpayload.items()})
-        if ef:
-            acc[idx] = B.finite_or_zero(vals - sent)
-        return payload
-
-    def encode_eager(self, acc, ef, ctx):
-        """The reference selection on the formed ``acc`` (rare: a sample that
-        missed, or a tensor too small to sample)."""
-        B = backend_for(acc)
-        payload, sent = self.scheme.encode(B, acc, ctx)
-        if ef:
-            acc.copy_(B.finite_or_zero(acc - sent))
-        return payload
-
-    def aggregate(self, payloads, numel, local, scale, out, ws):
-        out = output(ws, out, numel)
-        idxs, vals, ks = [], [], []
-        for j, p in enumerate(payloads):
-            idx, val = self.unpack(p, numel, ws, j)
-            idxs.append(idx)
-            vals.append(val.contiguous())
-            ks.append(idx.numel())
-        kt = torch.tensor(ks, dtype=torch.int64)
-        self.lib.hvdc_sparse_sum(len(idxs), _ptrs(idxs), _ptrs(vals), _p(kt), numel, *_scale_args(scale), _p(out))
-        return out
-
-    def unpack(self, payload, numel, ws, j):
-        k = self.scheme.fixed_k(numel)
-        code = "raw" if k is None else self.scheme.index_code(numel)
-        coded = payload["idx"]
-        variable = k is None
-        if variable:
-            k = coded.numel()
-        idx = buffer(ws, f"didx{j}", k, torch.int64, headroom=variable)
-        self.lib.hvdc_index_decode(_p(coded), k, numel, CODES[code], _ef_low_bits(numel, k), _p(idx))
-        values = self.scheme.values
-        if values is None:
-            vals = payload["val"]
-        elif type(values) is BF16:
-            bits = payload["v.bits"].contiguous()
-            vals = buffer(ws, f"dval{j}", k, torch.float32)
-            self.lib.hvdc_bf16_decode_sum(1, _ptrs([bits]), k, ctypes.c_float(0.0), 0, _p(vals))
-        else:
-            vp = {name[2:]: t for name, t in payload.items() if name.startswith("v.")}
-            vals = values.decode_one(backend_for(coded), vp, k)
-        if code == "raw" and not self.lib.hvdc_is_ascending(_p(idx), k):
-            # an eager encoder's raw Top-K indices come in torch.topk's order; the merge needs them ascending
-            idx, order = torch.sort(idx)
-            vals = vals[order]
-        return idx, vals
-
-
 def apply_momentum(x, u, memory, ws, out):
     """Momentum-aware error feedback's first half, in one pass: ``u = m u + x``
     in place and the direction ``d`` (``u``, or ``x + m u`` with Nesterov)
@@ -296,113 +130,6 @@ def apply_momentum(x, u, memory, ws, out):
     return d
 
 
-def ctx_float(v):
-    return ctypes.c_float(float(v))
-
-
-class TopKCodec(SparseCodec):
-    nan_rule = NanRule.LARGEST  # torch.topk orders NaN above everything: it is sent, never kept
-
-    def max_candidates(self, n):
-        return n // 4  # a threshold this low has met ties or zeros: the eager selection handles them
-
-    def threshold(self, x, r, ws, ctx):
-        n = x.numel()
-        k = self.scheme.fixed_k(n)
-        stride, want = fused_topk_plan(n, k)
-        sample = buffer(ws, "sample", ceil_div(n, stride), torch.float32)
-        self.lib.hvdc_sample_magnitudes(_p(x), _p(r), n, stride, self.nan_rule, _p(sample))
-        thr = self.lib.hvdc_kth_largest(_p(sample), sample.numel(), want)
-        return thr, topk_candidate_room(k)
-
-    def select(self, cand, cval, n, ws):
-        k = self.scheme.fixed_k(n)
-        c = cand.numel()
-        if c < k:
-            return None
-        idx, vals = buffer(ws, "kept", k, torch.int64), buffer(ws, "val", k, torch.float32)
-        tmp = buffer(ws, "tmp", c, torch.float32)
-        self.lib.hvdc_topk_fixup(_p(cand), _p(cval), c, k, self.nan_rule, _p(idx), _p(vals), _p(tmp))
-        return idx, vals
-
-
-#: elements a packing kernel may write past its count (the widest vector: AVX-512's 16 lanes)
-VECTOR_SLACK = 16
-
-
-class SentSelectCodec(SparseCodec):
-    """Threshold and DGC: every element past the threshold is sent.  Without a
-    ``values=`` quantizer one pass (``hvdc_select_sent``) forms ``acc``, packs
-    the kept int32 indices (the raw index code itself) and values, and zeroes
-    the residual where sent; the room is the most a past step kept, plus a
-    half.  With ``values=`` the candidates go through :class:`SparseCodec`."""
-
-    def encode(self, x, r, ws, ctx):
-        if self.scheme.values is not None:
-            return super().encode(x, r, ws, ctx)
-        n = x.numel()
-        thr, room = self.threshold(x, r, ws, ctx)
-        kept = ws.get("sent_idx")
-        room = max(room, 0 if kept is None else kept.numel() - VECTOR_SLACK)
-        idx, val = buffer(ws, "sent_idx", room + VECTOR_SLACK, torch.int32), buffer(ws, "sent_val",
-                                                                                      room + VECTOR_SLACK, torch.float32)
-        c = self.lib.hvdc_select_sent(_p(x), _p(r), n, ctx_float(thr), ThresholdRule.AT_LEAST, _p(idx), _p(val), room)
-        if c > room:  # out of room: undo the stored part, and select again from acc with room
-            if r is not None:
-                self.lib.hvdc_unsend(_p(r), _p(idx), _p(val), room)
-            room = min(n, c + c // 2 + 1024)  # headroom: under error feedback the count grows for a few steps
-            idx = buffer(ws, "sent_idx", room + VECTOR_SLACK, torch.int32)
-            val = buffer(ws, "sent_val", room + VECTOR_SLACK, torch.float32)
-            src = None if r is not None else x
-            c = self.lib.hvdc_select_sent(_p(src), _p(r), n, ctx_float(thr), ThresholdRule.AT_LEAST, _p(idx),
-                                          _p(val), room)
-        return {"idx": idx[:c], "val": val[:c]}
-
-    def aggregate(self, payloads, numel, local, scale, out, ws):
-        if self.scheme.values is not None:
-            return super().aggregate(payloads, numel, local, scale, out, ws)
-        out = output(ws, out, numel)
-        idxs = [p["idx"].to(torch.int32).contiguous() for p in payloads]
-        vals = [p["val"].contiguous() for p in payloads]
-        ks = torch.tensor([i.numel() for i in idxs], dtype=torch.int64)
-        status = self.lib.hvdc_sparse_sum_i32(len(idxs), _ptrs(idxs), _ptrs(vals), _p(ks), numel, *_scale_args(scale),
-                                              _p(out))
-        if status == -1:  # indices not ascending (not a selection's order): sorted, then summed
-            pairs = [torch.sort(i) for i in idxs]
-            idxs = [sorted_idx for sorted_idx, _ in pairs]
-            vals = [v[order] for v, (_, order) in zip(vals, pairs)]
-            status = self.lib.hvdc_sparse_sum_i32(len(idxs), _ptrs(idxs), _ptrs(vals), _p(ks), numel,
-                                                  *_scale_args(scale), _p(out))
-        if status != 0:
-            raise ValueError(f"a {type(self.scheme).__name__} payload holds an index outside [0, {numel}) or a "
-                             "repeated index")
-        return out
-
-
-class ThresholdCodec(SentSelectCodec):
-    def threshold(self, x, r, ws, ctx):
-        n = x.numel()
-        return self.scheme.tau, max(1024, n // 64)
-
-
-class DGCCodec(SentSelectCodec):
-    def threshold(self, x, r, ws, ctx):
-        n = x.numel()
-        s = self.scheme
-        if n == 0:
-            return math.inf, 1
-        # the eager scheme's sample, drawn alike (same offset, same indices), of acc = x + r
-        m = min(n, max(_k_for(s.sample_ratio, n), 256))
-        stride = max(1, n // m)
-        offset = (ctx.uniform(1) * float(stride)).to(torch.int64)
-        sample_idx = (torch.arange(m, dtype=torch.int64) * stride + offset).clamp_(0, n - 1)
-        sample = x[sample_idx] if r is None else x[sample_idx] + r[sample_idx]
-        ks = _k_for(s.ratio, m)
-        thr = torch.kthvalue(sample.abs(), m - ks + 1).values
-        return float(thr), max(1024, 2 * _k_for(s.ratio, n) + 1024)
-
-
-# --- the randomised schemes: the kernels draw torch's own numbers for the seed ---------------------------
 def draws(ctx, n, ws):
     """(u, seed) for a randomised kernel: the adapters' draws carry their seed
     (:class:`~hvd_compress.schemes.base.SeededDraws`), and the kernel draws

@@ -328,7 +328,7 @@ def test_calibration_runs_a_safe_compressed_scheme_where_dense_clearly_loses(lin
     """The first compress probes the link with small allreduces, once; a
     tensor a plain allreduce clearly loses on is calibrated with a safe
     compressed candidate and error feedback, the others dense."""
-    from hvd_compress.auto.compressor import EARLY_PROBE_NUMELS
+    from hvd_compress.auto.planner import EARLY_PROBE_NUMELS
     cal = OneRankCalibration(link)
     auto = hvd_compress.Auto(calibration_steps=5)
     auto._cal = cal
@@ -360,7 +360,7 @@ def test_a_check_caps_its_probe_sizes_at_the_known_links_budget():
     early probe's fit, then the last decision's) moves in PROBE_BUDGET_S;
     as given with nothing known, on a fast link, or where the cap would leave
     fewer than two sizes."""
-    from hvd_compress.auto.compressor import DEFAULT_PROBE_NUMELS, EARLY_PROBE_NUMELS, PROBE_BUDGET_S
+    from hvd_compress.auto.planner import DEFAULT_PROBE_NUMELS, EARLY_PROBE_NUMELS, PROBE_BUDGET_S
     auto = hvd_compress.Auto(calibration_steps=1, codec_costs={"Int8": 1e-9})
     assert auto.probe_sizes(2) == DEFAULT_PROBE_NUMELS
     auto.early_link = FAST
