@@ -47,6 +47,22 @@ both factors.)  On top of the link:
   tensors of a round, so their latency is also paid once per step (per
   tensor, :attr:`TensorCost.marginal_s` keeps it: a tensor alone on its
   transport pays it in full);
+* **ranks sharing a host's cores** (:class:`Machine`: ``cpus``,
+  ``ranks_per_host``, ``background_load``) -- where ``R`` ranks share ``C``
+  cores (the emulated cluster: every rank on one 2-core machine) the
+  kernel serialises their CPU work, so the collective's CPU work (and
+  bench micro's codec costs, timed on a free core) takes ``max(1, R/C)``
+  times as long; and every dependent phase of collectives (Horovod
+  negotiates it, then Gloo's ring or gather steps run) needs each rank's
+  threads to get a core in turn, so it waits about ``core_wait_s x
+  max(0, (R + L)/C - 1)`` (``L``: runnable tasks of other work on the
+  cores, the machine's load average: the tasks beyond one a core make a
+  waking thread wait).  A step pays that once per distinct phase
+  (:func:`phases`: the fp32 allreduce that carries dense tensors and
+  placeholders, a half-precision allreduce, the allgather and its length
+  allgather, two-phase's alltoall and allgather, PowerSGD's P and Q).
+  Without ``cpus`` (the default) each rank has its own cores: no sharing, no
+  wait;
 * no overlap with the backward pass: an upper bound of the communication
   share of a step.
 
@@ -92,19 +108,61 @@ class Machine:
     cycle_s: float = 0.0
     fusion_bytes: float = HOROVOD_FUSION_BYTES
     name: str = "link only"
-    #: CPU cores all ranks share (the emulated cluster: every rank on one
-    #: machine), None: each rank has its own.  CPU work of ``N`` ranks on
-    #: ``cpus`` cores takes ``max(1, N / cpus)`` times as long
+    #: CPU cores the ranks of one host share; None (the default): each rank
+    #: has cores of its own (a GPU cluster, one rank a GPU): no sharing
     cpus: Optional[int] = None
+    #: ranks on one host sharing those cores; None: all ``workers`` (the
+    #: emulated cluster: every rank on this one machine)
+    ranks_per_host: Optional[int] = None
+    #: runnable tasks of other work on the host (its load average without
+    #: the ranks): they take turns on the cores too
+    background_load: float = 0.0
+    #: seconds a dependent phase of collectives waits per runnable task per
+    #: core for every rank's threads to get a core (:data:`CORE_WAIT_S`);
+    #: applies only with ``cpus``
+    core_wait_s: float = 0.0
+
+    def ranks_sharing(self, workers) -> int:
+        return int(self.ranks_per_host or workers)
 
     def cpu_share(self, workers) -> float:
-        """How much longer CPU work takes with ``workers`` ranks sharing the cores."""
-        return 1.0 if not self.cpus else max(1.0, workers / self.cpus)
+        """How much longer CPU work takes with the ranks sharing the cores:
+        ``max(1, R / C)``."""
+        return 1.0 if not self.cpus else max(1.0, self.ranks_sharing(workers) / self.cpus)
+
+    def phase_wait_s(self, workers) -> float:
+        """The wait of one dependent phase of collectives for every rank's
+        turn on a core: ``core_wait_s`` per runnable task beyond one a core,
+        ``core_wait_s x max(0, (R + L) / C - 1)`` (0 without ``cpus``: a rank
+        that has a core to itself runs when its data arrives)."""
+        if not self.cpus or workers <= 1:
+            return 0.0
+        runnable = self.ranks_sharing(workers) + max(0.0, self.background_load)
+        return self.core_wait_s * max(0.0, runnable / self.cpus - 1.0)
 
 
-#: the link alone: what ``Auto`` uses, whose link is fitted to allreduces it
-#: times (the fit already holds the collective's CPU cost and the cycle)
+#: the link alone: what ``Auto`` uses on a host whose ranks have cores of
+#: their own, whose link is fitted to allreduces it times (the fit already
+#: holds the collective's CPU cost and the cycle)
 LINK_ONLY = Machine()
+
+#: a phase's wait for a core per runnable task per core (``Machine.core_wait_s``):
+#: fitted once to the bench scale rows at N <= 4 (emulated hosts sharing 2
+#: cores): ``.venv/bin/python scripts/scale_model_check.py --fit``
+CORE_WAIT_S = 2.6e-3
+
+
+def shared_host(ranks_per_host, cpus, base: "Machine" = LINK_ONLY, background_load=0.0,
+                core_wait_s=CORE_WAIT_S) -> "Machine":
+    """``base`` on a host where ``ranks_per_host`` ranks share ``cpus`` cores:
+    ``base`` itself where every rank has a core of its own (``ranks_per_host
+    <= cpus``, or either unknown), else with the sharing and
+    :data:`CORE_WAIT_S`."""
+    from dataclasses import replace
+    if not ranks_per_host or not cpus or ranks_per_host <= cpus:
+        return base
+    return replace(base, cpus=int(cpus), ranks_per_host=int(ranks_per_host),
+                   background_load=float(background_load), core_wait_s=float(core_wait_s))
 
 #: GPUs with NCCL (the projection): sums and copies run on the GPU at memory
 #: bandwidth, negligible next to the network; Horovod's default cycle
@@ -153,6 +211,23 @@ def latency_steps(transport, workers, extra_allgathers=0) -> int:
 def rounds(transport) -> int:
     """Dependent rounds of collectives: the second waits for the first."""
     return 2 if _transport(transport) in ("two_phase", "powersgd") else 1
+
+
+def phases(transport, extra_allgathers=0, half=False) -> Tuple[str, ...]:
+    """The phases of collectives one tensor takes part in, by kind (each
+    negotiated by Horovod and run as one ring or gather; a step's tensors
+    share a phase of one kind): the fp32 allreduce (dense tensors, the
+    allgather schemes' placeholders), ``allreduce:float16``, the allgather
+    (and its length allgather where the payload's size varies), two-phase's
+    alltoall and allgather, PowerSGD's P and Q allreduces."""
+    t = _transport(transport)
+    if t == "allreduce":
+        return ("allreduce:float16",) if half else ("allreduce:float32",)
+    if t == "allgather":
+        return ("allreduce:float32", "allgather") + (("allgather:lengths",) if extra_allgathers else ())
+    if t == "two_phase":
+        return ("allreduce:float32", "two_phase:alltoall", "two_phase:allgather")
+    return ("allreduce:float32", "powersgd:P", "powersgd:Q")
 
 
 def comm_time(transport, payload, workers, bw, latency, extra_allgathers=0) -> Tuple[float, float]:
@@ -207,10 +282,18 @@ class TensorCost:
     #: tensor of a round): counted in full per tensor, once per step by
     #: :func:`step_cost`
     gather_latency_s: float = 0.0
+    #: the phases of collectives the tensor takes part in (:func:`phases`)
+    phases: Tuple[str, ...] = ()
+    #: the wait for a core of the phases beyond the first (ranks sharing
+    #: cores: :meth:`Machine.phase_wait_s`); a step pays each distinct phase
+    #: once (:func:`step_cost`)
+    wait_s: float = 0.0
+    #: one phase's wait on the machine (:meth:`Machine.phase_wait_s`)
+    phase_wait_s: float = 0.0
 
     @property
     def total_s(self) -> float:
-        return self.link_s + self.codec_s + self.collective_s + self.rounds_s
+        return self.link_s + self.codec_s + self.collective_s + self.rounds_s + self.wait_s
 
     @property
     def marginal_s(self) -> float:
@@ -238,10 +321,13 @@ def tensor_cost(transport, payload, workers, link: Link, machine: Machine = LINK
     gather = 0.0
     if transport in ("allgather", "two_phase") and workers > 1:
         gather = (latency_steps(transport, workers, extra_allgathers) - 2 * (workers - 1)) * link.latency_s
+    kinds = phases(transport, extra_allgathers, dtype == "float16") if workers > 1 else ()
+    per_phase = machine.phase_wait_s(workers)
     return TensorCost(transport, float(payload), wire, link_s, codec,
                       collective_cpu_seconds(transport, payload, workers, machine, half),
                       extra_rounds * machine.cycle_s, fusable,
-                      float(payload) if transport == "allreduce" else 4.0, dtype, gather)
+                      float(payload) if transport == "allreduce" else 4.0, dtype, gather,
+                      kinds, max(0, len(kinds) - 1) * per_phase, per_phase)
 
 
 @dataclass(frozen=True)
@@ -257,6 +343,8 @@ class StepCost:
     cycle_s: float
     fusion_saved_s: float
     tensors: List[TensorCost] = field(default_factory=list)
+    #: ranks sharing cores: every distinct phase's wait for a core, once
+    wait_s: float = 0.0
 
 
 def step_cost(costs: Iterable[TensorCost], machine: Machine = LINK_ONLY) -> StepCost:
@@ -266,7 +354,8 @@ def step_cost(costs: Iterable[TensorCost], machine: Machine = LINK_ONLY) -> Step
     buffer, and so do the allgathers, and the two-phase rounds; the
     step waits one cycle of Horovod's per dependent round (two where any
     tensor travels two-phase or by PowerSGD: the tensors' second rounds
-    share a cycle)."""
+    share a cycle); where ranks share cores, each distinct phase of
+    collectives (:func:`phases`) waits for a core once."""
     costs = list(costs)
     if not costs:
         return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, [])
@@ -287,8 +376,10 @@ def step_cost(costs: Iterable[TensorCost], machine: Machine = LINK_ONLY) -> Step
     link_s = sum(c.link_s for c in costs)
     codec = sum(c.codec_s for c in costs)
     coll = sum(c.collective_s for c in costs)
-    return StepCost(link_s - saved + codec + coll + cycle, sum(c.wire_bytes for c in costs),
-                    sum(c.payload_bytes for c in costs), link_s - saved, codec, coll, cycle, saved, costs)
+    kinds = {k for c in costs for k in c.phases}
+    wait = len(kinds) * max(c.phase_wait_s for c in costs)
+    return StepCost(link_s - saved + codec + coll + cycle + wait, sum(c.wire_bytes for c in costs),
+                    sum(c.payload_bytes for c in costs), link_s - saved, codec, coll, cycle, saved, costs, wait)
 
 
 def gpu_codec_seconds(numel, passes, bytes_per_element=4.0, memory_bytes_per_s=2.0e12, launches=0,

@@ -264,6 +264,17 @@ def ready():
         return False
 
 
+def host_machine():
+    """The host as the cost model sees it: the ranks Horovod runs on it
+    (``local_size``) sharing ``os.cpu_count()`` cores
+    (:func:`hvd_compress.cost_model.shared_host`; ``LINK_ONLY`` where each
+    rank has a core)."""
+    import os
+    import horovod.torch as hvd
+    from ..cost_model import shared_host
+    return shared_host(hvd.local_size(), os.cpu_count())
+
+
 def world():
     """(process set, size, rank) of Auto's collectives: the global set."""
     import horovod.torch as hvd

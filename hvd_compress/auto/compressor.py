@@ -51,6 +51,7 @@ from .planner import (DEFAULT_PROBE_NUMELS, EARLY_PROBE_NUMELS, NONE_LABEL, chec
                       codec_table, default_candidates, fit_link, format_plan, plan, probe_numels_for, propose,
                       provisional_choice)
 from ..compressor import Compressor, Phase
+from ..cost_model import LINK_ONLY
 from ..memory import ResidualMemory
 from ..schemes.base import check_range
 
@@ -148,6 +149,9 @@ class Auto(Compressor):
         self.step_s = None
         self.codec_s = {}  # key -> {label: seconds}, averaged over ranks
         self.link = None
+        #: the host as the cost model sees it (cost_model.shared_host: ranks
+        #: sharing its cores; LINK_ONLY where each has a core), at the last check
+        self.machine = LINK_ONLY
         #: [(start, {key: Choice}, version)]: the plans adopted so far, in order
         self.history = []
         self._phases = {}
@@ -272,6 +276,8 @@ class Auto(Compressor):
         flat = probes + [step_s] + [v for row in codecs for v in row]
         avg = cal.average_over_ranks(flat, f"{version}.{start}", ps)
         self.link = fit_link([4 * n for n in numels], avg[:len(probes)], size)
+        host = getattr(cal, "host_machine", None)
+        self.machine = host() if host is not None else LINK_ONLY
         if first:
             self.step_s = avg[len(probes)]
             width = len(self.candidates)
@@ -285,7 +291,7 @@ class Auto(Compressor):
         current = self.history[-1][1] if self.history else None
         if current is None or {k: c.label for k, c in current.items()} != labels:
             choices = plan({k: self.tensors[k] for k in keys}, size, self.link, self.candidates, self.codec_s,
-                           (), self.min_gain)
+                           (), self.min_gain, self.machine)
             choices = {k: self._choice_as(choices[k], labels[k], k, size) for k in keys}
             self.history.append((start, choices, version))
             self._phases = {}
@@ -303,7 +309,7 @@ class Auto(Compressor):
         where the new one is not ``replan_threshold`` faster."""
         current = self.history[-1][1] if self.history else None
         return propose({k: self.tensors[k] for k in keys}, size, self.link, self.candidates, self.codec_s,
-                       self.min_gain, current, self.replan_threshold)
+                       self.min_gain, current, self.replan_threshold, self.machine)
 
     def labels_from_indices(self, keys, indices):
         """``{key: candidate label}`` from the broadcast indices."""
@@ -314,7 +320,8 @@ class Auto(Compressor):
 
     def _choice_as(self, choice, label, key, size):
         """The broadcast label with this rank's predictions of it."""
-        return choice_as(choice, label, *self.tensors[key], size, self.link, self.candidates, self.codec_s[key])
+        return choice_as(choice, label, *self.tensors[key], size, self.link, self.candidates, self.codec_s[key],
+                         self.machine)
 
     def _pinned(self, key):
         numel, shape = self.tensors[key]

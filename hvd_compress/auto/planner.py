@@ -11,7 +11,10 @@ checks against measurements):
   ``t = 2 (N-1) latency + 2 (N-1)/N x bytes / bandwidth`` (Horovod's ring
   allreduce; Patarasuk & Yuan, JPDC 2009) to allreduces Auto times.  The fit
   holds the collective's own CPU cost and Horovod's cycle, so Auto uses the
-  model with :data:`hvd_compress.cost_model.LINK_ONLY`;
+  model with :data:`hvd_compress.cost_model.LINK_ONLY`; where more ranks run
+  on the host than it has cores, with
+  :func:`hvd_compress.cost_model.shared_host` (``machine``): each phase of
+  collectives beyond the timed allreduce's then also waits for a core;
 * **transport** -- per candidate: allreduce, allgather (every rank receives
   ``(N-1) x payload``), two-phase (about ``2 x payload`` whatever ``N``, one
   more round) or PowerSGD's rounds; a scheme that can travel both ways is two
@@ -170,30 +173,35 @@ def predict_cost(scheme: Scheme, numel: int, shape, workers: int, link: Link, tr
     return tensor_cost(tr, payload, workers, link, machine, codec_s=codec_s, extra_allgathers=extra, half=half)
 
 
-def predict_comm(scheme: Scheme, numel: int, shape, workers: int, link: Link, transport="allgather"):
+def predict_comm(scheme: Scheme, numel: int, shape, workers: int, link: Link, transport="allgather",
+                 machine=LINK_ONLY):
     """(payload bytes, seconds) one tensor under ``scheme`` adds to a step's
     communication (:attr:`hvd_compress.cost_model.TensorCost.marginal_s`: the
     allreduce latency that tensor fusion shares is left out); payload None
-    (and seconds inf) where the bytes depend on the data."""
-    cost = predict_cost(scheme, numel, shape, workers, link, transport)
+    (and seconds inf) where the bytes depend on the data.  ``machine``: the
+    host (:func:`hvd_compress.cost_model.shared_host` where ranks share its
+    cores: each phase of collectives beyond the allreduce's then waits for
+    a core)."""
+    cost = predict_cost(scheme, numel, shape, workers, link, transport, machine=machine)
     if cost is None:
         return None, math.inf
     return cost.payload_bytes, cost.marginal_s
 
 
-def choose(numel, shape, workers, link, candidates, codec_s: Dict[str, float], min_gain=0.1) -> Choice:
+def choose(numel, shape, workers, link, candidates, codec_s: Dict[str, float], min_gain=0.1,
+           machine=LINK_ONLY) -> Choice:
     """One tensor's choice.  ``codec_s[label]``: measured error feedback +
     encode + decode seconds; a candidate without a measurement is not
     chosen.  ``none``'s own measured cost counts too (about nothing: Auto
     runs it without error feedback)."""
-    none_payload, none_comm = predict_comm(candidates[0].scheme, numel, shape, workers, link)
+    none_payload, none_comm = predict_comm(candidates[0].scheme, numel, shape, workers, link, machine=machine)
     none_s = none_comm + codec_s.get(NONE_LABEL, 0.0)
     best = Choice(NONE_LABEL, none_s, none_s, none_payload)
     for cand in candidates[1:]:
         cost = codec_s.get(cand.label)
         if cost is None or not math.isfinite(cost) or cost < 0 or not applies(cand, shape):
             continue
-        payload, comm = predict_comm(cand.scheme, numel, shape, workers, link, cand.transport)
+        payload, comm = predict_comm(cand.scheme, numel, shape, workers, link, cand.transport, machine)
         total = comm + cost
         if total < best.predicted_s:
             best = Choice(cand.label, total, none_s, payload)
@@ -235,7 +243,7 @@ def fixed_codec_seconds(tensors, keys, candidates, codec_costs):
 
 
 def plan(tensors: Dict[str, tuple], workers: int, link: Link, candidates: List[Candidate],
-         codec_s: Dict[str, Dict[str, float]], rules=(), min_gain=0.1) -> Dict[str, Choice]:
+         codec_s: Dict[str, Dict[str, float]], rules=(), min_gain=0.1, machine=LINK_ONLY) -> Dict[str, Choice]:
     """``{key: Choice}`` for ``tensors = {key: (numel, shape)}``.  The first
     matching :class:`~hvd_compress.Rule` pins a tensor (label ``"rule <i>"``);
     the others get :func:`choose`."""
@@ -253,11 +261,12 @@ def plan(tensors: Dict[str, tuple], workers: int, link: Link, candidates: List[C
         if pinned is not None:
             out[key] = Choice(f"rule {pinned}", math.nan, math.nan, None)
             continue
-        out[key] = choose(numel, shape, workers, link, candidates, codec_s.get(key, {}), min_gain)
+        out[key] = choose(numel, shape, workers, link, candidates, codec_s.get(key, {}), min_gain, machine)
     return out
 
 
-def predicted_total(choices: Dict[str, Choice], tensors, workers, link, candidates, codec_s) -> float:
+def predicted_total(choices: Dict[str, Choice], tensors, workers, link, candidates, codec_s,
+                    machine=LINK_ONLY) -> float:
     """Seconds per step of a plan's choices under ``link`` (pinned tensors
     excluded): how a re-check compares the plan in force with a new one."""
     by_label = {c.label: c for c in candidates}
@@ -267,7 +276,7 @@ def predicted_total(choices: Dict[str, Choice], tensors, workers, link, candidat
         if cand is None or key not in tensors:
             continue
         numel, shape = tensors[key]
-        _, comm = predict_comm(cand.scheme, numel, shape, workers, link, cand.transport)
+        _, comm = predict_comm(cand.scheme, numel, shape, workers, link, cand.transport, machine)
         total += comm + codec_s.get(key, {}).get(cand.label, 0.0)
     return total
 
@@ -301,14 +310,15 @@ def format_plan(choices: Dict[str, Choice], tensors, link: Optional[Link] = None
 
 
 
-def propose(tensors, workers, link, candidates, codec_s, min_gain, current=None, replan_threshold=0.0):
+def propose(tensors, workers, link, candidates, codec_s, min_gain, current=None, replan_threshold=0.0,
+            machine=LINK_ONLY):
     """Candidate indices (in ``tensors``' order) of a fresh :func:`plan`, or of
     ``current`` (the plan in force) where the fresh one is not predicted
     ``replan_threshold`` faster."""
-    fresh = plan(tensors, workers, link, candidates, codec_s, (), min_gain)
+    fresh = plan(tensors, workers, link, candidates, codec_s, (), min_gain, machine)
     if current:
-        now = predicted_total(current, tensors, workers, link, candidates, codec_s)
-        new = predicted_total(fresh, tensors, workers, link, candidates, codec_s)
+        now = predicted_total(current, tensors, workers, link, candidates, codec_s, machine)
+        new = predicted_total(fresh, tensors, workers, link, candidates, codec_s, machine)
         if not new < now * (1.0 - replan_threshold):
             fresh = current
     index = {c.label: i for i, c in enumerate(candidates)}
@@ -328,14 +338,15 @@ def codec_table(tensors, keys, candidates, workers, allgather_only, codec_costs,
         rows = measure(tensors, keys, candidates, workers, usable)
     return [[v if usable(c, tensors[k][1]) else -1.0 for c, v in zip(candidates, row)] for k, row in zip(keys, rows)]
 
-def choice_as(choice, label, numel, shape, workers, link, candidates, codec_s):
+def choice_as(choice, label, numel, shape, workers, link, candidates, codec_s, machine=LINK_ONLY):
     """``choice`` as ``label`` (the plan rank 0 broadcast) with this rank's
     predictions of it; ``codec_s``: the tensor's ``{label: seconds}``."""
     if choice.label == label:
         return choice
     forced = [c for c in candidates if c.label in (NONE_LABEL, label)]
     got = choose(numel, shape, workers, link, forced, {label: codec_s.get(label, 0.0),
-                                                       NONE_LABEL: codec_s.get(NONE_LABEL, 0.0)}, min_gain=0.0)
+                                                       NONE_LABEL: codec_s.get(NONE_LABEL, 0.0)}, min_gain=0.0,
+                 machine=machine)
     return Choice(label, got.predicted_s if got.label == label else float("nan"), got.none_s, None)
 
 #: the allreduces timed at the first ``compress`` to choose how to calibrate:

@@ -99,6 +99,17 @@ def require_global_process_set(tensor):
 
 
 # --- measurements and agreement (eager; called from the host callback) ---------------
+def host_machine():
+    """The host as the cost model sees it: the ranks Horovod runs on it
+    (``local_size``) sharing ``os.cpu_count()`` cores
+    (:func:`hvd_compress.cost_model.shared_host`; ``LINK_ONLY`` where each
+    rank has a core)."""
+    import os
+    import horovod.tensorflow as hvd
+    from ..cost_model import shared_host
+    return shared_host(hvd.local_size(), os.cpu_count())
+
+
 def world():
     import horovod.tensorflow as hvd
     return hvd.global_process_set, hvd.size(), hvd.rank()
@@ -249,6 +260,7 @@ class Calibration:
 
     world = staticmethod(world)
     probe_link = staticmethod(lambda *a: probe_link(*a))  # looked up at call time: tests replace it
+    host_machine = staticmethod(lambda: host_machine())  # the same
     average_over_ranks = staticmethod(average_over_ranks)
     broadcast_indices = staticmethod(broadcast_indices)
     check_same_plan = staticmethod(check_same_plan)

@@ -62,11 +62,13 @@ TWO_PHASE_SUFFIX = "/two_phase"
 #: default cycle.  Fitted once, as least-squares slopes through the origin, to
 #: the unshaped-link rows of docs/results/e2e.json (measured comm minus the
 #: link's latency and bytes / bandwidth, the codec and the cycle):
-#: ``.venv/bin/python scripts/scale_model_check.py --fit``.  Where the rows' ranks
-#: shared the machine's cores, :func:`predict_row` scales CPU work by
-#: ``ranks / cores``.
-CPU_GLOO = Machine(reduce_s_per_byte=2.02e-9, reduce_half_s_per_byte=6.86e-9, gather_s_per_byte=2.62e-9,
-                   cycle_s=cost_model.HOROVOD_CYCLE_S, name="CPU, Gloo (fitted to docs/results/e2e.json)")
+#: ``.venv/bin/python scripts/scale_model_check.py --fit``.  ``core_wait_s``:
+#: :data:`hvd_compress.cost_model.CORE_WAIT_S`.  Where a row's ranks shared
+#: the machine's cores, :func:`predict_row` describes that sharing
+#: (:func:`row_machine`); without it (the CLI) no sharing applies.
+CPU_GLOO = Machine(reduce_s_per_byte=2.02e-9, reduce_half_s_per_byte=6.87e-9, gather_s_per_byte=2.73e-9,
+                   cycle_s=cost_model.HOROVOD_CYCLE_S, core_wait_s=cost_model.CORE_WAIT_S,
+                   name="CPU, Gloo (fitted to docs/results/e2e.json)")
 MACHINES = {"cpu": CPU_GLOO, "gpu": GPU_NCCL, "link": cost_model.LINK_ONLY}
 #: the usual back-of-envelope case: a 110M-parameter model (BERT-base size) on 8
 #: workers at 100 Gbit/s, with the bytes and milliseconds it is quoted with
@@ -593,6 +595,20 @@ def auto_plan_tensors(plan_text):
     return out or None
 
 
+def row_machine(row, machine: Machine) -> Machine:
+    """``machine`` as a measured row ran it: bench e2e and bench scale run
+    every emulated host on the one machine, so all ``workers`` ranks shared
+    its ``cpus`` cores, with ``loadavg_1m_before`` runnable tasks of other work
+    (the load average just before the run) taking turns with them.  Unchanged
+    where the row does not say, where ``machine`` already names its cores, and
+    for :data:`~hvd_compress.cost_model.LINK_ONLY`."""
+    from dataclasses import replace
+    if not row.get("cpus") or machine.cpus is not None or machine is cost_model.LINK_ONLY:
+        return machine
+    return replace(machine, cpus=int(row["cpus"]), ranks_per_host=int(row["workers"]),
+                   background_load=float(row.get("loadavg_1m_before") or 0.0))
+
+
 def predict_row(row, overhead: Optional[Overhead], machine: Machine, latency=DEFAULT_LATENCY_S, mbit=None):
     """The cost model's :class:`~hvd_compress.cost_model.StepCost` for a
     measured row (bench e2e or bench scale: ``scheme``, ``transport``,
@@ -607,8 +623,7 @@ def predict_row(row, overhead: Optional[Overhead], machine: Machine, latency=DEF
     (Auto without its plan, an unknown scheme)."""
     workers = row["workers"]
     from dataclasses import replace
-    if row.get("cpus") and machine.cpus is None and machine is not cost_model.LINK_ONLY:
-        machine = replace(machine, cpus=int(row["cpus"]))  # the emulated hosts share this machine's cores
+    machine = row_machine(row, machine)
     if row.get("horovod_cycle_time_ms") is not None and machine is not cost_model.LINK_ONLY:
         machine = replace(machine, cycle_s=row["horovod_cycle_time_ms"] * 1e-3)  # what the run's Horovod used
     if row.get("horovod_fusion_threshold_bytes") is not None and machine is not cost_model.LINK_ONLY:

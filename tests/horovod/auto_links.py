@@ -1,9 +1,11 @@
 """The emulated links and fixed codec costs of the Auto tests (torch and TF):
-a stand-in for Auto's link probe that reports a chosen sequence of links, and
+a stand-in for Auto's link probe that reports a chosen sequence of links (on
+a host whose ranks each have a core, whatever this machine has), and
 codec costs given to ``Auto(codec_costs=...)`` instead of timed, so a test
 decides everything the planner sees and its outcome does not depend on how
 fast the machine runs at that moment."""
 from hvd_compress.auto import comm_time, default_candidates
+from hvd_compress.cost_model import LINK_ONLY
 
 #: 1 ns an element for every lossy candidate, none free.  With the tests'
 #: 64x512 weight (32768 elements, 128 KB) and links: on the fast link
@@ -25,6 +27,8 @@ def links(sequence, monkeypatch, module, size):
         calls.append(version)
         return [comm_time("allreduce", 4 * n, size, link.bytes_per_s, link.latency_s)[1] for n in numels]
     monkeypatch.setattr(module, "probe_link", probe)
+    # the host, too: every rank a core of its own, however many share this machine's
+    monkeypatch.setattr(module, "host_machine", lambda: LINK_ONLY)
     return calls
 
 

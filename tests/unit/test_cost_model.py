@@ -98,6 +98,46 @@ def test_step_cost_shares_the_allgather_and_two_phase_latency_across_tensors():
     assert gathers[0].marginal_s == pytest.approx(gathers[0].total_s - 6e-3)
 
 
+def test_ranks_sharing_cores_stretch_cpu_work_and_wait_per_phase():
+    # no cores named: every rank has its own, no sharing, no wait (the projection, advise's CLI, Auto's default)
+    assert Machine(core_wait_s=1.0).cpu_share(8) == 1.0 and Machine(core_wait_s=1.0).phase_wait_s(8) == 0.0
+    m = Machine(cpus=2, core_wait_s=1e-3)
+    assert m.cpu_share(8) == 4.0 and m.cpu_share(2) == 1.0
+    # 8 ranks + 4 tasks of other work on 2 cores: 5 runnable tasks beyond one a core
+    assert Machine(cpus=2, background_load=4.0, core_wait_s=1e-3).phase_wait_s(8) == pytest.approx(5e-3)
+    assert m.phase_wait_s(2) == 0.0 and m.phase_wait_s(1) == 0.0  # a core each: no wait
+    # ranks_per_host: 2 of the 16 workers on each 1-core host
+    h = Machine(cpus=1, ranks_per_host=2, core_wait_s=1e-3)
+    assert h.cpu_share(16) == 2.0 and h.phase_wait_s(16) == pytest.approx(1e-3)
+
+
+def test_shared_host_is_no_sharing_unless_the_ranks_outnumber_the_cores():
+    assert cm.shared_host(2, 2) is cm.LINK_ONLY and cm.shared_host(1, 64) is cm.LINK_ONLY
+    assert cm.shared_host(None, 2) is cm.LINK_ONLY and cm.shared_host(4, None) is cm.LINK_ONLY
+    m = cm.shared_host(8, 2)
+    assert (m.cpus, m.ranks_per_host, m.core_wait_s) == (2, 8, cm.CORE_WAIT_S)
+    assert m.phase_wait_s(8) == pytest.approx(3 * cm.CORE_WAIT_S)
+    assert cm.shared_host(3, 2, base=cm.GPU_NCCL).cycle_s == cm.GPU_NCCL.cycle_s
+
+
+def test_each_distinct_phase_of_a_step_waits_for_a_core_once():
+    link = Link(0.0, 1 * MB)
+    m = Machine(cpus=1, core_wait_s=1e-3)  # 4 ranks on 1 core: 3 ms a phase
+    assert cm.phases("allgather", 1) == ("allreduce:float32", "allgather", "allgather:lengths")
+    assert cm.phases("allreduce", half=True) == ("allreduce:float16",)
+    topk = [cm.tensor_cost("allgather", 100, 4, link, m, extra_allgathers=1) for _ in range(3)]
+    none = cm.tensor_cost("allreduce", 100, 4, link, m)
+    # per tensor: the phases beyond the allreduce's (the conservative side for a per-tensor choice)
+    assert topk[0].wait_s == pytest.approx(2 * 3e-3) and none.wait_s == 0.0
+    assert topk[0].total_s == pytest.approx(topk[0].link_s + 2 * 3e-3)
+    step = cm.step_cost(topk + [none], m)
+    assert step.wait_s == pytest.approx(3 * 3e-3)  # fp32 allreduce, allgather, lengths: once each
+    assert step.seconds == pytest.approx(step.link_s + 3 * 3e-3)
+    assert cm.step_cost([none], m).wait_s == pytest.approx(3e-3)
+    alone = [cm.tensor_cost("allgather", 100, 4, link, Machine(), extra_allgathers=1) for _ in range(3)]
+    assert cm.step_cost(alone, Machine()).wait_s == 0.0 and alone[0].wait_s == 0.0
+
+
 def test_gpu_codec_is_passes_times_bytes_over_memory_bandwidth():
     # 1e9 elements, 2 passes of 4 bytes, 2 TB/s: 4 ms, + 3 launches of 5 us
     assert cm.gpu_codec_seconds(1e9, 2, memory_bytes_per_s=2e12, launches=3) == pytest.approx(4e-3 + 15e-6)
@@ -148,6 +188,40 @@ def test_the_planner_chooses_the_transport_by_the_number_of_workers():
     codec = {c.label: 1e-9 * numel for c in cands[1:]}
     assert choose(numel, shape, 2, link, cands, codec).label == "TopK(0.01)"
     assert choose(numel, shape, 8, link, cands, codec).label == "TopK(0.01)/two_phase"
+
+
+def test_the_planner_charges_the_extra_phases_on_a_host_whose_ranks_share_cores():
+    """TopK(0.01) saves most of a 128 KB tensor's 0.17 s at 1 MB/s on N = 3;
+    where the ranks share a core and each phase of collectives waits 0.2 s,
+    the allgather's phase beyond the allreduce (two-phase: two) costs more
+    than it saves."""
+    from hvd_compress.auto.planner import choose, default_candidates, predict_comm
+    link = Link(1e-4, 1 * MB)
+    numel, shape = 64 * 512, (64, 512)
+    cands = [c for c in default_candidates(topk_ratios=(0.01,), powersgd_rank=None, fp16=False, int8=False)]
+    codec = {c.label: 1e-9 * numel for c in cands[1:]}
+    shared = cm.shared_host(2, 1, core_wait_s=0.2)  # one task beyond one a core: 0.2 s a phase
+    assert choose(numel, shape, 3, link, cands, codec).label != "none"
+    assert choose(numel, shape, 3, link, cands, codec, machine=shared).label == "none"
+    _, alone = predict_comm(cands[1].scheme, numel, shape, 3, link)
+    _, sharing = predict_comm(cands[1].scheme, numel, shape, 3, link, machine=shared)
+    assert sharing - alone == pytest.approx(0.2)
+    _, alone = predict_comm(cands[2].scheme, numel, shape, 3, link, "two_phase")
+    _, sharing = predict_comm(cands[2].scheme, numel, shape, 3, link, "two_phase", shared)
+    assert sharing - alone == pytest.approx(2 * 0.2)
+    assert predict_comm(cands[0].scheme, numel, shape, 3, link, machine=shared)[1] == \
+        pytest.approx(predict_comm(cands[0].scheme, numel, shape, 3, link)[1])
+
+
+def test_advise_gives_a_measured_row_the_machine_it_ran_on():
+    from hvd_compress.tools import advise
+    row = {"workers": 8, "cpus": 2, "loadavg_1m_before": 4.0}
+    m = advise.row_machine(row, advise.CPU_GLOO)
+    assert (m.cpus, m.ranks_per_host, m.background_load) == (2, 8, 4.0)
+    assert m.phase_wait_s(8) == pytest.approx(5 * cm.CORE_WAIT_S)
+    assert advise.row_machine(row, cm.LINK_ONLY) is cm.LINK_ONLY
+    assert advise.row_machine({"workers": 8}, advise.CPU_GLOO) is advise.CPU_GLOO
+    assert advise.CPU_GLOO.phase_wait_s(8) == 0.0  # the CLI: no sharing unless a row or the caller says so
 
 
 def test_advise_predicts_through_the_model():
