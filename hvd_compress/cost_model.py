@@ -47,22 +47,11 @@ both factors.)  On top of the link:
   tensors of a round, so their latency is also paid once per step (per
   tensor, :attr:`TensorCost.marginal_s` keeps it: a tensor alone on its
   transport pays it in full);
-* **ranks sharing a host's cores** (:class:`Machine`: ``cpus``,
-  ``ranks_per_host``, ``background_load``) -- where ``R`` ranks share ``C``
-  cores (the emulated cluster: every rank on one 2-core machine) the
-  kernel serialises their CPU work, so the collective's CPU work (and
-  bench micro's codec costs, timed on a free core) takes ``max(1, R/C)``
-  times as long; and every dependent phase of collectives (Horovod
-  negotiates it, then Gloo's ring or gather steps run) needs each rank's
-  threads to get a core in turn, so it waits about ``core_wait_s x
-  max(0, (R + L)/C - 1)`` (``L``: runnable tasks of other work on the
-  cores, the machine's load average: the tasks beyond one a core make a
-  waking thread wait).  A step pays that once per distinct phase
-  (:func:`phases`: the fp32 allreduce that carries dense tensors and
-  placeholders, a half-precision allreduce, the allgather and its length
-  allgather, two-phase's alltoall and allgather, PowerSGD's P and Q).
-  Without ``cpus`` (the default) each rank has its own cores: no sharing, no
-  wait;
+* **ranks sharing a host's cores** (:class:`Machine`) -- where ``R`` ranks
+  share ``C`` cores (the emulated cluster), CPU work takes ``max(1, R/C)``
+  times as long, and each distinct phase of collectives (:func:`phases`)
+  waits ``core_wait_s x max(0, (R + L)/C - 1)`` for every rank's turn on a
+  core (``L``: runnable tasks of other work).  Default: no sharing, no wait;
 * no overlap with the backward pass: an upper bound of the communication
   share of a step.
 

@@ -11,10 +11,8 @@ checks against measurements):
   ``t = 2 (N-1) latency + 2 (N-1)/N x bytes / bandwidth`` (Horovod's ring
   allreduce; Patarasuk & Yuan, JPDC 2009) to allreduces Auto times.  The fit
   holds the collective's own CPU cost and Horovod's cycle, so Auto uses the
-  model with :data:`hvd_compress.cost_model.LINK_ONLY`; where more ranks run
-  on the host than it has cores, with
-  :func:`hvd_compress.cost_model.shared_host` (``machine``): each phase of
-  collectives beyond the timed allreduce's then also waits for a core;
+  model with :data:`hvd_compress.cost_model.LINK_ONLY`, or ``machine``
+  (:func:`hvd_compress.cost_model.shared_host`: ranks sharing cores);
 * **transport** -- per candidate: allreduce, allgather (every rank receives
   ``(N-1) x payload``), two-phase (about ``2 x payload`` whatever ``N``, one
   more round) or PowerSGD's rounds; a scheme that can travel both ways is two
@@ -178,10 +176,7 @@ def predict_comm(scheme: Scheme, numel: int, shape, workers: int, link: Link, tr
     """(payload bytes, seconds) one tensor under ``scheme`` adds to a step's
     communication (:attr:`hvd_compress.cost_model.TensorCost.marginal_s`: the
     allreduce latency that tensor fusion shares is left out); payload None
-    (and seconds inf) where the bytes depend on the data.  ``machine``: the
-    host (:func:`hvd_compress.cost_model.shared_host` where ranks share its
-    cores: each phase of collectives beyond the allreduce's then waits for
-    a core)."""
+    (and seconds inf) where the bytes depend on the data; ``machine``: the host."""
     cost = predict_cost(scheme, numel, shape, workers, link, transport, machine=machine)
     if cost is None:
         return None, math.inf

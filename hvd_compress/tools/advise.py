@@ -727,7 +727,8 @@ def format_validation(rows, micro_path=None, e2e_path=None, latency=DEFAULT_LATE
              f"the one cost model (hvd_compress/cost_model.py: ring allreduce 2(N-1)/N x payload, allgather "
              f"(N-1) x payload, latency {latency * 1e6:g} us per ring step, encode/decode from "
              f"{micro_path or 'bench micro'} with decode x N for allgather schemes, the collective's own CPU "
-             f"cost and Horovod's cycle from advise.CPU_GLOO, tensor fusion, no overlap) at the TCP goodput "
+             f"cost and Horovod's cycle from advise.CPU_GLOO, each row's ranks sharing its cores with its load "
+             f"average (advise.row_machine), tensor fusion, no overlap) at the TCP goodput "
              f"the cluster measured for each link setting. Error = (predicted - measured) / measured.", "",
              "| link | scheme | measured comm | predicted | of which comm | of which enc/dec | error | "
              "wire measured | wire predicted |",
