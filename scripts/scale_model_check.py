@@ -3,7 +3,7 @@
 
     .venv/bin/python scripts/scale_model_check.py            # report -> docs/results/scale_model_check.{md,json}
     .venv/bin/python scripts/scale_model_check.py --fit      # also print the constants fitted (CPU_GLOO, CORE_WAIT_S)
-    .venv/bin/python scripts/scale_model_check.py --write-back   # also add predicted_* fields to scale_measured.json
+    .venv/bin/python scripts/scale_model_check.py --write-back   # also add predicted_* fields (machine too) to scale_measured.json
 
 Rows with a time (``bench scale``: docs/results/scale_measured.json, ``bench
 e2e``: docs/results/e2e.json): measured = the step with Horovod minus the same
@@ -302,7 +302,8 @@ def main(argv=None):
     p.add_argument("--out", default=os.path.join(RESULTS, "scale_model_check.md"))
     p.add_argument("--fit", action="store_true", help="print the machine constants fitted to the e2e rows")
     p.add_argument("--write-back", action="store_true",
-                   help="add predicted_link_s (the model's link_s) and predicted_error to every row of the --scale file")
+                   help="add predicted_link_s (the model's link_s), predicted_error and predicted_machine (the "
+                        "machine the model was given) to every row of the --scale file")
     a = p.parse_args(argv)
     e2e, scale = _load(a.e2e), _load(a.scale)
     overhead = _overhead(a.micro, e2e)
@@ -335,6 +336,7 @@ def main(argv=None):
                 continue
             q = next(predicted)
             r["predicted_link_s"], r["predicted_error"] = q["predicted_s"], q["error"]
+            r["predicted_machine"] = q["machine"]  # the cores, ranks and load the prediction was given
         from hvd_compress.tools.bench.report import write_json
         write_json(a.scale, scale)  # bench scale's own layout, so only the predicted_* lines change
     print(text)
