@@ -231,7 +231,7 @@ def report(time_rows, byte_rows, machine, held=None):
              f"fp32 sum {machine.reduce_s_per_byte * 1e9:.2f} ns/B, fp16 sum {machine.reduce_half_s_per_byte * 1e9:.2f}"
              f" ns/B, gather copies {machine.gather_s_per_byte * 1e9:.2f} ns/B received, cycle "
              f"{machine.cycle_s * 1e3:g} ms (advise.CPU_GLOO, fitted by `--fit` to e2e.json's unshaped rows); "
-             f"a phase's wait for a core {machine.core_wait_s * 1e3:.2f} ms per runnable task per core "
+             f"a phase's wait for a core {machine.core_wait_s * 1e3:.2f} ms per runnable task beyond one a core "
              f"(cost_model.CORE_WAIT_S, fitted by `--fit` to the bench scale rows at N <= 4). Each row's machine: "
              f"its `cpus` cores shared by its `workers` ranks, with `loadavg_1m_before` runnable tasks of other "
              f"work (the `wait` column: each distinct phase of collectives waits CORE_WAIT_S x max(0, (ranks + load) / "
