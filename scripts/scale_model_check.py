@@ -301,11 +301,15 @@ def main(argv=None):
     p.add_argument("--micro", default=os.path.join(RESULTS, "micro.json"))
     p.add_argument("--out", default=os.path.join(RESULTS, "scale_model_check.md"))
     p.add_argument("--fit", action="store_true", help="print the machine constants fitted to the e2e rows")
+    p.add_argument("--ignore-load", action="store_true",
+                   help="give every row a load average of 0 (what the load term is worth; use with --out elsewhere)")
     p.add_argument("--write-back", action="store_true",
                    help="add predicted_link_s (the model's link_s), predicted_error and predicted_machine (the "
                         "machine the model was given) to every row of the --scale file")
     a = p.parse_args(argv)
     e2e, scale = _load(a.e2e), _load(a.scale)
+    if a.ignore_load:  # the model without the other work on the cores (a comparison, not the report)
+        e2e, scale = ([dict(r, loadavg_1m_before=0.0) for r in rows] for rows in (e2e, scale))
     overhead = _overhead(a.micro, e2e)
     if a.fit:
         print(json.dumps(fit_machine(e2e, overhead), indent=1))
@@ -329,7 +333,7 @@ def main(argv=None):
     stats["held out"] = held
     with open(os.path.splitext(a.out)[0] + ".json", "w") as f:
         json.dump({"summary": stats, "time_rows": time_rows, "byte_rows": byte_rows}, f, indent=1)
-    if a.write_back and scale:
+    if a.write_back and scale and not a.ignore_load:
         predicted = iter(check_time_rows(scale, "scale_measured.json", overhead))
         for r in scale:
             if _measured(r) is None or r.get("framework", "torch") != "torch":
