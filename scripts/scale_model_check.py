@@ -301,6 +301,8 @@ def main(argv=None):
     p.add_argument("--micro", default=os.path.join(RESULTS, "micro.json"))
     p.add_argument("--out", default=os.path.join(RESULTS, "scale_model_check.md"))
     p.add_argument("--fit", action="store_true", help="print the machine constants fitted to the e2e rows")
+    p.add_argument("--also", action="append", default=[], metavar="JSON",
+                   help="more bench scale rows to check (their own section; nothing is fitted to them)")
     p.add_argument("--ignore-load", action="store_true",
                    help="give every row a load average of 0 (what the load term is worth; use with --out elsewhere)")
     p.add_argument("--write-back", action="store_true",
@@ -316,12 +318,19 @@ def main(argv=None):
         print("core_wait_s fitted on bench scale N <= 4:",
               fit_core_wait([r for r in scale if r["workers"] <= 4], overhead))
     time_rows = check_time_rows(scale, "scale_measured.json", overhead) + check_time_rows(e2e, "e2e.json", overhead)
+    also = {os.path.basename(path): _load(path) for path in a.also}
+    if a.ignore_load:
+        also = {k: [dict(r, loadavg_1m_before=0.0) for r in rows] for k, rows in also.items()}
+    for name, rows in also.items():
+        time_rows += check_time_rows(rows, name, overhead)
     byte_rows = check_byte_rows(_load(a.two_phase))
     held = holdout(scale, e2e, overhead) if scale else None
     text = report(time_rows, byte_rows, advise.CPU_GLOO, held)
     with open(a.out, "w") as f:
         f.write(text)
     stats = {src: summary([r for r in time_rows if r["source"] == src]) for src in ("scale_measured.json", "e2e.json")}
+    for name in also:
+        stats[name] = summary([r for r in time_rows if r["source"] == name])
     stats["all time rows"] = summary(time_rows)
     stats["scale_measured.json by N"] = {str(n): summary([r for r in time_rows if r["source"] == "scale_measured.json"
                                                          and r["workers"] == n])
