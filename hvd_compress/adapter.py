@@ -39,6 +39,9 @@ class AdapterBase:
     #: two-phase may run them chunk by chunk (torch; TF's codecs are graph ops
     #: bound to a whole residual variable)
     fused_codecs_on_chunks = False
+    #: a payload of several fixed-length parts travels as one allgather of its bytes
+    #: (``to_bytes``/``from_bytes``; torch); else one allgather per part (TF's graph)
+    packs_gathers = False
 
     def __init__(self):
         self.reset()

@@ -18,6 +18,7 @@ class AdasumNotSupported(ValueError):
 class TorchAdapter(AdapterBase):
     defer_second_rounds = True
     fused_codecs_on_chunks = True
+    packs_gathers = True
 
     def __init__(self):
         self.B = backend_for(torch.zeros(0))
@@ -194,6 +195,23 @@ class TorchAdapter(AdapterBase):
     # one collective of bytes for several tensors' payloads (two-phase's batched rounds)
     def to_bytes(self, tensors):
         return torch.cat([t.contiguous().reshape(-1).view(torch.uint8) for t in tensors])
+
+    def pack_bytes(self, tensors, ws, name):
+        """The tensors' bytes one after another in the workspace buffer ``name``,
+        kept and reused: Horovod has read a payload before the next step's
+        ``compress`` (as the fused codecs' payload buffers)."""
+        n = sum(t.numel() * t.element_size() for t in tensors)
+        buf = ws.get(name)
+        if buf is None or buf.numel() != n or buf.device != tensors[0].device:
+            buf = ws[name] = torch.empty(n, dtype=torch.uint8, device=tensors[0].device)
+        return torch.cat([t.contiguous().reshape(-1).view(torch.uint8) for t in tensors], out=buf)
+
+    def bytes_view(self, buf, offset, dtype, n):
+        """``n`` elements of ``dtype`` at byte ``offset`` of ``buf``: a view where
+        the offset is aligned for the dtype, else a copy."""
+        itemsize = _dtype(dtype).itemsize
+        piece = buf[offset:offset + n * itemsize]
+        return piece.view(_dtype(dtype)) if offset % itemsize == 0 else piece.clone().view(_dtype(dtype))
 
     def byte_length(self, dtype, n):
         return n * _dtype(dtype).itemsize

@@ -2,18 +2,26 @@
 ``compress`` (Top-K, quantizers with per-rank scales, sign votes); Horovod's
 allreduce carries only a 1-element placeholder, whose value after the
 allreduce is ``size * (the op's scaling)``, so ``finish`` applies exactly
-the scaling Horovod would have.  Parts whose length differs between ranks
-(``scheme.variable_parts``) also gather their lengths."""
+the scaling Horovod would have.
+
+Where the adapter packs bytes (torch) and the parts have the same lengths on
+every rank, the parts travel as ONE allgather of their bytes (Top-K's indices
+and values together); else one allgather per part, and parts whose length
+differs between ranks (``scheme.variable_parts``) also gather their lengths."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..naming import collective_name
-from .base import (Pending, Transport, encode_context, encode_with_feedback, fused_codec, local_and_wire,
-                   op_scale, pending_fields, placeholder, split_per_rank, to_gradient)
+from .base import (Pending, Transport, encode_context, encode_with_feedback, fused_codec, local_and_wire, op_scale,
+                   pending_fields, placeholder, split_per_rank, to_gradient)
 
 #: bytes of the placeholder Horovod allreduces
 PLACEHOLDER_NBYTES = 4
+#: the largest payload packed into one allgather: packing copies the parts once, which at
+#: a few MiB costs about what the saved collective's fixed cost does
+PACKED_GATHER_MAX_BYTES = 4 << 20
 
 
 @dataclass(eq=False, kw_only=True)
@@ -26,19 +34,79 @@ class AllgatherPending(Pending):
     length_gathers: dict = field(default_factory=dict)
     #: fixed-length part -> its length, the same on every rank
     fixed_lengths: dict = field(default_factory=dict)
+    #: the one allgather of every part's bytes, where they are packed
+    packed: Any = None
+
+
+@dataclass(eq=False)
+class PackedParts:
+    """A payload's parts in one allgather of bytes: ``layout`` is
+    ``[(part, dtype, elements)]`` in their order within every rank's segment
+    of ``segment_nbytes`` bytes."""
+    handle: Any
+    layout: list
+    segment_nbytes: int
+
+    def per_rank(self, adapter, size):
+        """``[{part: tensor}]``, one dict per rank's segment (views of the
+        gathered bytes where a part's offset is aligned for its dtype)."""
+        buf = adapter.wait(self.handle)
+        out = []
+        for r in range(size):
+            offset, parts = r * self.segment_nbytes, {}
+            for part, dtype, n in self.layout:
+                parts[part] = adapter.bytes_view(buf, offset, dtype, n)
+                offset += adapter.byte_length(dtype, n)
+            out.append(parts)
+        return out
+
+
+def packs(adapter, scheme, wire) -> bool:
+    """Whether ``wire``'s parts travel as one allgather of bytes: the adapter
+    packs, there are several parts, every one of the same length on every
+    rank, and at most :data:`PACKED_GATHER_MAX_BYTES` in all.  Decided from
+    the scheme and the sizes alone, so every rank decides alike."""
+    if not adapter.packs_gathers or len(wire) < 2 or set(wire) & set(scheme.variable_parts):
+        return False
+    return sum(adapter.nbytes(part) for part in wire.values()) <= PACKED_GATHER_MAX_BYTES
+
+
+def launch_packed(call, wire, deps):
+    """One allgather of the bytes of every part of ``wire``, packed into a
+    buffer kept in the tensor's workspace; widest dtype first, then by name,
+    so that the first rank's parts are aligned for a view."""
+    adapter, B = call.adapter, call.backend
+    order = sorted(wire, key=lambda part: (-adapter.byte_length(B.dtype_name(wire[part]), 1), part))
+    layout = [(part, B.dtype_name(wire[part]), B.numel(wire[part])) for part in order]
+    buf = adapter.pack_bytes([B.identity_with_deps(wire[part], deps) for part in order],
+                             adapter.workspace(call.key), "packed_gather")
+    handle = adapter.allgather(buf, collective_name(call.coll_key, "parts"), call.process_set)
+    return PackedParts(handle, layout, adapter.nbytes(buf))
 
 
 class AllgatherTransport(Transport):
     name = "allgather"
 
     def start(self, call):
-        adapter, B = call.adapter, call.backend
+        adapter = call.adapter
         codec = fused_codec(call)
         payload, deps = encode_with_feedback(adapter, call.scheme, call.x, encode_context(call), call.memory,
                                              call.key, call.numel, codec, call.out)
         local, wire = local_and_wire(payload)
         pending = AllgatherPending(transport=self, local_parts=local, codec=codec, **pending_fields(call))
-        nbytes = PLACEHOLDER_NBYTES
+        if packs(adapter, call.scheme, wire):
+            pending.packed = launch_packed(call, wire, deps)
+            nbytes = PLACEHOLDER_NBYTES + pending.packed.segment_nbytes
+        else:
+            nbytes = PLACEHOLDER_NBYTES + self._gather_parts(call, pending, wire, deps)
+        adapter.record_bytes(call.comp, call.key, call.scheme, call.numel, nbytes)
+        return placeholder(call, deps), pending
+
+    @staticmethod
+    def _gather_parts(call, pending, wire, deps):
+        """One allgather per part (and per variable part one of its length); returns their bytes."""
+        adapter, B = call.adapter, call.backend
+        nbytes = 0
         for part in sorted(wire):  # sorted: the same collective order on every rank
             sent = B.identity_with_deps(wire[part], deps)
             name = collective_name(call.coll_key, part)
@@ -50,15 +118,17 @@ class AllgatherTransport(Transport):
                 nbytes = nbytes + 4
             else:
                 pending.fixed_lengths[part] = B.numel(sent)
-        adapter.record_bytes(call.comp, call.key, call.scheme, call.numel, nbytes)
-        return placeholder(call, deps), pending
+        return nbytes
 
     def finish(self, pending, reduced):
         adapter, scheme = pending.adapter, pending.scheme
-        gathered = {part: adapter.wait(handle) for part, handle in pending.gathers.items()}
-        lengths = dict(pending.fixed_lengths)
-        lengths.update({part: adapter.wait(handle) for part, handle in pending.length_gathers.items()})
-        per_rank = split_per_rank(adapter.B, gathered, lengths, pending.size)
+        if pending.packed is not None:
+            per_rank = pending.packed.per_rank(adapter, pending.size)
+        else:
+            gathered = {part: adapter.wait(handle) for part, handle in pending.gathers.items()}
+            lengths = dict(pending.fixed_lengths)
+            lengths.update({part: adapter.wait(handle) for part, handle in pending.length_gathers.items()})
+            per_rank = split_per_rank(adapter.B, gathered, lengths, pending.size)
         if pending.codec is not None:  # the fused decode applies the op's scaling in its pass
             scale = op_scale(adapter.B, reduced, pending.size) if scheme.apply_op_scale else None
             dense = pending.codec.aggregate(per_rank, pending.numel, pending.local_parts, scale, pending.out,

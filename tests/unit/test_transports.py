@@ -86,6 +86,39 @@ def test_pendings_are_typed_and_hold_no_untyped_bags(make, shape, pending_type):
     assert not names & {"local", "handles", "part_lengths"}
 
 
+# --- torch packs a payload's parts into one allgather ---------------------------------------
+@pytest.mark.parametrize("make, gathers_per_step", [
+    (lambda: hvd_compress.TopK(0.1), 1),  # indices and values in one allgather
+    (lambda: hvd_compress.TopK(0.1, values=schemes.Int8()), 1),
+    (lambda: hvd_compress.EFSignSGD(), 1),
+    (lambda: hvd_compress.Threshold(1.0), 4),  # lengths differ by rank: a gather per part and per length
+], ids=["topk", "topk-int8", "efsignsgd", "threshold"])
+def test_packed_gather_gives_the_per_part_gathers_result(make, gathers_per_step, monkeypatch):
+    """The torch adapter sends a payload's fixed-length parts as one allgather
+    of their bytes (3 ranks: the second and third ranks' parts sit at
+    offsets not aligned for their dtype); the aggregates and residuals are
+    those of one allgather per part, bit for bit."""
+    shape, size = (37, 29), 3
+    grads = _grads(shape, size, 3)
+    names = []
+    gather = InProcessAdapter.allgather
+
+    def counting(self, tensor, name, process_set):
+        names.append(name)
+        return gather(self, tensor, name, process_set)
+
+    monkeypatch.setattr(InProcessAdapter, "allgather", counting)
+    packed, packed_comps = run(make, grads, size)
+    assert len(names) == 3 * size * gathers_per_step, names
+    monkeypatch.setattr(InProcessAdapter, "packs_gathers", False)
+    per_part, per_part_comps = run(make, grads, size)
+    for a, b in zip(packed, per_part):
+        assert a.tobytes() == b.tobytes()
+    for a, b in zip(packed_comps, per_part_comps):
+        ra, rb = a.adapters["torch"].residuals["w"], b.adapters["torch"].residuals["w"]
+        assert ra.numpy().tobytes() == rb.numpy().tobytes()
+
+
 # --- error feedback through the memory, on every transport ----------------------------------
 class _CountingMemory(ResidualMemory):
     """Plain error feedback that counts its calls."""
