@@ -106,9 +106,9 @@ class Machine:
     #: runnable tasks of other work on the host (its load average without
     #: the ranks): they take turns on the cores too
     background_load: float = 0.0
-    #: seconds a dependent phase of collectives waits per runnable task per
-    #: core for every rank's threads to get a core (:data:`CORE_WAIT_S`);
-    #: applies only with ``cpus``
+    #: seconds a phase of collectives waits for every rank's turn on a core,
+    #: per runnable task beyond one a core (:data:`CORE_WAIT_S`); applies
+    #: only with ``cpus``
     core_wait_s: float = 0.0
 
     def ranks_sharing(self, workers) -> int:
@@ -135,7 +135,7 @@ class Machine:
 #: holds the collective's CPU cost and the cycle)
 LINK_ONLY = Machine()
 
-#: a phase's wait for a core per runnable task per core (``Machine.core_wait_s``):
+#: a phase's wait for a core per runnable task beyond one a core (``Machine.core_wait_s``):
 #: fitted once to the bench scale rows at N <= 4 (emulated hosts sharing 2
 #: cores): ``.venv/bin/python scripts/scale_model_check.py --fit``
 CORE_WAIT_S = 2.6e-3
