@@ -301,8 +301,9 @@ def main(argv=None):
     p.add_argument("--micro", default=os.path.join(RESULTS, "micro.json"))
     p.add_argument("--out", default=os.path.join(RESULTS, "scale_model_check.md"))
     p.add_argument("--fit", action="store_true", help="print the machine constants fitted to the e2e rows")
-    p.add_argument("--also", action="append", default=[], metavar="JSON",
-                   help="more bench scale rows to check (their own section; nothing is fitted to them)")
+    p.add_argument("--also", action="append", default=None, metavar="JSON",
+                   help="more bench scale rows to check, in their own section, nothing fitted to them (default: "
+                        "docs/results/scale_measured_quiet.json where it exists)")
     p.add_argument("--ignore-load", action="store_true",
                    help="give every row a load average of 0 (what the load term is worth; use with --out elsewhere)")
     p.add_argument("--write-back", action="store_true",
@@ -318,6 +319,8 @@ def main(argv=None):
         print("core_wait_s fitted on bench scale N <= 4:",
               fit_core_wait([r for r in scale if r["workers"] <= 4], overhead))
     time_rows = check_time_rows(scale, "scale_measured.json", overhead) + check_time_rows(e2e, "e2e.json", overhead)
+    if a.also is None:
+        a.also = [p for p in (os.path.join(RESULTS, "scale_measured_quiet.json"),) if os.path.exists(p)]
     also = {os.path.basename(path): _load(path) for path in a.also}
     if a.ignore_load:
         also = {k: [dict(r, loadavg_1m_before=0.0) for r in rows] for k, rows in also.items()}
