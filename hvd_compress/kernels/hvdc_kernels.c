@@ -602,6 +602,21 @@ i64 hvdc_select_sent(const float *x, float *r, i64 n, float thr, enum hvdc_thres
     return c;
 }
 
+/* The scale of a block summed in cache ([* s] where touched): where s is finite and not
+ * negative every element of the block is multiplied (an untouched +0 stays +0), one vector
+ * loop; else only the touched ones, from their bitmap (an untouched element stays +0 whatever
+ * s is, as the reference scales only what it added). */
+static inline int scales_whole_block(float s) { return isfinite(s) && !signbit(s); }
+
+static void scale_block(float *out, i64 len, float s, int whole, const uint64_t *touched) {
+    if (whole) {
+        for (i64 i = 0; i < len; i++) out[i] *= s;
+        return;
+    }
+    for (i64 w = 0; w < (len + 63) / 64; w++)
+        for (uint64_t b = touched[w]; b; b &= b - 1) out[64 * w + __builtin_ctzll(b)] *= s;
+}
+
 /* The sum of nr raw-coded sparse payloads (int32 indices, ascending within a rank) into a
  * dense out of n, as hvdc_sparse_sum: out = 0, every index's values added onto 0 in rank
  * order, [* s] where touched.  Block by block (4096 elements): the block is zeroed and the
@@ -614,6 +629,7 @@ i64 hvdc_sparse_sum_i32(int nr, const int32_t *const *idx, const float *const *v
     i64 small[64] = {0};
     i64 *pos = nr <= 64 ? small : calloc((size_t)nr, sizeof(i64));
     uint64_t touched[BLOCK / 64];
+    const int whole = scales_whole_block(s), mark = scaled && !whole;  /* mark: the touched bitmap is needed */
     i64 status = 0;
     if (!pos) return -2;
     for (int j = 0; j < nr && !status; j++)
@@ -632,20 +648,18 @@ i64 hvdc_sparse_sum_i32(int nr, const int32_t *const *idx, const float *const *v
             pos[0] = t;
             continue;
         }
-        if (scaled) memset(touched, 0, sizeof touched);
+        if (mark) memset(touched, 0, sizeof touched);
         for (int j = 0; j < nr; j++) {
             const int32_t *ix = idx[j];
             const float *v = vals[j];
             i64 t = pos[j];
             for (; t < ks[j] && ix[t] < hi; t++) {
                 out[ix[t]] += v[t];
-                if (scaled) touched[(ix[t] - lo) >> 6] |= (uint64_t)1 << ((ix[t] - lo) & 63);
+                if (mark) touched[(ix[t] - lo) >> 6] |= (uint64_t)1 << ((ix[t] - lo) & 63);
             }
             pos[j] = t;
         }
-        if (scaled)
-            for (int w = 0; w < BLOCK / 64; w++)
-                for (uint64_t b = touched[w]; b; b &= b - 1) out[lo + 64 * w + __builtin_ctzll(b)] *= s;
+        if (scaled) scale_block(out + lo, hi - lo, s, whole, touched);
     }
     if (pos != small) free(pos);
     return status;
@@ -820,27 +834,43 @@ int hvdc_is_ascending(const i64 *idx, i64 k) {
 
 /* Sum of nr sparse payloads (each idx ascending, distinct within a rank)
  * into a dense out of n: out = 0, then for every index the ranks' values
- * added in rank order onto 0 (as index_add_ into zeros does), [* s]. */
+ * added in rank order onto 0 (as index_add_ into zeros does), [* s] where
+ * touched.  One rank: the output zeroed, then a scatter.  More: block by block
+ * (4096 elements) as hvdc_sparse_sum_i32, the block zeroed, every rank's
+ * values added and the block scaled while it is in cache (a merge over the
+ * ranks' next indices mispredicts which rank comes next about every other
+ * element: 7.9 ms against 3.7-3.9 ms for two ranks' 1% of 12.6M). */
 void hvdc_sparse_sum(int nr, const i64 *const *idx, const float *const *vals, const i64 *ks, i64 n,
                      float s, int scaled, float *out) {
-    memset(out, 0, (size_t)n * sizeof(float));
+    enum { BLOCK = 4096 };
     if (nr == 1) {  /* one rank: a scatter; 0 + v as index_add_ into zeros gives (-0 becomes +0) */
         const i64 *ix = idx[0];
         const float *v = vals[0];
+        memset(out, 0, (size_t)n * sizeof(float));
         if (scaled) for (i64 j = 0; j < ks[0]; j++) out[ix[j]] = (0.0f + v[j]) * s;
         else for (i64 j = 0; j < ks[0]; j++) out[ix[j]] = 0.0f + v[j];
         return;
     }
     i64 small[64] = {0};
     i64 *pos = nr <= 64 ? small : calloc((size_t)nr, sizeof(i64));
+    uint64_t touched[BLOCK / 64];
+    const int whole = scales_whole_block(s), mark = scaled && !whole;
     if (!pos) return;
-    for (;;) {
-        i64 best = -1;
-        for (int j = 0; j < nr; j++) if (pos[j] < ks[j] && (best < 0 || idx[j][pos[j]] < best)) best = idx[j][pos[j]];
-        if (best < 0) break;
-        float acc = 0.0f;
-        for (int j = 0; j < nr; j++) if (pos[j] < ks[j] && idx[j][pos[j]] == best) { acc += vals[j][pos[j]]; pos[j]++; }
-        out[best] = scaled ? acc * s : acc;
+    for (i64 lo = 0; lo < n; lo += BLOCK) {
+        const i64 hi = lo + BLOCK < n ? lo + BLOCK : n;
+        memset(out + lo, 0, (size_t)(hi - lo) * sizeof(float));
+        if (mark) memset(touched, 0, sizeof touched);
+        for (int j = 0; j < nr; j++) {
+            const i64 *ix = idx[j];
+            const float *v = vals[j];
+            i64 t = pos[j];
+            for (; t < ks[j] && ix[t] < hi; t++) {
+                out[ix[t]] += v[t];
+                if (mark) touched[(ix[t] - lo) >> 6] |= (uint64_t)1 << ((ix[t] - lo) & 63);
+            }
+            pos[j] = t;
+        }
+        if (scaled) scale_block(out + lo, hi - lo, s, whole, touched);
     }
     if (pos != small) free(pos);
 }

@@ -157,7 +157,8 @@ void hvdc_index_encode(const i64 *idx, i64 k, i64 n, enum hvdc_index_code code, 
 void hvdc_index_decode(const uint8_t *in, i64 k, i64 n, enum hvdc_index_code code, int low, i64 *out);
 /* whether idx[0..k) is strictly ascending */
 int hvdc_is_ascending(const i64 *idx, i64 k);
-/* out = 0, then each rank's values added at its indices (ascending within a rank), in rank order [* s] */
+/* out = 0, then each rank's values added at its indices (ascending within a rank), in rank order, [* s]
+ * where touched (more than one rank: block by block in cache, as hvdc_sparse_sum_i32) */
 void hvdc_sparse_sum(int nr, const i64 *const *idx, const float *const *vals, const i64 *ks, i64 n, float s,
                      int scaled, float *out);
 

@@ -331,16 +331,19 @@ def test_select_sent_equals_numpy(n, room):
 
 
 @pytest.mark.parametrize("ranks", [1, 3])
-@pytest.mark.parametrize("scaled", [0, 1])
-def test_sparse_sum_i32_equals_numpy(ranks, scaled):
-    """hvdc_sparse_sum_i32: zeros, each rank's values added onto 0 in rank order at its int32
-    indices, times s where touched; -1 for indices out of order, -2 for one out of range."""
+@pytest.mark.parametrize("s", [None, 0.25, -0.0, np.inf, np.nan], ids=["unscaled", "0.25", "-0", "inf", "nan"])
+def test_sparse_sum_equals_numpy(ranks, s):
+    """hvdc_sparse_sum (int64 indices) and hvdc_sparse_sum_i32: zeros, each rank's values added
+    onto 0 in rank order at its indices, times s where touched (an untouched element stays +0
+    whatever s is: a finite s that is not negative scales whole blocks, the others only the
+    touched elements); hvdc_sparse_sum_i32 returns -1 for indices out of order, -2 for one out
+    of range."""
     import ctypes
     rng = np.random.default_rng(ranks)
     n = 3 * 4096 + 77
     idxs = [np.sort(rng.choice(n, rng.integers(0, n // 3), replace=False)).astype(np.int32) for _ in range(ranks)]
     vals = [rng.standard_normal(len(i)).astype(np.float32) for i in idxs]
-    s = np.float32(0.25)
+    scaled, s = int(s is not None), np.float32(0.0 if s is None else s)
     want = np.zeros(n, np.float32)
     touched = np.zeros(n, bool)
     for i, v in zip(idxs, vals):
@@ -353,6 +356,9 @@ def test_sparse_sum_i32_equals_numpy(ranks, scaled):
     lib = native.load()
     assert lib.hvdc_sparse_sum_i32(ranks, _ptrs(it), _ptrs(vt), _p(ks), n, ctypes.c_float(s), scaled, _p(out)) == 0
     assert out.numpy().tobytes() == want.tobytes()
+    wide, out64 = [t.to(torch.int64) for t in it], torch.full((n,), 7.0)
+    lib.hvdc_sparse_sum(ranks, _ptrs(wide), _ptrs(vt), _p(ks), n, ctypes.c_float(s), scaled, _p(out64))
+    assert out64.numpy().tobytes() == want.tobytes()
     bad = torch.from_numpy(np.array([5, 3], np.int32)), torch.from_numpy(np.array([1, n], np.int32))
     two, v2 = torch.tensor([2], dtype=torch.int64), torch.ones(2)
     for t, status in zip(bad, (-1, -2)):
