@@ -1190,47 +1190,97 @@ i64 hvdc_randomk_indices_torch(i64 seed, i64 n, i64 k, i64 *idx, uint64_t *seen,
     return o;
 }
 
+/* The TF draws whose 23-bit key (the mantissa: a draw's order) is at least floor_m, in
+ * index order: their indices into cand and keys into keys, up to room of them (beyond:
+ * only counted).  One pass of the generator; nothing is written for the other draws. */
+static i64 tf_draws_at_least(i64 seed, i64 n, uint32_t floor_m, i64 *cand, uint32_t *keys, i64 room) {
+    draw_stream st;
+    uint32_t w[DRAW_BLOCK];
+    float f[DRAW_BLOCK];  /* the keys as the floats 1 + key 2^-23, which order as the keys */
+    const uint32_t floor_bits = 0x3F800000u | floor_m;
+    float floor_f;
+    memcpy(&floor_f, &floor_bits, 4);
+    const vf vfloor_f = vset1(floor_f);
+    stream_seed(&st, HVDC_FW_TF, seed);
+    i64 c = 0;
+    for (i64 lo = 0; lo < n; lo += DRAW_BLOCK) {
+        const int len = (int)(n - lo < DRAW_BLOCK ? n - lo : DRAW_BLOCK);
+        stream_next(&st, w);
+        for (int j = 0; j < len; j++) { uint32_t b = 0x3F800000u | (w[j] & 0x7FFFFFu); memcpy(f + j, &b, 4); }
+        for (int j = 0; j < len; j += VW) {  /* the lanes at or above the floor, by a vector compare */
+            const int l = len - j < VW ? len - j : VW;
+            for (unsigned take = vbits(vcmp_ge(vload_n(f + j, l), vfloor_f)) & lane_bits(l); take; take &= take - 1) {
+                const int t = j + __builtin_ctz(take);
+                if (c < room) { cand[c] = lo + t; keys[c] = w[t] & 0x7FFFFFu; }
+                c++;
+            }
+        }
+    }
+    return c;
+}
+
 /* TF's randperm_prefix: the k largest of n stateless-uniform draws, ties to the lower index
- * (tf.math.top_k's order), ascending.  A draw's order is its 23 mantissa bits.  One pass
- * draws them into words with a histogram of their top 12 bits (in L1), which locates the
- * bin of the k-th largest; a second collects, in index order, every draw in that bin or
- * above into idx (about k + n / 4096 of them, in room for k + n / 64 + 4096); the bin's own draws are then ranked by a histogram of
- * their low 11 bits, and idx compacted to the k kept: those above the k-th largest, and
- * the lowest indices among the draws equal to it. */
-void hvdc_randomk_indices_tf(i64 seed, i64 n, i64 k, i64 *idx, uint32_t *words) {
+ * (tf.math.top_k's order), ascending.  A draw's order is its 23 mantissa bits, uniform, so
+ * a floor with k + 8 sqrt(k) + 64 draws expected at or above it holds the k largest: one
+ * pass of the generator collects those draws (index and key, in index order), and only
+ * they are ranked -- by a histogram of their top 12 key bits, then of the low 11 bits
+ * within the bin of the k-th largest -- and compacted to the k kept: those above the
+ * k-th largest, and the lowest indices among the draws equal to it.  Where the floor
+ * holds fewer than k draws or more than the room (never seen), a histogram pass over all
+ * n draws places it exactly and the collection runs again. */
+#ifndef HVDC_RANDOMK_TF_FLOOR_SCALE
+#define HVDC_RANDOMK_TF_FLOOR_SCALE 1.0  /* the draws expected above the floor, in units of k + 8 sqrt(k) + 64
+                                          * (a test builds other values to take the histogram's path) */
+#endif
+void hvdc_randomk_indices_tf(i64 seed, i64 n, i64 k, i64 *idx, uint32_t *keys) {
     if (k <= 0) return;
     enum { HI = 12, LO = 23 - HI };
+    const i64 room = k + n / 64 + 4096;
+    const double want = HVDC_RANDOMK_TF_FLOOR_SCALE * ((double)k + 8.0 * sqrt((double)k) + 64.0);
+    const double below = want >= (double)n ? 0.0 : 8388608.0 - ceil(want * 8388608.0 / (double)n);
+    uint32_t floor_m = below > 0.0 ? (uint32_t)below : 0u;
+    i64 *cand = idx;
+    uint32_t *ckeys = keys;
+    i64 c = tf_draws_at_least(seed, n, floor_m, cand, ckeys, room);
     uint32_t hist[1 << HI], lo_hist[1 << LO];
-    draw_stream st;
-    stream_seed(&st, HVDC_FW_TF, seed);
+    if (c < k || c > room) {  /* the floor missed: placed by a histogram of every draw's top bits */
+        draw_stream st;
+        uint32_t w[DRAW_BLOCK];
+        stream_seed(&st, HVDC_FW_TF, seed);
+        memset(hist, 0, sizeof hist);
+        for (i64 lo = 0; lo < n; lo += DRAW_BLOCK) {
+            const int len = (int)(n - lo < DRAW_BLOCK ? n - lo : DRAW_BLOCK);
+            stream_next(&st, w);
+            for (int j = 0; j < len; j++) hist[(w[j] & 0x7FFFFFu) >> LO]++;
+        }
+        i64 above = 0;
+        int bin = (1 << HI) - 1;
+        while (above + hist[bin] < k) above += hist[bin--];
+        floor_m = (uint32_t)bin << LO;
+        const i64 got = above + hist[bin];
+        if (got > room) {  /* a bin beyond the room: buffers of its own */
+            cand = malloc((size_t)got * sizeof(i64));
+            ckeys = malloc((size_t)got * sizeof(uint32_t));
+            if (!cand || !ckeys) { free(cand); free(ckeys); return; }
+        }
+        c = tf_draws_at_least(seed, n, floor_m, cand, ckeys, got > room ? got : room);
+    }
     memset(hist, 0, sizeof hist);
     memset(lo_hist, 0, sizeof lo_hist);
-    for (i64 lo = 0; lo < n; lo += DRAW_BLOCK) {
-        uint32_t w[DRAW_BLOCK];
-        int len = (int)(n - lo < DRAW_BLOCK ? n - lo : DRAW_BLOCK);
-        stream_next(&st, w);
-        for (int j = 0; j < len; j++) { uint32_t m = w[j] & 0x7FFFFFu; words[lo + j] = m; hist[m >> LO]++; }
-    }
-    i64 above = 0;  /* draws in the bins above bin */
+    for (i64 j = 0; j < c; j++) hist[ckeys[j] >> LO]++;
+    i64 above = 0;  /* candidates in the bins above bin */
     int bin = (1 << HI) - 1;
     while (above + hist[bin] < k) above += hist[bin--];
-    const uint32_t floor_m = (uint32_t)bin << LO;
-    i64 c = 0, *cand = idx;
-    if (above + hist[bin] > k + n / 64 + 4096) {  /* a bin beyond idx's room (never seen): a buffer of its own */
-        cand = malloc((size_t)(above + hist[bin]) * sizeof(i64));
-        if (!cand) return;
-    }
-    for (i64 i = 0; i < n; i++) if (words[i] >= floor_m) cand[c++] = i;
-    for (i64 j = 0; j < c; j++) { uint32_t m = words[cand[j]]; if ((m >> LO) == (uint32_t)bin) lo_hist[m & ((1u << LO) - 1)]++; }
+    for (i64 j = 0; j < c; j++) if ((ckeys[j] >> LO) == (uint32_t)bin) lo_hist[ckeys[j] & ((1u << LO) - 1)]++;
     int low = (1 << LO) - 1;
     while (above + lo_hist[low] < k) above += lo_hist[low--];
-    const uint32_t thr = floor_m | (uint32_t)low;
+    const uint32_t thr = ((uint32_t)bin << LO) | (uint32_t)low;
     i64 ties = k - above, o = 0;  /* of the draws equal to thr, the first ties are kept */
-    for (i64 j = 0; j < c; j++) {
-        uint32_t m = words[cand[j]];
+    for (i64 j = 0; j < c; j++) {  /* o <= j: in place where cand is idx */
+        const uint32_t m = ckeys[j];
         if (m > thr || (m == thr && ties-- > 0)) idx[o++] = cand[j];
     }
-    if (cand != idx) free(cand);
+    if (cand != idx) { free(cand); free(ckeys); }
 }
 
 void hvdc_randomk_encode(const float *x, float *r, i64 n, const i64 *idx, i64 k, float *vals) {

@@ -189,9 +189,9 @@ void hvdc_terngrad_decode_sum(int nr, const uint8_t *const *codes, const float *
  * distinct draws): the caller's path */
 i64 hvdc_randomk_indices_torch(i64 seed, i64 n, i64 k, i64 *idx, uint64_t *seen, i64 *scratch);
 /* Random-K's shared indices as TF's backend draws them (sort(top_k(stateless_uniform(n), k).indices): the k
- * largest draws, ties to the lower index), ascending, into the first k of idx, which holds k + n / 64 + 4096
- * (the draws at or above the k-th largest's bin, before they are ranked); words holds n uint32 */
-void hvdc_randomk_indices_tf(i64 seed, i64 n, i64 k, i64 *idx, uint32_t *words);
+ * largest draws, ties to the lower index), ascending, into the first k of idx; idx and keys hold room = k + n / 64
+ * + 4096 entries each (the draws at or above a floor, with their 23-bit keys, before they are ranked) */
+void hvdc_randomk_indices_tf(i64 seed, i64 n, i64 k, i64 *idx, uint32_t *keys);
 /* acc into r (with r); vals = acc at the k ascending idx; the residual 0 there and wherever acc is not finite */
 void hvdc_randomk_encode(const float *x, float *r, i64 n, const i64 *idx, i64 k, float *vals);
 /* out = 0, then out[idx[j]] = 0 + vals[j] (as index_add_ into zeros) */

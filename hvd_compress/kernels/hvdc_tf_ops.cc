@@ -920,8 +920,8 @@ class TernGradDecodeSumOp : public OpKernel {
   bool scaled_;
 };
 
-// Random-K: TF's shared indices (the k largest stateless draws) drawn in C into a kept
-// buffer of the draws' bits, then acc formed in place, the values gathered and their
+// Random-K: TF's shared indices (the k largest stateless draws) drawn in C into kept
+// candidate buffers, then acc formed in place, the values gathered and their
 // residual cleared.
 class RandomKEncodeOp : public OpKernel {
  public:
@@ -940,9 +940,9 @@ class RandomKEncodeOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({k_}), &vals));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({k_}), &idx));
     mutex_lock l(mu_);
-    words_.resize(std::max<int64_t>(n_, 1));
-    cand_.resize(k_ + n_ / 64 + 4096);
-    hvdc_randomk_indices_tf(d.seed, n_, k_, cand_.data(), words_.data());
+    cand_.resize(k_ + n_ / 64 + 4096);  // the room hvdc_randomk_indices_tf collects in
+    keys_.resize(cand_.size());
+    hvdc_randomk_indices_tf(d.seed, n_, k_, cand_.data(), keys_.data());
     std::memcpy(idx->flat<int64_t>().data(), cand_.data(), k_ * sizeof(i64));
     const float *xp = x.flat<float>().data();
     WithResidual(ctx, m_, n_, [&](float *r) {
@@ -952,7 +952,7 @@ class RandomKEncodeOp : public OpKernel {
 
  private:
   mutex mu_;
-  std::vector<uint32_t> words_;
+  std::vector<uint32_t> keys_;
   std::vector<i64> cand_;
   int m_;
   int64_t n_, k_;

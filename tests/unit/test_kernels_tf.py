@@ -408,7 +408,32 @@ def test_randomk_indices_are_tf_randperm_prefix(n, k):
     stateless draws, ties to the lower index, ascending), index for index."""
     from hvd_compress.kernels import native
     lib = native.load()
-    idx, words = np.empty(k + n // 64 + 4096, np.int64), np.empty(n, np.uint32)
+    room = k + n // 64 + 4096
+    idx, keys = np.empty(room, np.int64), np.empty(room, np.uint32)
     for seed in (1, 12345, 2**40 + 3):
-        lib.hvdc_randomk_indices_tf(seed, n, k, idx.ctypes.data, words.ctypes.data)
+        lib.hvdc_randomk_indices_tf(seed, n, k, idx.ctypes.data, keys.ctypes.data)
         assert np.array_equal(idx[:k], B.randperm_prefix(n, k, tf.constant(seed, tf.int64)).numpy()), seed
+
+
+@pytest.mark.parametrize("floor_scale", ["0.5", "1e6"])
+def test_randomk_indices_tf_when_the_floor_misses(tmp_path, floor_scale):
+    """The kernel's floor aims at a few more than k draws; where it holds fewer than k
+    (a scale below 1) or more than the room (a huge scale), the histogram pass places it
+    and the indices are still TF's, index for index."""
+    import ctypes
+    import subprocess
+    from hvd_compress.kernels import native
+    cc = native.compiler()
+    if cc is None:
+        pytest.skip("no C compiler")
+    out = tmp_path / "kernels_floor.so"
+    subprocess.run([cc, *native.FLAGS, f"-DHVDC_RANDOMK_TF_FLOOR_SCALE={floor_scale}", str(native.SOURCE), "-o",
+                    str(out), "-lm"], check=True, capture_output=True)
+    lib = ctypes.CDLL(str(out))
+    fn = lib.hvdc_randomk_indices_tf
+    fn.argtypes, fn.restype = native.SIGNATURES["hvdc_randomk_indices_tf"]
+    for n, k in ((5000, 50), (100_000, 1000), (1 << 16, 1 << 15)):
+        room = k + n // 64 + 4096
+        idx, keys = np.empty(room, np.int64), np.empty(room, np.uint32)
+        fn(77, n, k, idx.ctypes.data, keys.ctypes.data)
+        assert np.array_equal(idx[:k], B.randperm_prefix(n, k, tf.constant(77, tf.int64)).numpy()), (n, k)
