@@ -102,7 +102,7 @@ def breakdown(spec, n, reps):
     from hvd_compress.kernels import native
     from hvd_compress.tools.bench.local import local_compressor
     torch.set_num_threads(1)
-    comp = local_compressor(eval("hc." + spec, {"hc": hc, "Int8": hc.schemes.Int8}), "torch")
+    comp = local_compressor(eval("hc." + spec, {"hc": hc, "Int8": hc.schemes.Int8, "BF16": hc.schemes.BF16}), "torch")
     xs = [torch.from_numpy(np.random.default_rng(s).standard_normal(n).astype(np.float32)) for s in range(3)]
     grad, dst = torch.empty(n), torch.empty(n)
     timed = TimedLibrary(native.load())

@@ -705,38 +705,16 @@ static inline uint32_t magnitude_key(float v, int nan_large) {
     return (nan_large && u > 0x7F800000u) ? 0x7F800000u : u;
 }
 
-/* The k-th largest of the c keys (1 <= k <= c) and how many keys are above it, by a
- * radix select over the 31 key bits in three digits of 11, 11 and 9 bits: each round
- * counts the digit of the keys that match the digits found so far, then walks the counts
- * from the top.  Three linear passes without data-dependent branches, where a quickselect
- * over c floats mispredicts about half its compares. */
-static uint32_t kth_largest_key(const uint32_t *key, i64 c, i64 k, i64 *above_out) {
-    static const int shift[3] = {20, 9, 0}, width[3] = {11, 11, 9};
-    uint32_t prefix = 0, prefix_mask = 0;
-    i64 above = 0, want = k;  /* want: the rank of the answer among the keys matching prefix */
-    i64 hist[2048];
-    for (int d = 0; d < 3; d++) {
-        const int sh = shift[d], buckets = 1 << width[d];
-        memset(hist, 0, (size_t)buckets * sizeof(i64));
-        for (i64 j = 0; j < c; j++) {
-            uint32_t v = key[j];
-            i64 match = (v & prefix_mask) == prefix;
-            hist[(v >> sh) & (uint32_t)(buckets - 1)] += match;
-        }
-        int b = buckets - 1;
-        for (; b > 0 && hist[b] < want; b--) { want -= hist[b]; above += hist[b]; }
-        prefix |= (uint32_t)b << sh;
-        prefix_mask |= (uint32_t)(buckets - 1) << sh;
-    }
-    *above_out = above;
-    return prefix;
-}
-
 /* From c candidates (ascending indices, with their values), the k (<= c)
  * with the largest magnitudes, ties taken in index order: their indices
- * (ascending) into out and values into out_val.  tmp holds c floats (here: the keys). */
+ * (ascending) into out and values into out_val.  Three passes over the candidates'
+ * values: a histogram of the keys' top 16 bits (the bin of the k-th largest), the keys
+ * in that bin collected into tmp (c floats of room) and ranked by a histogram of their
+ * low 15 bits, then a branch-free compaction.  Each key is recomputed from its value,
+ * so nothing of size c is written but the bin's few keys. */
 void hvdc_topk_fixup(const i64 *cand, const float *cand_val, i64 c, i64 k, enum hvdc_nan_rule nan_rule,
                      i64 *out, float *out_val, float *tmp) {
+    enum { HI = 16, LO = 31 - HI };
     const int nan_large = nan_rule == HVDC_NAN_LARGEST;
     if (k >= c) {
         memcpy(out, cand, (size_t)c * sizeof(i64));
@@ -744,15 +722,32 @@ void hvdc_topk_fixup(const i64 *cand, const float *cand_val, i64 c, i64 k, enum 
         return;
     }
     if (k <= 0) return;
-    uint32_t *key = (uint32_t *)tmp;
-    for (i64 j = 0; j < c; j++) key[j] = magnitude_key(cand_val[j], nan_large);
-    i64 above;
-    const uint32_t t = kth_largest_key(key, c, k, &above);
+    uint32_t *hist = calloc((size_t)1 << HI, sizeof(uint32_t));
+    if (!hist) return;
+    for (i64 j = 0; j < c; j++) hist[magnitude_key(cand_val[j], nan_large) >> LO]++;
+    i64 above = 0;  /* keys in the bins above bin */
+    uint32_t bin = (1u << HI) - 1;
+    while (above + hist[bin] < k) above += hist[bin--];
+    uint32_t *bin_keys = (uint32_t *)tmp;  /* the low bits of the keys in bin */
+    i64 m = 0;
+    for (i64 j = 0; j < c; j++) {  /* a branch taken by about one candidate in the used bins' count */
+        const uint32_t key = magnitude_key(cand_val[j], nan_large);
+        if ((key >> LO) == bin) bin_keys[m++] = key & ((1u << LO) - 1);
+    }
+    memset(hist, 0, ((size_t)1 << LO) * sizeof(uint32_t));
+    for (i64 j = 0; j < m; j++) hist[bin_keys[j]]++;
+    uint32_t low = (1u << LO) - 1;
+    while (above + hist[low] < k) above += hist[low--];
+    free(hist);
+    const uint32_t t = (bin << LO) | low;
     i64 ties = k - above, o = 0;  /* the first `ties` candidates equal to t, in index order, are kept */
-    for (i64 j = 0; j < c && o < k; j++) {  /* branch-free compaction: write, then advance if kept */
-        uint32_t v = key[j];
-        i64 tie = v == t, keep = (v > t) | (tie & (ties > 0));
-        ties -= tie & keep;
+    for (i64 j = 0; j < c && o < k; j++) {  /* compaction: write, then advance if kept */
+        const uint32_t v = magnitude_key(cand_val[j], nan_large);
+        i64 keep = v > t;
+        if (v == t) {  /* rare: a branch, so that `ties` is no chain through every step */
+            keep = ties > 0;
+            ties -= keep;
+        }
         out[o] = cand[j];
         out_val[o] = cand_val[j];
         o += keep;
@@ -824,6 +819,148 @@ void hvdc_index_decode(const uint8_t *in, i64 k, i64 n, enum hvdc_index_code cod
             acc >>= low; filled -= low;
         }
     }
+}
+
+/* One rank's index code (raw int32, bitmap, or Elias-Fano) decoded a chunk of indices at a
+ * time into a buffer that stays in L1, as hvdc_index_decode writes them: the bit area's set
+ * bits 64 at a time, Elias-Fano's low parts by a little-endian bit reader. */
+enum { INDEX_CHUNK = 512 };
+typedef struct {
+    int code, low;
+    i64 k, j, n, prev;               /* j: indices decoded so far; prev: the last one (raw's order check) */
+    const uint8_t *in, *bits;        /* the whole code; the bitmap, or Elias-Fano's high parts */
+    i64 len_bytes, byte;             /* the bit area's bytes; the next 64-bit word's offset in it */
+    uint64_t word;                   /* the current word's bits not yet read */
+    const uint8_t *lowp;             /* Elias-Fano: the next byte of low bits */
+    uint64_t lacc;
+    int lfilled;
+    i64 first;                       /* the ordinal of buf[0] */
+    int have, at;                    /* buf[at..have): decoded, not yet added */
+    int status;                      /* 0, -1 raw indices not ascending, -2 an index outside [0, n) or too few */
+    i64 buf[INDEX_CHUNK];
+} index_stream;
+
+static void index_stream_fill(index_stream *st) {
+    const i64 m = st->k - st->j < INDEX_CHUNK ? st->k - st->j : INDEX_CHUNK;
+    i64 *buf = st->buf;
+    int got = 0;
+    st->first = st->j;
+    if (st->code == HVDC_CODE_RAW) {
+        const int32_t *raw = (const int32_t *)st->in + st->j;
+        i64 prev = st->prev;
+        int bad = 0;
+        for (; got < m; got++) {
+            const i64 v = raw[got];
+            bad |= (st->j + got > 0 && v <= prev) ? 1 : 0;
+            buf[got] = v;
+            prev = v;
+        }
+        if (bad) st->status = -1;
+        st->prev = prev;
+    } else {
+        uint64_t w = st->word;
+        i64 byte = st->byte;
+        const i64 j0 = st->j;
+        const int ef = st->code == HVDC_CODE_ELIAS_FANO, low = st->low;
+        while (got < m) {
+            while (!w) {
+                byte += 8;
+                if (byte >= st->len_bytes) break;
+                const i64 left = st->len_bytes - byte;
+                memcpy(&w, st->bits + byte, (size_t)(left < 8 ? left : 8));  /* little-endian */
+            }
+            if (!w) { st->status = -2; break; }  /* fewer than k set bits */
+            const i64 pos = byte * 8 + __builtin_ctzll(w);
+            w &= w - 1;
+            buf[got] = ef ? (pos - (j0 + got)) << low : pos;
+            got++;
+        }
+        st->word = w;
+        st->byte = byte;
+        if (ef && low) {
+            uint64_t acc = st->lacc, mask = ((uint64_t)1 << low) - 1;
+            int filled = st->lfilled;
+            const uint8_t *lp = st->lowp;
+            for (int t = 0; t < got; t++) {
+                while (filled < low) { acc |= (uint64_t)*lp++ << filled; filled += 8; }
+                buf[t] |= (i64)(acc & mask);
+                acc >>= low;
+                filled -= low;
+            }
+            st->lacc = acc; st->lfilled = filled; st->lowp = lp;
+        }
+    }
+    for (int t = 0; t < got; t++) if (buf[t] < 0 || buf[t] >= st->n) { st->status = -2; break; }
+    st->j += got;
+    st->have = st->status ? 0 : got;
+    st->at = 0;
+}
+
+static void index_stream_init(index_stream *st, const uint8_t *in, enum hvdc_index_code code, int low, i64 k, i64 n) {
+    st->code = code; st->k = k; st->n = n; st->in = in;
+    st->j = 0; st->prev = 0; st->word = 0; st->byte = -8; st->lacc = 0; st->lfilled = 0;
+    st->have = st->at = 0; st->status = 0; st->first = 0;
+    st->low = code == HVDC_CODE_ELIAS_FANO ? low : 0;
+    st->lowp = in;
+    if (code == HVDC_CODE_BITMAP) {
+        st->bits = in; st->len_bytes = (n + 7) / 8;
+    } else if (code == HVDC_CODE_ELIAS_FANO) {
+        st->bits = in + (k * low + 7) / 8; st->len_bytes = (k + (n >> low) + 1 + 7) / 8;
+    }
+}
+
+/* the sparse payloads' sum, decoded and added block by block (see hvdc_kernels.h) */
+i64 hvdc_sparse_decode_sum(int nr, const uint8_t *const *codes, enum hvdc_index_code code, int low, const i64 *ks,
+                           const void *const *vals, int bf16, i64 n, float s, int scaled, float *out) {
+    enum { BLOCK = 4096 };
+    float blk[BLOCK] __attribute__((aligned(64)));
+    uint64_t touched[BLOCK / 64];
+    index_stream *st = malloc((size_t)(nr > 0 ? nr : 1) * sizeof(index_stream));
+    i64 status = 0;
+    if (!st) return -3;
+    for (int j = 0; j < nr; j++) index_stream_init(&st[j], codes[j], code, low, ks[j], n);
+    for (i64 lo = 0; lo < n && !status; lo += BLOCK) {
+        const i64 hi = lo + BLOCK < n ? lo + BLOCK : n;
+        const int len = (int)(hi - lo);
+        memset(blk, 0, (size_t)len * sizeof(float));
+        if (nr > 1 && scaled) memset(touched, 0, sizeof touched);
+        for (int j = 0; j < nr && !status; j++) {
+            index_stream *q = &st[j];
+            const float *vf = (const float *)vals[j];
+            const uint16_t *vh = (const uint16_t *)vals[j];
+            for (;;) {
+                if (q->at == q->have) {
+                    if (q->j >= q->k) break;
+                    index_stream_fill(q);
+                    if (q->status) { status = q->status; break; }
+                }
+                const i64 *ib = q->buf;
+                const i64 base = q->first;
+                int t = q->at;
+                const int have = q->have;
+                if (nr == 1) {  /* 0 + v as index_add_ into zeros (-0 -> +0), [* s] */
+                    if (bf16) for (; t < have && ib[t] < hi; t++) { float v = 0.0f + from_bf16(vh[base + t]); blk[ib[t] - lo] = scaled ? v * s : v; }
+                    else for (; t < have && ib[t] < hi; t++) { float v = 0.0f + vf[base + t]; blk[ib[t] - lo] = scaled ? v * s : v; }
+                } else {
+                    for (; t < have && ib[t] < hi; t++) {
+                        const i64 at = ib[t] - lo;
+                        blk[at] += bf16 ? from_bf16(vh[base + t]) : vf[base + t];
+                        if (scaled) touched[at >> 6] |= (uint64_t)1 << (at & 63);
+                    }
+                }
+                q->at = t;
+                if (t < have) break;  /* the next index is past this block */
+            }
+        }
+        if (nr > 1 && scaled)
+            for (int w = 0; w < BLOCK / 64; w++)
+                for (uint64_t b = touched[w]; b; b &= b - 1) blk[64 * w + __builtin_ctzll(b)] *= s;
+        memcpy(out + lo, blk, (size_t)len * sizeof(float));
+    }
+    for (int j = 0; j < nr && !status; j++)
+        if (st[j].at != st[j].have || st[j].j != st[j].k) status = -2;  /* an index left over: at or past n */
+    free(st);
+    return status;
 }
 
 /* whether idx[0..k) is strictly ascending (the eager Top-K sends raw indices in torch.topk's order) */
@@ -1297,31 +1434,49 @@ void hvdc_scatter(const i64 *idx, i64 k, const float *vals, i64 n, float *out) {
 
 /* ---- Lossless: the byte shuffle around zstd ------------------------------------------- */
 
-/* planes[k n + i] = byte k of x[i] (little-endian: plane 0 the mantissa's low byte), in
- * blocks of 4096 elements so that the four output streams stay in cache; plain C the
- * compiler vectorises */
-void hvdc_byte_shuffle(const float *x, i64 n, uint8_t *planes) {
-    const uint8_t *b = (const uint8_t *)x;
-    uint8_t *p0 = planes, *p1 = planes + n, *p2 = planes + 2 * n, *p3 = planes + 3 * n;
-    for (i64 lo = 0; lo < n; lo += 4096) {
-        i64 hi = lo + 4096 < n ? lo + 4096 : n;
-        for (i64 i = lo; i < hi; i++) {
-            p0[i] = b[4 * i]; p1[i] = b[4 * i + 1]; p2[i] = b[4 * i + 2]; p3[i] = b[4 * i + 3];
+/* Each block of `block` elements (the last one shorter) as four planes of its length m,
+ * byte k of x[lo + i] at planes[4 lo + k m + i] (little-endian: plane 0 the mantissa's low
+ * byte), 4096 elements at a time so that the four output streams stay in cache; plain C
+ * the compiler vectorises */
+void hvdc_byte_shuffle(const float *x, i64 n, i64 block, uint8_t *planes) {
+    if (block <= 0) block = n > 0 ? n : 1;
+    const uint8_t *restrict b = (const uint8_t *)x;
+    for (i64 lo = 0; lo < n; lo += block) {
+        const i64 m = lo + block < n ? block : n - lo;
+        uint8_t *restrict p0 = planes + 4 * lo, *restrict p1 = p0 + m, *restrict p2 = p1 + m, *restrict p3 = p2 + m;
+        const uint8_t *restrict bb = b + 4 * lo;
+        for (i64 c0 = 0; c0 < m; c0 += 4096) {
+            const i64 c1 = c0 + 4096 < m ? c0 + 4096 : m;
+            for (i64 i = c0; i < c1; i++) {
+                p0[i] = bb[4 * i]; p1[i] = bb[4 * i + 1]; p2[i] = bb[4 * i + 2]; p3[i] = bb[4 * i + 3];
+            }
         }
     }
 }
 
-/* out = v, or out + v unless first, [* s], v the float whose bytes are planes[k n + i] */
+/* one step of the un-shuffle: the floats of u (the planes' bytes put together) added to out */
+HVDC_INLINE void unshuffle_step(const float *u, float *out, i64 i, int len, int first, vf vs, int scaled) {
+    vf v = vload_n(u, len);
+    if (!first) v = vadd(vload_n(out + i, len), v);
+    if (scaled) v = vmul(v, vs);
+    vstore_n(out + i, v, len);
+}
+
+/* out[i] = v, or out[i] + v unless first, [* s], v the float whose bytes are planes[k n + i]:
+ * 4096 elements at a time, their bytes put together as words in L1, then the float step */
 void hvdc_byte_unshuffle_add(const uint8_t *planes, i64 n, int first, float s, int scaled, float *out) {
-    const uint8_t *p0 = planes, *p1 = planes + n, *p2 = planes + 2 * n, *p3 = planes + 3 * n;
-    for (i64 lo = 0; lo < n; lo += 4096) {
-        i64 hi = lo + 4096 < n ? lo + 4096 : n;
-        for (i64 i = lo; i < hi; i++) {
-            uint32_t u = (uint32_t)p0[i] | (uint32_t)p1[i] << 8 | (uint32_t)p2[i] << 16 | (uint32_t)p3[i] << 24;
-            float v;
-            memcpy(&v, &u, 4);
-            if (!first) v = out[i] + v;
-            out[i] = scaled ? v * s : v;
-        }
+    enum { CHUNK = 4096 };
+    const uint8_t *restrict p0 = planes, *restrict p1 = planes + n, *restrict p2 = planes + 2 * n,
+                  *restrict p3 = planes + 3 * n;
+    union { uint32_t u[CHUNK]; float f[CHUNK]; } w __attribute__((aligned(64)));
+    const float *uf = w.f;
+    const vf vs = vset1(s);
+    for (i64 lo = 0; lo < n; lo += CHUNK) {
+        const int len = (int)(lo + CHUNK < n ? CHUNK : n - lo);
+        for (int i = 0; i < len; i++)
+            w.u[i] = (uint32_t)p0[lo + i] | (uint32_t)p1[lo + i] << 8 | (uint32_t)p2[lo + i] << 16 | (uint32_t)p3[lo + i] << 24;
+        int i = 0;
+        for (; i + VW <= len; i += VW) unshuffle_step(uf + i, out, lo + i, VW, first, vs, scaled);
+        if (i < len) unshuffle_step(uf + i, out, lo + i, len - i, first, vs, scaled);
     }
 }

@@ -162,6 +162,15 @@ int hvdc_is_ascending(const i64 *idx, i64 k);
 void hvdc_sparse_sum(int nr, const i64 *const *idx, const float *const *vals, const i64 *ks, i64 n, float s,
                      int scaled, float *out);
 
+/* the index code and the values of nr sparse payloads decoded and summed into out in one pass, as
+ * hvdc_index_decode then hvdc_sparse_sum give it (out = 0, each index's values added onto 0 in rank order,
+ * [* s] where touched): every rank's code is `code` (Elias-Fano with `low` low bits) of ks[j] ascending indices
+ * of [0, n), its values ks[j] float32, or bfloat16 bits where bf16; out is written once, block by block.
+ * Returns 0; -1 where raw indices are not strictly ascending (out unspecified: the caller sorts them);
+ * -2 where an index is outside [0, n) or a code holds fewer than ks[j]; -3 out of memory */
+i64 hvdc_sparse_decode_sum(int nr, const uint8_t *const *codes, enum hvdc_index_code code, int low, const i64 *ks,
+                           const void *const *vals, int bf16, i64 n, float s, int scaled, float *out);
+
 /* ---- the randomised schemes: QSGD, TernGrad, Random-K, with the framework's own draws ---- */
 /* whose seeded draws and NaN conventions a randomised kernel reproduces */
 enum hvdc_framework {
@@ -198,8 +207,9 @@ void hvdc_randomk_encode(const float *x, float *r, i64 n, const i64 *idx, i64 k,
 void hvdc_scatter(const i64 *idx, i64 k, const float *vals, i64 n, float *out);
 
 /* ---- Lossless: the byte shuffle around zstd ---- */
-/* planes[k n + i] = byte k of x[i] (four planes of n bytes) */
-void hvdc_byte_shuffle(const float *x, i64 n, uint8_t *planes);
+/* each block of `block` elements (the last one m < block) as four planes: byte k of x[lo + i] at
+ * planes[4 lo + k m + i] (block <= 0: one block of n) */
+void hvdc_byte_shuffle(const float *x, i64 n, i64 block, uint8_t *planes);
 /* out[i] = v, or out[i] + v unless first, [* s]; v the float of bytes planes[k n + i] */
 void hvdc_byte_unshuffle_add(const uint8_t *planes, i64 n, int first, float s, int scaled, float *out);
 

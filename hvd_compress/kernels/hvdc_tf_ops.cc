@@ -514,6 +514,27 @@ class SparseSumOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->input_list("idxs", &idxs));
     OP_REQUIRES_OK(ctx, ctx->input_list("vals", &vals));
     const int nr = idxs.size();
+    std::vector<const uint8_t *> cp;
+    std::vector<const void *> vraw;
+    for (int j = 0; j < nr; j++) {
+      OP_REQUIRES_OK(ctx, CheckVector(vals[j], k_, "val"));
+      OP_REQUIRES(ctx, (i64)idxs[j].tensor_data().size() == nbytes_,
+                  errors::InvalidArgument("idx of rank ", j, " must hold ", nbytes_, " bytes; got ",
+                                          idxs[j].tensor_data().size()));
+      cp.push_back(reinterpret_cast<const uint8_t *>(idxs[j].tensor_data().data()));
+      vraw.push_back(vals[j].tensor_data().data());
+    }
+    std::vector<i64> ks(nr, k_);
+    Tensor *out = nullptr;
+    OP_REQUIRES_OK(ctx, kept_out_.Allocate(ctx, 0, n_, &out));
+    // one pass: each rank's code and values decoded and added block by block into out
+    const i64 status = hvdc_sparse_decode_sum(nr, cp.data(), code_, low_, ks.data(), vraw.data(), bf16_values_ ? 1 : 0,
+                                              n_, ScaleInput(ctx, 2 * nr), scaled_, out->flat<float>().data());
+    OP_REQUIRES(ctx, status == 0 || status == -1,
+                errors::InvalidArgument("a Top-K payload holds an index outside [0, ", n_,
+                                        ") or fewer indices than its code declares"));
+    if (status == 0) return;
+    // raw indices from an eager (top_k order) encoder: decoded, sorted, then summed
     Tensor idx_t, val_t;
     i64 *idx = Alloc<i64>(ctx, &idx_t, DT_INT64, nr * k_);
     float *val = Alloc<float>(ctx, &val_t, DT_FLOAT, nr * k_);
@@ -541,9 +562,6 @@ class SparseSumOp : public OpKernel {
       ip.push_back(ij);
       vp.push_back(vj);
     }
-    std::vector<i64> ks(nr, k_);
-    Tensor *out = nullptr;
-    OP_REQUIRES_OK(ctx, kept_out_.Allocate(ctx, 0, n_, &out));
     hvdc_sparse_sum(nr, ip.data(), vp.data(), ks.data(), n_, ScaleInput(ctx, 2 * nr), scaled_,
                     out->flat<float>().data());
   }

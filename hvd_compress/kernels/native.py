@@ -69,6 +69,7 @@ SIGNATURES = {
     "hvdc_index_decode": ((ptr, i64, i64, enum, c_int, ptr), None),
     "hvdc_is_ascending": ((ptr, i64), c_int),
     "hvdc_sparse_sum": ((c_int, ptr, ptr, ptr, i64, f32, c_int, ptr), None),
+    "hvdc_sparse_decode_sum": ((c_int, ptr, enum, c_int, ptr, ptr, c_int, i64, f32, c_int, ptr), i64),
     # the randomised schemes
     "hvdc_uniform": ((enum, i64, i64, ptr), None),
     "hvdc_qsgd_encode": ((ptr, ptr, i64, c_int, ptr, enum, i64, ptr, ptr), None),
@@ -79,7 +80,7 @@ SIGNATURES = {
     "hvdc_randomk_encode": ((ptr, ptr, i64, ptr, i64, ptr), None),
     "hvdc_scatter": ((ptr, i64, ptr, i64, ptr), None),
     # Lossless
-    "hvdc_byte_shuffle": ((ptr, i64, ptr), None),
+    "hvdc_byte_shuffle": ((ptr, i64, i64, ptr), None),
     "hvdc_byte_unshuffle_add": ((ptr, i64, c_int, f32, c_int, ptr), None),
 }
 

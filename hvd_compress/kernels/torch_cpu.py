@@ -212,18 +212,20 @@ class RandomKCodec(Codec):
 
 
 class LosslessCodec(Codec):
-    """Lossless: the byte shuffle into a kept buffer (one pass), zstd on it, and
-    its output handed over without a copy; the decode reads zstd's output into
-    the kept buffer and un-shuffles every rank's planes into the sum, scaled in
-    the last rank's pass.  Beyond zstd's own time: one pass each way."""
+    """Lossless: the blocked byte shuffle into a kept buffer (one pass), zstd on it
+    with this thread's kept context, and its output handed over without a copy;
+    the decode reads zstd's output one plane block at a time into a buffer that
+    stays in cache and un-shuffles it into the sum at once, scaled in the last
+    rank's pass.  Beyond zstd's own time: the shuffle's pass, and the decode's
+    writes into the output where zstd alone writes its planes."""
 
     def encode(self, x, r, ws, ctx):
         import warnings
-        import zstandard
+        from ..schemes.lossless import PLANE_BLOCK, compressor
         n = x.numel()
         planes = buffer(ws, "planes", 4 * n, torch.uint8)
-        self.lib.hvdc_byte_shuffle(_p(x), n, _p(planes))
-        blob = zstandard.ZstdCompressor(level=self.scheme.level).compress(planes.numpy())
+        self.lib.hvdc_byte_shuffle(_p(x), n, PLANE_BLOCK, _p(planes))
+        blob = compressor(self.scheme.level).compress(planes.numpy())
         if not blob:
             return {"bytes": torch.zeros(0, dtype=torch.uint8)}
         with warnings.catch_warnings():  # zstd's bytes are read-only; nothing writes to a payload
@@ -231,16 +233,18 @@ class LosslessCodec(Codec):
             return {"bytes": torch.frombuffer(blob, dtype=torch.uint8)}
 
     def aggregate(self, payloads, numel, local, scale, out, ws):
-        from ..schemes.lossless import decompress_planes
+        from ..schemes.lossless import unshuffle_blocks
         out = output(ws, out, numel)
         s, scaled = _scale_args(scale)
-        if not payloads:
-            return out
+        base = out.data_ptr()
         for j, p in enumerate(payloads):
-            planes = decompress_planes(p["bytes"].contiguous().numpy(), numel)
-            last = j == len(payloads) - 1
-            self.lib.hvdc_byte_unshuffle_add(planes.ctypes.data, numel, int(j == 0), s, scaled if last else 0,
-                                             _p(out))
+            first, last_scaled = int(j == 0), scaled if j == len(payloads) - 1 else 0
+
+            def add_block(planes, lo, m, first=first, last_scaled=last_scaled):
+                self.lib.hvdc_byte_unshuffle_add(planes.ctypes.data, m, first, s, last_scaled,
+                                                 ctypes.c_void_p(base + 4 * lo))
+
+            unshuffle_blocks(p["bytes"].contiguous().numpy(), numel, add_block)
         return out
 
 

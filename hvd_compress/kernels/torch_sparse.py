@@ -107,6 +107,46 @@ class SparseCodec(Codec):
 
     def aggregate(self, payloads, numel, local, scale, out, ws):
         out = output(ws, out, numel)
+        k = self.scheme.fixed_k(numel)
+        code = "raw" if k is None else self.scheme.index_code(numel)
+        low = _ef_low_bits(numel, k) if code == "elias_fano" else 0
+        values, bf16 = self.scheme.values, type(self.scheme.values) is BF16
+        codes, vals, ks = [], [], []
+        for j, p in enumerate(payloads):  # checked here: the kernel reads exactly these lengths
+            coded = p["idx"].contiguous()
+            kj = coded.numel() if k is None else k
+            if code == "raw":
+                coded = coded.to(torch.int32)
+                if coded.numel() != kj:
+                    raise ValueError(f"rank {j}'s raw indices hold {coded.numel()} entries, expected {kj}")
+            elif coded.dtype != torch.uint8 or coded.numel() < index_code_nbytes(code, numel, kj):
+                raise ValueError(f"rank {j}'s {code} index code holds {coded.numel()} bytes ({coded.dtype}), expected "
+                                 f"{index_code_nbytes(code, numel, kj)} uint8")
+            if values is None:
+                val = p["val"].to(torch.float32).contiguous()
+            elif bf16:
+                val = p["v.bits"].contiguous()
+            else:
+                vp = {name[2:]: t for name, t in p.items() if name.startswith("v.")}
+                val = values.decode_one(backend_for(coded), vp, kj).to(torch.float32).contiguous()
+            if val.numel() != kj or (bf16 and val.element_size() != 2):
+                raise ValueError(f"rank {j}'s values hold {val.numel()} {val.dtype} entries, expected {kj}"
+                                 + (" bfloat16 bits" if bf16 else ""))
+            codes.append(coded)
+            vals.append(val)
+            ks.append(kj)
+        kt = torch.tensor(ks, dtype=torch.int64)
+        status = self.lib.hvdc_sparse_decode_sum(len(codes), _ptrs(codes), CODES[code], low, _p(kt), _ptrs(vals),
+                                                 int(bf16), numel, *_scale_args(scale), _p(out))
+        if status == -1:  # an eager encoder's raw Top-K indices come in torch.topk's order: sorted, then summed
+            return self.aggregate_sorted(payloads, numel, scale, out, ws)
+        if status != 0:
+            raise ValueError(f"a {type(self.scheme).__name__} payload holds an index outside [0, {numel}) or fewer "
+                             f"indices than its {code} code declares")
+        return out
+
+    def aggregate_sorted(self, payloads, numel, scale, out, ws):
+        """The sum by decoded, sorted index arrays (raw indices in any order)."""
         idxs, vals, ks = [], [], []
         for j, p in enumerate(payloads):
             idx, val = self.unpack(p, numel, ws, j)

@@ -398,6 +398,64 @@ def test_topk_fixup_equals_numpy(case):
         assert torch.equal(acc[kept], finite_or_zero(B, torch.from_numpy(v[want]) - sent))
 
 
+@pytest.mark.parametrize("code", ["raw", "bitmap", "elias_fano"])
+@pytest.mark.parametrize("values", ["float32", "bf16"])
+def test_sparse_decode_sum_equals_numpy(code, values):
+    """The one-pass decode of sparse payloads (index code and values, each rank's added in
+    rank order onto 0, scaled where touched) against numpy, across its 4096-element
+    blocks, 512-index chunks and the streamed-output size; and its answers to malformed
+    payloads: raw indices out of order (-1: the caller sorts), an index outside [0, n)
+    or a code with fewer indices than declared (-2)."""
+    import ctypes
+    from hvd_compress.coding import _ef_low_bits, index_code_nbytes
+    from hvd_compress.kernels.plan import CODES
+    lib = native.load()
+    rng = np.random.default_rng(3)
+    for n, k, nr, scale in ((1, 1, 1, None), (9000, 1000, 3, 0.5), ((1 << 20) + 77, 70_000, 1, 1 / 3),
+                            ((1 << 20) + 77, 5000, 2, None)):
+        low = _ef_low_bits(n, k) if code == "elias_fano" else 0
+        nbytes = index_code_nbytes(code, n, k)
+        codes, vals, want = [], [], np.zeros(n, np.float32)
+        touched = np.zeros(n, bool)
+        for _ in range(nr):
+            idx = np.sort(rng.choice(n, k, replace=False)).astype(np.int64)
+            if values == "bf16":
+                val = torch.from_numpy(rng.standard_normal(k).astype(np.float32)).to(torch.bfloat16)
+                vals.append(val.view(torch.int16).contiguous())
+                v = val.float().numpy()
+            else:
+                v = rng.standard_normal(k).astype(np.float32)
+                vals.append(torch.from_numpy(v))
+            coded = torch.zeros(nbytes, dtype=torch.uint8)
+            lib.hvdc_index_encode(_p(torch.from_numpy(idx)), k, n, CODES[code], low, _p(coded), nbytes)
+            codes.append(coded)
+            want[idx] += v
+            touched[idx] = True
+        if scale is not None:
+            want[touched] *= np.float32(scale)
+        out, ks = torch.full((n,), 7.0), torch.full((nr,), k, dtype=torch.int64)
+        s, scaled = (ctypes.c_float(0.0), 0) if scale is None else (ctypes.c_float(scale), 1)
+        status = lib.hvdc_sparse_decode_sum(nr, _ptrs(codes), CODES[code], low, _p(ks), _ptrs(vals),
+                                            int(values == "bf16"), n, s, scaled, _p(out))
+        assert status == 0 and out.numpy().tobytes() == want.tobytes(), (n, k, nr)
+        if k < 2:
+            continue
+        bad = codes[0].clone()
+        if code == "raw":  # out of order, then an index past n
+            r = bad.view(torch.int32)
+            r[[0, 1]] = r[[1, 0]].clone()
+            assert lib.hvdc_sparse_decode_sum(1, _ptrs([bad]), CODES[code], low, _p(ks), _ptrs(vals), int(values == "bf16"),
+                                              n, s, scaled, _p(out)) == -1
+            r[[0, 1]] = r[[1, 0]].clone()
+            r[-1] = n
+        else:  # the last set bit cleared: fewer indices than k
+            area = bad[nbytes - (k + (n >> low) + 1 + 7) // 8:] if code == "elias_fano" else bad
+            nz = int(torch.nonzero(area).max())
+            area[nz] = 0
+        assert lib.hvdc_sparse_decode_sum(1, _ptrs([bad]), CODES[code], low, _p(ks), _ptrs(vals), int(values == "bf16"), n,
+                                          s, scaled, _p(out)) == -2, (n, k)
+
+
 # --- no fresh large buffers on the hot path ------------------------------------------------------------
 def _large_allocations(fn, threshold=1 << 20):
     """``(op, bytes)`` of every torch op in ``fn`` that allocates at least
