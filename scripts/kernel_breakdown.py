@@ -31,6 +31,8 @@ SCHEMES = ("TopK(0.01)", "Int8()", "EFSignSGD()", "FP16()", "DGC(0.01)", "TopK(0
 #: (a copy reads 1 and writes 1): the passes over memory
 PASSES = {
     "hvdc_compensate_select": "reads x, r; writes r (3)",
+    "hvdc_compensate_select_sent": "reads x, r; writes r (3)",
+    "hvdc_sparse_decode_sum": "writes out (1), reads the codes and values",
     "hvdc_int8_encode": "pass 1 reads x, r, writes r; pass 2 reads r, writes r and q (5.25)",
     "hvdc_int8_decode_sum": "reads q per rank, writes out (1.25 for one rank)",
     "hvdc_sign_encode": "pass 1 reads x, r, writes r; pass 2 reads r, writes r (5)",
@@ -68,7 +70,9 @@ SCHEME_PASSES = {
     "TopK(0.01, values=Int8())": "as Top-K, plus Int8 of the k kept values (eager ops)",
 }
 #: kernel -> the phase it belongs to
-PHASES = {"hvdc_compensate_select": "selection", "hvdc_sample_magnitudes": "selection",
+PHASES = {"hvdc_compensate_select": "selection", "hvdc_compensate_select_sent": "selection",
+          "hvdc_topk_select_settle": "selection", "hvdc_restore_candidates": "selection",
+          "hvdc_sparse_decode_sum": "decode", "hvdc_sample_magnitudes": "selection",
           "hvdc_kth_largest": "selection", "hvdc_topk_fixup": "selection", "hvdc_clear_sent": "selection",
           "hvdc_int8_encode": "quantize", "hvdc_sign_encode": "quantize", "hvdc_half_encode": "quantize",
           "hvdc_momentum": "quantize", "hvdc_index_encode": "packing", "hvdc_int8_decode_sum": "decode",

@@ -37,6 +37,13 @@ class NanRule(enum.IntEnum):
     LARGEST = 1  # the largest magnitude, so always selected (torch.topk's order: Top-K)
 
 
+class SentRule(enum.IntEnum):
+    """``enum hvdc_sent_rule``: the residual a candidate pass writes for each recorded candidate."""
+    KEPT = 0  # acc, as every other element's
+    ZERO = 1  # 0: acc sent as it is
+    BF16 = 2  # acc - float(bfloat16(acc)), non-finite -> 0
+
+
 class ThresholdRule(enum.IntEnum):
     """``enum hvdc_threshold_rule``: how a magnitude is compared with the threshold."""
     AT_LEAST = 0
@@ -68,6 +75,7 @@ HEADER_ENUMS = {
     "hvdc_half_dtype": (HalfDtype, "HVDC_HALF_"),
     "hvdc_index_code": (IndexCode, "HVDC_CODE_"),
     "hvdc_nan_rule": (NanRule, "HVDC_NAN_"),
+    "hvdc_sent_rule": (SentRule, "HVDC_SENT_"),
     "hvdc_threshold_rule": (ThresholdRule, "HVDC_"),
     "hvdc_topk_plan": (TopKPlan, "HVDC_TOPK_"),
     "hvdc_lowrank_limit": (LowRankLimit, "HVDC_LOWRANK_"),

@@ -514,35 +514,65 @@ void hvdc_bf16_decode_sum(int nr, const uint16_t *const *hs, i64 n, float s, int
 
 static inline float magnitude(float a, int nan_large) { return (a != a) ? (nan_large ? INFINITY : a) : fabsf(a); }
 
-/* one step of the candidate pass: acc = x + r into r (a NaN dropped to 0 unless it is
- * the largest), and the lanes whose magnitude passes thr appended as candidates (only
- * counted beyond cap: the caller retries with room).  The vector part forms acc and the
- * mask of taken lanes; with room for a whole vector the taken lanes are packed in
- * registers (vcompress_store), else the set bits are visited one by one. */
-HVDC_INLINE i64 select_step(const float *x, float *r, i64 i, int len, vf vthr, int strict, int nan_large,
-                            i64 *cand, float *cand_val, i64 c, i64 cap) {
-    vf a = vload_n(x + i, len);
-    if (r) a = vadd(a, vload_n(r + i, len));
+/* one step of the candidate pass: acc = x + r into r (x NULL: acc is r's content; a NaN
+ * dropped to 0 unless it is the largest), and the lanes whose magnitude passes thr
+ * appended as candidates (only counted beyond cap: the caller retries with room).  The
+ * vector part forms acc and the mask of taken lanes; with room for a whole vector the
+ * taken lanes are packed in registers (vcompress_store), else the set bits are visited
+ * one by one.  With a sent rule other than HVDC_SENT_KEPT, each recorded candidate's
+ * residual is written as if it were sent (0, or acc - float(bfloat16(acc))), so that
+ * only the candidates the selection drops are written again. */
+HVDC_INLINE i64 select_step(const float *x, float *r, i64 i, int len, vf vthr, int strict, int nan_large, int sent,
+                            vf vsent, i64 *cand, float *cand_val, i64 c, i64 cap) {
+    vf a = x ? vload_n(x + i, len) : vload_n(r + i, len);
+    if (x && r) a = vadd(a, vload_n(r + i, len));
     vmask nan = visnan(a);
     vf m = vabs(a);
     if (nan_large) m = vselect(nan, vset1(INFINITY), m);
     unsigned take = vbits(strict ? vcmp_gt(m, vthr) : vcmp_ge(m, vthr)) & lane_bits(len);
-    if (r) vstore_n(r + i, nan_large ? a : vselect(nan, vzero(), a), len);
+    const unsigned as_sent = sent != HVDC_SENT_KEPT ? take & vbits(vcmp_ge(m, vsent)) : 0u;
+    const vf kept = nan_large ? a : vselect(nan, vzero(), a);
+    const vf prov = sent == HVDC_SENT_ZERO ? vzero() : vkeep_finite(vsub(a, vbf16_value(a)));
     if (c + VW <= cap) {  /* room for a whole vector: packed in registers, no branch per lane */
+        if (r) vstore_n(r + i, sent != HVDC_SENT_KEPT ? vselect(vmask_from_bits(as_sent), prov, kept) : kept, len);
         int32_t at[VW];
         int got = vcompress_store(cand_val + c, at, take, a, (int32_t)i);
         for (int t = 0; t < VW; t++) cand[c + t] = at[t];
         return c + got;
     }
+    if (r) vstore_n(r + i, kept, len);
     if (take) {
-        float av[VW];
+        float av[VW], pv[VW];
         vstore(av, a);
+        vstore(pv, prov);
         while (take) {
             int t = __builtin_ctz(take);
             take &= take - 1;
-            if (c < cap) { cand[c] = i + t; cand_val[c] = av[t]; }
+            if (c < cap) {
+                cand[c] = i + t; cand_val[c] = av[t];
+                if (r && ((as_sent >> t) & 1u)) r[i + t] = pv[t];
+            }
             c++;
         }
+    }
+    return c;
+}
+
+static i64 compensate_select(const float *x, float *r, i64 n, float thr, enum hvdc_threshold_rule rule,
+                             enum hvdc_nan_rule nan_rule, int sent, float thr_sent, i64 *cand, float *cand_val,
+                             i64 cap) {
+    const int strict = rule == HVDC_ABOVE, nan_large = nan_rule == HVDC_NAN_LARGEST;
+    const vf vthr = vset1(thr), vsent = vset1(thr_sent);
+    i64 c = 0, i = 0;
+    if (sent == HVDC_SENT_KEPT) {  /* separate instances: the rule folds away in each */
+        for (; i + VW <= n; i += VW) c = select_step(x, r, i, VW, vthr, strict, nan_large, HVDC_SENT_KEPT, vsent, cand, cand_val, c, cap);
+        if (i < n) c = select_step(x, r, i, (int)(n - i), vthr, strict, nan_large, HVDC_SENT_KEPT, vsent, cand, cand_val, c, cap);
+    } else if (sent == HVDC_SENT_ZERO) {
+        for (; i + VW <= n; i += VW) c = select_step(x, r, i, VW, vthr, strict, nan_large, HVDC_SENT_ZERO, vsent, cand, cand_val, c, cap);
+        if (i < n) c = select_step(x, r, i, (int)(n - i), vthr, strict, nan_large, HVDC_SENT_ZERO, vsent, cand, cand_val, c, cap);
+    } else {
+        for (; i + VW <= n; i += VW) c = select_step(x, r, i, VW, vthr, strict, nan_large, HVDC_SENT_BF16, vsent, cand, cand_val, c, cap);
+        if (i < n) c = select_step(x, r, i, (int)(n - i), vthr, strict, nan_large, HVDC_SENT_BF16, vsent, cand, cand_val, c, cap);
     }
     return c;
 }
@@ -555,12 +585,18 @@ HVDC_INLINE i64 select_step(const float *x, float *r, i64 i, int len, vf vthr, i
  * becomes 0 here. */
 i64 hvdc_compensate_select(const float *x, float *r, i64 n, float thr, enum hvdc_threshold_rule rule,
                            enum hvdc_nan_rule nan_rule, i64 *cand, float *cand_val, i64 cap) {
-    const int strict = rule == HVDC_ABOVE, nan_large = nan_rule == HVDC_NAN_LARGEST;
-    const vf vthr = vset1(thr);
-    i64 c = 0, i = 0;
-    for (; i + VW <= n; i += VW) c = select_step(x, r, i, VW, vthr, strict, nan_large, cand, cand_val, c, cap);
-    if (i < n) c = select_step(x, r, i, (int)(n - i), vthr, strict, nan_large, cand, cand_val, c, cap);
-    return c;
+    return compensate_select(x, r, n, thr, rule, nan_rule, HVDC_SENT_KEPT, thr, cand, cand_val, cap);
+}
+
+i64 hvdc_compensate_select_sent(const float *x, float *r, i64 n, float thr, enum hvdc_threshold_rule rule,
+                                enum hvdc_nan_rule nan_rule, enum hvdc_sent_rule sent, float thr_sent, i64 *cand,
+                                float *cand_val, i64 cap) {
+    return compensate_select(x, r, n, thr, rule, nan_rule, (int)sent, thr_sent, cand, cand_val, cap);
+}
+
+void hvdc_restore_candidates(float *r, const i64 *cand, const float *cand_val, i64 c, int finite) {
+    if (finite) for (i64 j = 0; j < c; j++) r[cand[j]] = keep_finite(cand_val[j]);
+    else for (i64 j = 0; j < c; j++) r[cand[j]] = cand_val[j];
 }
 
 /* ---- Threshold and DGC: every element past the threshold is sent ---------------- */
@@ -705,23 +741,40 @@ static inline uint32_t magnitude_key(float v, int nan_large) {
     return (nan_large && u > 0x7F800000u) ? 0x7F800000u : u;
 }
 
+/* the residual of a candidate of value v sent by `sent` (0, or v - float(bfloat16(v))), non-finite -> 0 */
+static inline float sent_residual(float v, int sent) {
+    return sent == HVDC_SENT_BF16 ? keep_finite(v - from_bf16(to_bf16(v))) : 0.0f;
+}
+
 /* From c candidates (ascending indices, with their values), the k (<= c)
  * with the largest magnitudes, ties taken in index order: their indices
  * (ascending) into out and values into out_val.  Three passes over the candidates'
  * values: a histogram of the keys' top 16 bits (the bin of the k-th largest), the keys
  * in that bin collected into tmp (c floats of room) and ranked by a histogram of their
- * low 15 bits, then a branch-free compaction.  Each key is recomputed from its value,
- * so nothing of size c is written but the bin's few keys. */
-void hvdc_topk_fixup(const i64 *cand, const float *cand_val, i64 c, i64 k, enum hvdc_nan_rule nan_rule,
-                     i64 *out, float *out_val, float *tmp) {
+ * low 15 bits, then the compaction, whose only branch is a tie with the k-th largest.
+ * Each key is recomputed from its value, so nothing of size c is written but the bin's
+ * few keys.  With acc, the residuals hvdc_compensate_select_sent wrote are settled: a
+ * kept candidate below thr_sent gets its sent residual, a dropped one at or above it its
+ * value back (non-finite -> 0); where thr_sent is near the k-th largest both are few. */
+static void topk_select(const i64 *cand, const float *cand_val, i64 c, i64 k, enum hvdc_nan_rule nan_rule,
+                        i64 *out, float *out_val, float *tmp, float *acc, int sent, float thr_sent) {
     enum { HI = 16, LO = 31 - HI };
     const int nan_large = nan_rule == HVDC_NAN_LARGEST;
+    const uint32_t sent_key = magnitude_key(thr_sent, nan_large);
     if (k >= c) {
         memcpy(out, cand, (size_t)c * sizeof(i64));
         memcpy(out_val, cand_val, (size_t)c * sizeof(float));
+        if (acc)
+            for (i64 j = 0; j < c; j++)
+                if (magnitude_key(cand_val[j], nan_large) < sent_key) acc[cand[j]] = sent_residual(cand_val[j], sent);
         return;
     }
-    if (k <= 0) return;
+    if (k <= 0) {
+        if (acc)
+            for (i64 j = 0; j < c; j++)
+                if (magnitude_key(cand_val[j], nan_large) >= sent_key) acc[cand[j]] = keep_finite(cand_val[j]);
+        return;
+    }
     uint32_t *hist = calloc((size_t)1 << HI, sizeof(uint32_t));
     if (!hist) return;
     for (i64 j = 0; j < c; j++) hist[magnitude_key(cand_val[j], nan_large) >> LO]++;
@@ -740,8 +793,9 @@ void hvdc_topk_fixup(const i64 *cand, const float *cand_val, i64 c, i64 k, enum 
     while (above + hist[low] < k) above += hist[low--];
     free(hist);
     const uint32_t t = (bin << LO) | low;
-    i64 ties = k - above, o = 0;  /* the first `ties` candidates equal to t, in index order, are kept */
-    for (i64 j = 0; j < c && o < k; j++) {  /* compaction: write, then advance if kept */
+    i64 ties = k - above, o = 0, j = 0, nfix = 0;  /* the first `ties` candidates equal to t, in index order, are kept */
+    uint32_t *fix = (uint32_t *)tmp;  /* with acc: candidates whose residual is settled below (c < 2^31), kept ones flagged */
+    for (; j < c && o < k; j++) {  /* compaction: write, then advance if kept */
         const uint32_t v = magnitude_key(cand_val[j], nan_large);
         i64 keep = v > t;
         if (v == t) {  /* rare: a branch, so that `ties` is no chain through every step */
@@ -751,7 +805,31 @@ void hvdc_topk_fixup(const i64 *cand, const float *cand_val, i64 c, i64 k, enum 
         out[o] = cand[j];
         out_val[o] = cand_val[j];
         o += keep;
+        if (acc) {  /* kept below thr_sent, or dropped at or above it */
+            fix[nfix] = (uint32_t)j | ((uint32_t)keep << 31);
+            nfix += keep ^ (v >= sent_key);
+        }
     }
+    if (acc) {
+        for (i64 d = 0; d < nfix; d++) {
+            const i64 jj = fix[d] & 0x7FFFFFFFu;
+            const float v = cand_val[jj];
+            acc[cand[jj]] = (fix[d] >> 31) ? sent_residual(v, sent) : keep_finite(v);
+        }
+        for (; j < c; j++)
+            if (magnitude_key(cand_val[j], nan_large) >= sent_key) acc[cand[j]] = keep_finite(cand_val[j]);
+    }
+}
+
+void hvdc_topk_fixup(const i64 *cand, const float *cand_val, i64 c, i64 k, enum hvdc_nan_rule nan_rule,
+                     i64 *out, float *out_val, float *tmp) {
+    topk_select(cand, cand_val, c, k, nan_rule, out, out_val, tmp, NULL, HVDC_SENT_KEPT, 0.0f);
+}
+
+void hvdc_topk_select_settle(const i64 *cand, const float *cand_val, i64 c, i64 k, enum hvdc_nan_rule nan_rule,
+                             i64 *out, float *out_val, float *tmp, float *acc, enum hvdc_sent_rule sent,
+                             float thr_sent) {
+    topk_select(cand, cand_val, c, k, nan_rule, out, out_val, tmp, acc, (int)sent, thr_sent);
 }
 
 /* Top-K with values=BF16: bits = the kept values as bfloat16 (round half to even, every NaN
@@ -909,12 +987,83 @@ static void index_stream_init(index_stream *st, const uint8_t *in, enum hvdc_ind
     }
 }
 
+/* One rank's payload (the usual case of a one-rank decode, and every rank's own share of the
+ * work): the code decoded index by index with its state in registers, each value written
+ * into the zeroed block while the block is in L1.  Same results and answers as the general
+ * path below. */
+static i64 sparse_decode_one(const uint8_t *in, enum hvdc_index_code code, int low, i64 k, const void *vals,
+                             int bf16, i64 n, float s, int scaled, float *out) {
+    enum { BLOCK = 4096 };
+    float blk[BLOCK] __attribute__((aligned(64)));
+    const float *vf = (const float *)vals;
+    const uint16_t *vh = (const uint16_t *)vals;
+    const int32_t *raw = (const int32_t *)in;
+    const uint8_t *bits = in, *lowp = in;
+    i64 len_bytes = (n + 7) / 8;
+    if (code == HVDC_CODE_ELIAS_FANO) { bits = in + (k * low + 7) / 8; len_bytes = (k + (n >> low) + 1 + 7) / 8; }
+    else low = 0;
+    const uint64_t low_mask = low ? ((uint64_t)1 << low) - 1 : 0;
+    uint64_t w = 0, lacc = 0;
+    int lfilled = 0;
+    i64 byte = -8, j = 0, cur = n, prev = -1, status = 0;
+#define NEXT_INDEX()                                                                                   \
+    do {                                                                                               \
+        cur = n;                                                                                       \
+        if (j >= k) break;                                                                             \
+        i64 v_;                                                                                        \
+        if (code == HVDC_CODE_RAW) {                                                                   \
+            v_ = raw[j];                                                                               \
+            if (v_ >= 0 && v_ < n && v_ <= prev) { status = -1; break; }                               \
+        } else {                                                                                       \
+            while (!w) {                                                                               \
+                byte += 8;                                                                             \
+                if (byte >= len_bytes) break;                                                          \
+                const i64 left_ = len_bytes - byte;                                                    \
+                memcpy(&w, bits + byte, (size_t)(left_ < 8 ? left_ : 8));                              \
+            }                                                                                          \
+            if (!w) { status = -2; break; }                                                            \
+            const i64 pos_ = byte * 8 + __builtin_ctzll(w);                                            \
+            w &= w - 1;                                                                                \
+            if (code == HVDC_CODE_BITMAP) {                                                            \
+                v_ = pos_;                                                                             \
+            } else {                                                                                   \
+                v_ = (pos_ - j) << low;                                                                \
+                if (low) {                                                                             \
+                    while (lfilled < low) { lacc |= (uint64_t)*lowp++ << lfilled; lfilled += 8; }      \
+                    v_ |= (i64)(lacc & low_mask);                                                      \
+                    lacc >>= low;                                                                      \
+                    lfilled -= low;                                                                    \
+                }                                                                                      \
+            }                                                                                          \
+        }                                                                                              \
+        if (v_ < 0 || v_ >= n) { status = -2; break; }                                                 \
+        prev = v_;                                                                                     \
+        cur = v_;                                                                                      \
+        j++;                                                                                           \
+    } while (0)
+    NEXT_INDEX();
+    for (i64 lo = 0; lo < n && !status; lo += BLOCK) {
+        const i64 hi = lo + BLOCK < n ? lo + BLOCK : n;
+        memset(blk, 0, (size_t)(hi - lo) * sizeof(float));
+        while (cur < hi) {  /* 0 + v as index_add_ into zeros (-0 -> +0), [* s] */
+            const float v = 0.0f + (bf16 ? from_bf16(vh[j - 1]) : vf[j - 1]);
+            blk[cur - lo] = scaled ? v * s : v;
+            NEXT_INDEX();
+        }
+        memcpy(out + lo, blk, (size_t)(hi - lo) * sizeof(float));
+    }
+#undef NEXT_INDEX
+    if (!status && (j != k || cur != n)) status = -2;  /* an index left over: at or past n */
+    return status;
+}
+
 /* the sparse payloads' sum, decoded and added block by block (see hvdc_kernels.h) */
 i64 hvdc_sparse_decode_sum(int nr, const uint8_t *const *codes, enum hvdc_index_code code, int low, const i64 *ks,
                            const void *const *vals, int bf16, i64 n, float s, int scaled, float *out) {
     enum { BLOCK = 4096 };
     float blk[BLOCK] __attribute__((aligned(64)));
     uint64_t touched[BLOCK / 64];
+    if (nr == 1) return sparse_decode_one(codes[0], code, low, ks[0], vals[0], bf16, n, s, scaled, out);
     index_stream *st = malloc((size_t)(nr > 0 ? nr : 1) * sizeof(index_stream));
     i64 status = 0;
     if (!st) return -3;

@@ -60,6 +60,13 @@ enum hvdc_threshold_rule {
     HVDC_ABOVE = 1     /* |acc| > thr */
 };
 
+/* what a candidate pass writes as a recorded candidate's residual (hvdc_compensate_select_sent) */
+enum hvdc_sent_rule {
+    HVDC_SENT_KEPT = 0, /* acc, as every other element's (the caller sets the sent ones' later) */
+    HVDC_SENT_ZERO = 1, /* 0: acc is sent as it is (float32 values) */
+    HVDC_SENT_BF16 = 2  /* acc - float(bfloat16(acc)), non-finite -> 0: acc is sent as bfloat16 */
+};
+
 /* Top-K's candidate room: the threshold aims at about 2k candidates, room is kept for
  * HVDC_TOPK_ROOM_PER_K * k + HVDC_TOPK_ROOM_SLACK; a threshold that left fewer than k
  * is lowered (divided by 4) up to HVDC_TOPK_LOWERINGS times. */
@@ -115,6 +122,15 @@ void hvdc_bf16_decode_sum(int nr, const uint16_t *const *hs, i64 n, float s, int
  * cand_val, up to cap of them; returns how many pass (more than cap: only counted) */
 i64 hvdc_compensate_select(const float *x, float *r, i64 n, float thr, enum hvdc_threshold_rule rule,
                            enum hvdc_nan_rule nan_rule, i64 *cand, float *cand_val, i64 cap);
+/* as hvdc_compensate_select (x NULL: acc is r's content), and the residual of each recorded candidate whose
+ * magnitude is at least thr_sent (>= thr) written as if it were sent by `sent`: the selection then settles only the
+ * candidates on the wrong side of thr_sent (hvdc_topk_select_settle), a retry puts all back
+ * (hvdc_restore_candidates) */
+i64 hvdc_compensate_select_sent(const float *x, float *r, i64 n, float thr, enum hvdc_threshold_rule rule,
+                                enum hvdc_nan_rule nan_rule, enum hvdc_sent_rule sent, float thr_sent, i64 *cand,
+                                float *cand_val, i64 cap);
+/* r[cand[j]] = cand_val[j] (non-finite -> 0 where finite) for j < c */
+void hvdc_restore_candidates(float *r, const i64 *cand, const float *cand_val, i64 c, int finite);
 /* |acc| at every stride-th element (ceil(n / stride) of them) into out */
 void hvdc_sample_magnitudes(const float *x, const float *r, i64 n, i64 stride, enum hvdc_nan_rule nan_rule,
                             float *out);
@@ -124,6 +140,11 @@ float hvdc_kth_largest(float *v, i64 m, i64 k);
  * tmp holds c floats */
 void hvdc_topk_fixup(const i64 *cand, const float *cand_val, i64 c, i64 k, enum hvdc_nan_rule nan_rule,
                      i64 *out, float *out_val, float *tmp);
+/* as hvdc_topk_fixup, and the residuals hvdc_compensate_select_sent wrote settled in acc: a kept candidate below
+ * thr_sent gets its residual as sent by `sent`, a dropped one at or above it its value (non-finite -> 0) */
+void hvdc_topk_select_settle(const i64 *cand, const float *cand_val, i64 c, i64 k, enum hvdc_nan_rule nan_rule,
+                             i64 *out, float *out_val, float *tmp, float *acc, enum hvdc_sent_rule sent,
+                             float thr_sent);
 /* the residual at the k sent indices becomes 0, and at the non-finite candidates */
 void hvdc_clear_sent(float *acc, const i64 *idx, i64 k, const i64 *cand, const float *cand_val, i64 c);
 

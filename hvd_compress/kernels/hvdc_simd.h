@@ -5,6 +5,7 @@
  *
  *   vf       VW floats                 vload, vstore, vstream, vset1, vzero, vadd, vsub, vmul, vdiv,
  *                                      vabs, vmin, vmax, vround_even, vfloor, vkeep_finite,
+ *                                      vbf16_value (the float of a's bfloat16, round half to even),
  *                                      vreduce_add, vreduce_max
  *   vmask    a compare's result        vcmp_ge, vcmp_gt, visnan, vselect, vbits (lane k -> bit k),
  *                                      vmask_from_bits
@@ -67,6 +68,14 @@ HVDC_INLINE unsigned vbits(vmask m) { return (unsigned)m; }
 HVDC_INLINE vmask vmask_from_bits(unsigned b) { return (vmask)b; }
 HVDC_INLINE vf vkeep_finite(vf e) {
     return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_sub_ps(e, e), _mm512_setzero_ps(), _CMP_EQ_OQ), e);
+}
+/* float(bfloat16(a)): round half to even as to_bf16; a NaN stays a NaN */
+HVDC_INLINE vf vbf16_value(vf a) {
+    const __m512i u = _mm512_castps_si512(a);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb)),
+                                       _mm512_set1_epi32((int)0xFFFF0000u));
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q), _mm512_castsi512_ps(r), a);
 }
 HVDC_INLINE float vreduce_add(vf a) { return _mm512_reduce_add_ps(a); }
 HVDC_INLINE float vreduce_max(vf a) { return _mm512_reduce_max_ps(a); }
@@ -135,6 +144,13 @@ HVDC_INLINE vmask vmask_from_bits(unsigned b) {
 }
 HVDC_INLINE vf vkeep_finite(vf e) {
     return _mm256_and_ps(_mm256_cmp_ps(_mm256_sub_ps(e, e), _mm256_setzero_ps(), _CMP_EQ_OQ), e);
+}
+HVDC_INLINE vf vbf16_value(vf a) {
+    const __m256i u = _mm256_castps_si256(a);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_and_si256(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), lsb)),
+                                       _mm256_set1_epi32((int)0xFFFF0000u));
+    return _mm256_blendv_ps(_mm256_castsi256_ps(r), a, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
 }
 HVDC_INLINE float vreduce_add(vf a) { /* pairwise, as the plain layer sums */
     float t[8];
@@ -233,6 +249,17 @@ HVDC_INLINE vf vselect(vmask m, vf if_set, vf if_clear) {
 HVDC_INLINE unsigned vbits(vmask m) { return m; }
 HVDC_INLINE vmask vmask_from_bits(unsigned b) { return b; }
 HVDC_INLINE vf vkeep_finite(vf e) { VLANES(k) e.v[k] = keep_finite(e.v[k]); return e; }
+HVDC_INLINE vf vbf16_value(vf a) {
+    VLANES(k) {
+        uint32_t u;
+        memcpy(&u, &a.v[k], 4);
+        u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+        float f;
+        memcpy(&f, &u, 4);
+        if (a.v[k] == a.v[k]) a.v[k] = f;
+    }
+    return a;
+}
 HVDC_INLINE float vreduce_add(vf a) {
     return ((a.v[0] + a.v[1]) + (a.v[2] + a.v[3])) + ((a.v[4] + a.v[5]) + (a.v[6] + a.v[7]));
 }

@@ -13,7 +13,7 @@ from ..backend import backend_for, ceil_div
 from ..coding import _ef_low_bits, index_code_nbytes
 from ..schemes.casts import BF16
 from ..schemes.sparsification import _k_for
-from .constants import NanRule, ThresholdRule, TopKPlan
+from .constants import NanRule, SentRule, ThresholdRule, TopKPlan
 from .plan import CODES, fused_topk_plan, topk_candidate_room
 from .torch_codec import Codec, _p, _ptrs, _scale_args, buffer, ctx_float, output
 
@@ -29,38 +29,61 @@ class SparseCodec(Codec):
 
     def encode(self, x, r, ws, ctx):
         n = x.numel()
-        thr, cap = self.threshold(x, r, ws, ctx)
+        thr, cap, *sent_from = self.threshold(x, r, ws, ctx)
+        thr_sent = sent_from[0] if sent_from else thr
         kept_room = ws.get("cand")
         if kept_room is not None:  # the room a past step needed: a data-dependent count collects in one pass
             cap = max(cap, min(kept_room.numel(), self.max_candidates(n)))
         cand, cval = buffer(ws, "cand", cap, torch.int64), buffer(ws, "cand_val", cap, torch.float32)
-        c = self.lib.hvdc_compensate_select(_p(x), _p(r), n, ctx_float(thr), ThresholdRule.AT_LEAST, self.nan_rule,
-                                            _p(cand), _p(cval), cap)
+        # with a sent rule, the pass writes the residual of each candidate at or above thr_sent (the
+        # sample's estimate of the k-th largest) as if it were sent, and the selection settles only the
+        # candidates on the wrong side of it (a retry puts all back)
+        sent = self.sent_rule() if r is not None else SentRule.KEPT
+        c = self.collect(x, r, n, thr, sent, thr_sent, cand, cval, cap)
         acc = r if r is not None else x
+
+        def collect_again(cand, cval, room):  # from acc, as it is in r (or x without error feedback)
+            return self.collect(None, r, n, thr, sent, thr_sent, cand, cval, room) if sent else \
+                self.collect(acc, None, n, thr, sent, thr_sent, cand, cval, room)
+
         for _ in range(self.retries + 1):
             if c > cap:  # more candidates than room: collect again from acc, with room
                 if c > self.max_candidates(n):
                     break
+                if sent:
+                    self.lib.hvdc_restore_candidates(_p(r), _p(cand), _p(cval), cap, 0)
                 cap = c
                 # grown with headroom: the count is data-dependent, and a buffer grown to the exact
                 # count would be allocated again at the next step that collects a few more
                 cand = buffer(ws, "cand", c, torch.int64, headroom=True)
                 cval = buffer(ws, "cand_val", c, torch.float32, headroom=True)
-                self.lib.hvdc_compensate_select(_p(acc), None, n, ctx_float(thr), ThresholdRule.AT_LEAST,
-                                                self.nan_rule, _p(cand), _p(cval), c)
-            kept = self.select(cand[:c], cval[:c], n, ws)
+                collect_again(cand, cval, c)
+            kept = self.select(cand[:c], cval[:c], n, ws, (r, sent, thr_sent) if sent else None)
             if kept is not None:
                 idx, vals = kept
-                if r is not None:
+                if r is not None and not sent:
                     # values=BF16(): its kernel writes the residual where sent, so only the non-finite candidates here
                     cleared = 0 if type(self.scheme.values) is BF16 else idx.numel()
                     self.lib.hvdc_clear_sent(_p(acc), _p(idx), cleared, _p(cand), _p(cval), c)
-                return self.pack(acc, idx, vals, r is not None, ws, ctx)
+                return self.pack(acc, idx, vals, r is not None and not sent, ws, ctx)
             # the sample overshot (fewer than k candidates): a lower threshold, one more read of acc
+            if sent:
+                self.lib.hvdc_restore_candidates(_p(r), _p(cand), _p(cval), c, 0)
             thr = thr / 4.0
-            c = self.lib.hvdc_compensate_select(_p(acc), None, n, ctx_float(thr), ThresholdRule.AT_LEAST,
-                                                self.nan_rule, _p(cand), _p(cval), cap)
+            c = collect_again(cand, cval, cap)
+        if sent:  # acc back in r where a candidate's residual was written
+            self.lib.hvdc_restore_candidates(_p(r), _p(cand), _p(cval), min(c, cap), 0)
         return self.encode_eager(acc, r is not None, ctx)
+
+    def collect(self, x, r, n, thr, sent, thr_sent, cand, cval, room):
+        """The candidate pass (``x`` None: acc is ``r``'s content); how many pass ``thr``."""
+        return self.lib.hvdc_compensate_select_sent(_p(x), _p(r), n, ctx_float(thr), ThresholdRule.AT_LEAST,
+                                                    self.nan_rule, sent, ctx_float(thr_sent), _p(cand), _p(cval), room)
+
+    def sent_rule(self):
+        """What the candidate pass writes as a recorded candidate's residual (:class:`SentRule`):
+        ``KEPT`` (acc) unless :meth:`select` puts back the candidates it drops."""
+        return SentRule.KEPT
 
     #: times a threshold that left too few candidates is lowered before the eager selection runs
     retries = TopKPlan.LOWERINGS
@@ -69,8 +92,10 @@ class SparseCodec(Codec):
         """The most candidate indices kept in the workspace (beyond it: the eager path)."""
         return n
 
-    def select(self, cand, cval, n, ws):
-        """(indices, values) kept among the candidates, or None: too few."""
+    def select(self, cand, cval, n, ws, settle=None):
+        """(indices, values) kept among the candidates, or None: too few.  ``settle``:
+        ``(acc, sent rule, thr_sent)`` of a candidate pass that wrote residuals as if sent
+        (:meth:`sent_rule`), which the selection then settles."""
         return cand, cval
 
     def pack(self, acc, idx, vals, ef, ws, ctx):
@@ -150,6 +175,8 @@ class SparseCodec(Codec):
         idxs, vals, ks = [], [], []
         for j, p in enumerate(payloads):
             idx, val = self.unpack(p, numel, ws, j)
+            if idx.numel() and (int(idx[0]) < 0 or int(idx[-1]) >= numel):  # sorted: its ends bound it
+                raise ValueError(f"rank {j}'s payload holds an index outside [0, {numel})")
             idxs.append(idx)
             vals.append(val.contiguous())
             ks.append(idx.numel())
@@ -196,16 +223,29 @@ class TopKCodec(SparseCodec):
         sample = buffer(ws, "sample", ceil_div(n, stride), torch.float32)
         self.lib.hvdc_sample_magnitudes(_p(x), _p(r), n, stride, self.nan_rule, _p(sample))
         thr = self.lib.hvdc_kth_largest(_p(sample), sample.numel(), want)
-        return thr, topk_candidate_room(k)
+        # the sample's own estimate of the k-th largest (no margin), among the `want` largest the
+        # partial sort above left in front: where the candidate pass starts writing residuals as if sent
+        share = max(1, min(want, round(k * sample.numel() / n)))
+        thr_sent = self.lib.hvdc_kth_largest(_p(sample), want, share)
+        return thr, topk_candidate_room(k), thr_sent
 
-    def select(self, cand, cval, n, ws):
+    def sent_rule(self):
+        values = self.scheme.values
+        return SentRule.ZERO if values is None else SentRule.BF16 if type(values) is BF16 else SentRule.KEPT
+
+    def select(self, cand, cval, n, ws, settle=None):
         k = self.scheme.fixed_k(n)
         c = cand.numel()
         if c < k:
             return None
         idx, vals = buffer(ws, "kept", k, torch.int64), buffer(ws, "val", k, torch.float32)
         tmp = buffer(ws, "tmp", c, torch.float32, headroom=True)  # c: data-dependent
-        self.lib.hvdc_topk_fixup(_p(cand), _p(cval), c, k, self.nan_rule, _p(idx), _p(vals), _p(tmp))
+        if settle is None:
+            self.lib.hvdc_topk_fixup(_p(cand), _p(cval), c, k, self.nan_rule, _p(idx), _p(vals), _p(tmp))
+        else:
+            acc, sent, thr_sent = settle
+            self.lib.hvdc_topk_select_settle(_p(cand), _p(cval), c, k, self.nan_rule, _p(idx), _p(vals), _p(tmp),
+                                             _p(acc), sent, ctx_float(thr_sent))
         return idx, vals
 
 

@@ -202,29 +202,37 @@ def _kept_magnitudes_exact(x, idx, k):
         assert a[kept].min() >= a[~kept].max()
 
 
-@pytest.mark.parametrize("case", ["ties", "sample_overshoots", "all_zero", "mostly_zero"])
-def test_topk_exact_up_to_ties(case):
+@pytest.mark.parametrize("values", ["float32", "bf16"])
+@pytest.mark.parametrize("case", ["ties", "sample_overshoots", "sample_undershoots", "all_zero", "mostly_zero"])
+def test_topk_exact_up_to_ties(case, values):
     """Exact k even where the sample misses: ties at the k-th magnitude, a
-    sample that sees only large values (the eager fallback), zeros."""
+    sample that sees only large values (the threshold lowered, then the eager
+    fallback), one that sees only small ones (more candidates than the room: collected
+    again with room), zeros; and the residual the candidate pass writes as if sent is
+    put back wherever a candidate is not sent."""
+    from hvd_compress.kernels.plan import fused_topk_plan
     n = (1 << 18) + 3
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(n, generator=gen)
+    scheme = hc.schemes.TopK(0.01, index_coding="raw", values=hc.schemes.BF16() if values == "bf16" else None)
+    k = scheme.fixed_k(n)
     if case == "ties":
         x = torch.round(x * 3)
     elif case == "sample_overshoots":
         x[::4] = 1000 + x[::4]
+    elif case == "sample_undershoots":
+        x[::fused_topk_plan(n, k)[0]] *= 0.5
     elif case == "all_zero":
         x.zero_()
     else:
         x[torch.rand(n, generator=gen) > 0.005] = 0.0
-    scheme = hc.schemes.TopK(0.01, index_coding="raw")
-    k = scheme.fixed_k(n)
     r = torch.zeros(n)
     acc = x.clone()
     payload = codec_for(scheme, ResidualMemory(), x).encode(x, r, {}, _ctx(n))
     _kept_magnitudes_exact(acc, payload["idx"].long(), k)
     # conservation: what was sent plus the residual is the gradient
-    sent = torch.zeros(n).index_add_(0, payload["idx"].long(), payload["val"])
+    val = payload["val"] if values == "float32" else payload["v.bits"].view(torch.bfloat16).float()
+    sent = torch.zeros(n).index_add_(0, payload["idx"].long(), val)
     assert torch.equal(sent + r, acc)
 
 
@@ -433,7 +441,7 @@ def test_sparse_decode_sum_equals_numpy(code, values):
             touched[idx] = True
         if scale is not None:
             want[touched] *= np.float32(scale)
-        out, ks = torch.full((n,), 7.0), torch.full((nr,), k, dtype=torch.int64)
+        out, ks = torch.full((n,), 7.0), torch.full((max(nr, 2),), k, dtype=torch.int64)
         s, scaled = (ctypes.c_float(0.0), 0) if scale is None else (ctypes.c_float(scale), 1)
         status = lib.hvdc_sparse_decode_sum(nr, _ptrs(codes), CODES[code], low, _p(ks), _ptrs(vals),
                                             int(values == "bf16"), n, s, scaled, _p(out))
@@ -441,19 +449,25 @@ def test_sparse_decode_sum_equals_numpy(code, values):
         if k < 2:
             continue
         bad = codes[0].clone()
+
+        def status_of(bad):  # the bad payload alone (the one-rank path), and after a good one (the general path)
+            got = []
+            for nb, cs in ((1, [bad]), (2, [codes[-1], bad])):
+                got.append(lib.hvdc_sparse_decode_sum(nb, _ptrs(cs), CODES[code], low, _p(ks), _ptrs(vals[:1] * nb),
+                                                      int(values == "bf16"), n, s, scaled, _p(out)))
+            return got
+
         if code == "raw":  # out of order, then an index past n
             r = bad.view(torch.int32)
             r[[0, 1]] = r[[1, 0]].clone()
-            assert lib.hvdc_sparse_decode_sum(1, _ptrs([bad]), CODES[code], low, _p(ks), _ptrs(vals), int(values == "bf16"),
-                                              n, s, scaled, _p(out)) == -1
+            assert status_of(bad) == [-1, -1]
             r[[0, 1]] = r[[1, 0]].clone()
             r[-1] = n
         else:  # the last set bit cleared: fewer indices than k
             area = bad[nbytes - (k + (n >> low) + 1 + 7) // 8:] if code == "elias_fano" else bad
             nz = int(torch.nonzero(area).max())
             area[nz] = 0
-        assert lib.hvdc_sparse_decode_sum(1, _ptrs([bad]), CODES[code], low, _p(ks), _ptrs(vals), int(values == "bf16"), n,
-                                          s, scaled, _p(out)) == -2, (n, k)
+        assert status_of(bad) == [-2, -2], (n, k)
 
 
 # --- no fresh large buffers on the hot path ------------------------------------------------------------
@@ -598,6 +612,12 @@ def _vector_path_results(lib, n):
         c = lib.hvdc_compensate_select(_p(x), _p(r), n, ctypes.c_float(1.5), strict, nan_large,
                                        _p(cand), _p(val), n)
         out[f"select{strict}"] = (r, cand[:c].clone(), val[:c].clone())
+        for sent in (1, 2):  # the residual as if sent: 0, or acc - float(bfloat16(acc)); with room and short of it
+            for room in (n, max(1, n // 50)):
+                r = r0.clone()
+                c = lib.hvdc_compensate_select_sent(_p(x), _p(r), n, ctypes.c_float(1.5), strict, nan_large, sent,
+                                                    ctypes.c_float(2.0), _p(cand), _p(val), room)
+                out[f"select_sent{strict}{sent}{room}"] = (r, cand[:min(c, room)].clone(), val[:min(c, room)].clone())
     for mode in (0, 1):
         r, bits, scale = r0.clone(), torch.zeros((n + 7) // 8, dtype=torch.uint8), torch.zeros(1)
         lib.hvdc_sign_encode(_p(x), _p(r), n, mode, _p(bits), _p(scale))
