@@ -118,6 +118,14 @@ crash_lines() { # log -> the lines that say why a process died, and the top of t
        /Current thread|Thread 0x/ && !stack { stack = 5 }
        stack > 0 && stack-- { print }' "$1"
 }
+#: a launch still running after LAUNCH_BOUND_S is stopped as hung (a failure); a single test
+#: still running after HANG_DUMP_S prints every rank's Python stacks to the log first (the
+#: slowest test files take about 300 s on a loaded 2-core machine)
+LAUNCH_BOUND_S="${HVDC_LAUNCH_BOUND_S:-900}"
+HANG_DUMP_S="${HVDC_HANG_DUMP_S:-600}"
+hang_lines() { # log -> the test that was running and the top frames of each thread faulthandler printed
+  awk '/Timeout \(|Thread 0x|Current thread/ { frames = 6 } frames > 0 && frames-- && n++ < 60 { print }' "$1"
+}
 launch() { # label np controller test-file xml-prefix
   local label="$1" np="$2" ctl="$3" test_file="$4" xml="$5" log="$OUT/logs/$1.log" attempt rc cause line
   mkdir -p "$OUT/logs"
@@ -128,8 +136,11 @@ launch() { # label np controller test-file xml-prefix
     # --capture=sys: pytest captures Python's output only, so what Horovod, Gloo and the C++
     # runtime write to stderr reaches the log (with the default fd capture, a process that
     # aborts takes those lines with it)
-    timeout 900 "$HVDRUN" -np "$np" -H "localhost:$np" "--$ctl" \
-      "$PY" -m pytest -p no:cacheprovider --capture=sys -ra -q "$test_file" --junitxml="$xml.rank%RANK%.xml" \
+    # faulthandler_timeout: a test still running after HANG_DUMP_S prints every thread's Python
+    # stack to the log (and goes on), so a launch that `timeout` stops shows where each rank waited
+    timeout "$LAUNCH_BOUND_S" "$HVDRUN" -np "$np" -H "localhost:$np" "--$ctl" \
+      "$PY" -m pytest -p no:cacheprovider --capture=sys -o faulthandler_timeout="$HANG_DUMP_S" \
+      -ra -q "$test_file" --junitxml="$xml.rank%RANK%.xml" \
       -o junit_suite_name="$label" 2>&1 | tee "$log"
     rc=${PIPESTATUS[0]}
     echo "=== $label: exit $rc in $((SECONDS-start)) s"
@@ -138,6 +149,10 @@ launch() { # label np controller test-file xml-prefix
       break
     fi
     # exit 124: the launch hung until `timeout` stopped it; a hang is a failure, never rerun
+    if [ $rc -eq 124 ]; then
+      crashes+=("HUNG (stopped after $LAUNCH_BOUND_S s, not rerun): $label; $log says (the stacks faulthandler printed):")
+      while IFS= read -r line; do crashes+=("    $line"); done < <(hang_lines "$log")
+    fi
     if [ $rc -ne 0 ] && [ $rc -ne 124 ] && rank_reports_missing "$xml" "$np"; then
       cause="$(outside_cause "$log")"
       if [ -n "$cause" ]; then

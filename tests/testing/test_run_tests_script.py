@@ -183,3 +183,48 @@ def test_files_of_a_framework_horovod_was_built_without_are_skipped_and_reported
     for f in torch_files:
         assert f"SKIPPED: {f}: the Horovod in {venv} was built without torch (HVD_COMPRESS_FRAMEWORKS)" in out
     assert out.splitlines()[-1] == f"total: {2 + 2 * len(tf_files)} passed, 0 failed, {len(torch_files)} skipped"
+
+
+# Every launch passes, except test_smoke_tf.py's, which never ends: its ranks print what
+# pytest's faulthandler prints for a test past its timeout, then wait.
+HANG_DUMP = ("[0]<stderr>:Timeout (0:10:00)!\n"
+             "[0]<stderr>:Thread 0x00007f0000000001 (most recent call first):\n"
+             '[0]<stderr>:  File "/venv/lib/python3.11/site-packages/hvd_compress/auto/tf.py", line 305 in decide_for\n'
+             '[0]<stderr>:  File "tests/horovod/test_smoke_tf.py", line 12 in test_waits\n')
+FAKE_HANGING_HOROVODRUN = f"""#!/usr/bin/env bash
+np=0; file=; xml=; dump=
+for a in "$@"; do case "$a" in faulthandler_timeout=*) dump="${{a#faulthandler_timeout=}}";; esac; done
+while [ $# -gt 0 ]; do
+  case "$1" in -np) np="$2"; shift;; *.py) file="$1";; --junitxml=*) xml="${{1#--junitxml=}}";; esac
+  shift
+done
+if [ "${{file##*/}}" = test_smoke_tf.py ]; then
+  echo "faulthandler_timeout=$dump"
+  printf '%s' '{HANG_DUMP}'
+  exec sleep 60
+fi
+for r in $(seq 0 $((np-1))); do echo '{PASSING}' > "${{xml//%RANK%/$r}}"; done
+"""
+
+
+def test_a_hung_launch_is_stopped_and_the_summary_shows_where_its_ranks_waited(tmp_path):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    _executable(venv / "bin" / "python", FAKE_PYTHON)
+    _executable(venv / "bin" / "horovodrun", FAKE_HANGING_HOROVODRUN)
+    out_dir = tmp_path / "out"
+    env = dict(os.environ, HVD_COMPRESS_VENV=str(venv), HVDC_TEST_OUT=str(out_dir), HVDC_CONTROLLERS="gloo",
+               NP3_FILES="no_such_file.py", HVDC_LAUNCH_BOUND_S="2", HVDC_HANG_DUMP_S="1")
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "run_tests.sh")], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    out = proc.stdout
+    assert proc.returncode != 0, out[-3000:]
+    assert "faulthandler_timeout=1" in out  # the ranks were asked to print their stacks
+    summary = out[out.rindex("\nHUNG "):].splitlines()[1:]
+    log = out_dir / "logs" / "test_smoke_tf[np=2,gloo].log"
+    assert summary[0] == f"HUNG (stopped after 2 s, not rerun): test_smoke_tf[np=2,gloo]; {log} says " \
+                         "(the stacks faulthandler printed):", summary
+    for line in HANG_DUMP.splitlines():
+        assert f"    {line}" in summary, summary
+    assert "FAILED: test_smoke_tf[np=2,gloo] (exit 124)" in summary
+    assert not any(line.startswith("RERUN") for line in summary)
