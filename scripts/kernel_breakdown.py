@@ -2,7 +2,7 @@
 """Where a fused encode + decode spends its time, kernel by kernel.
 
     .venv/bin/python scripts/kernel_breakdown.py [--numel 16M] [--reps 7] [--e2e docs/results/e2e.json] \
-        [--out docs/results/kernel_breakdown.json]
+        [--out docs/results/kernel_breakdown.json] [--schemes SPECS]
 
 For each hot scheme, ``compress`` + ``decompress`` of one 16M-element torch
 gradient through the real adapter flow with one-rank collectives (as
@@ -149,9 +149,12 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--e2e", default=None, help="an e2e.json: adds each scheme's collective share of a step")
     ap.add_argument("--out", default="docs/results/kernel_breakdown.json")
+    ap.add_argument("--schemes", default=None, help="specs, e.g. 'TopK(0.1, values=BF16())' (default: " +
+                    ", ".join(SCHEMES) + ")")
     args = ap.parse_args(argv)
     n = parse_count(args.numel)
-    rows = [breakdown(s, n, args.reps) for s in SCHEMES]
+    from hvd_compress.tools.bench.specs import split_specs
+    rows = [breakdown(s, n, args.reps) for s in (split_specs(args.schemes) if args.schemes else SCHEMES)]
     if args.e2e:
         e2e = json.load(open(args.e2e))
         for r in rows:
