@@ -149,8 +149,8 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--e2e", default=None, help="an e2e.json: adds each scheme's collective share of a step")
     ap.add_argument("--out", default="docs/results/kernel_breakdown.json")
-    ap.add_argument("--schemes", default=None, help="specs, e.g. 'TopK(0.1, values=BF16())' (default: " +
-                    ", ".join(SCHEMES) + ")")
+    ap.add_argument("--schemes", default=None,
+                    help="specs, e.g. 'TopK(0.1, values=BF16())' (default: " + ", ".join(SCHEMES) + ")")
     args = ap.parse_args(argv)
     n = parse_count(args.numel)
     from hvd_compress.tools.bench.specs import split_specs

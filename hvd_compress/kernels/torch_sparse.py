@@ -81,8 +81,9 @@ class SparseCodec(Codec):
                                                     self.nan_rule, sent, ctx_float(thr_sent), _p(cand), _p(cval), room)
 
     def sent_rule(self):
-        """What the candidate pass writes as a recorded candidate's residual (:class:`SentRule`):
-        ``KEPT`` (acc) unless :meth:`select` puts back the candidates it drops."""
+        """What the candidate pass writes as a recorded candidate's residual
+        (:class:`~hvd_compress.kernels.constants.SentRule`): ``KEPT`` (acc) unless
+        :meth:`select` settles the residuals of the candidates it keeps and drops."""
         return SentRule.KEPT
 
     #: times a threshold that left too few candidates is lowered before the eager selection runs
