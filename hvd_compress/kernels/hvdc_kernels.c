@@ -653,6 +653,27 @@ static void scale_block(float *out, i64 len, float s, int whole, const uint64_t 
         for (uint64_t b = touched[w]; b; b &= b - 1) out[64 * w + __builtin_ctzll(b)] *= s;
 }
 
+/* Every rank's values at indices in [pos[j], hi) added onto out in rank order (the block
+ * sums of hvdc_sparse_sum_i32 and hvdc_sparse_sum, one body for either index type), each
+ * rank's position advanced past the block, and the touched bitmap of [lo, hi) set where
+ * mark. */
+#define DEFINE_ADD_BLOCK(NAME, INDEX)                                                              \
+    static inline void NAME(int nr, const INDEX *const *idx, const float *const *vals, const i64 *ks, \
+                            i64 *pos, i64 lo, i64 hi, int mark, uint64_t *touched, float *out) {    \
+        for (int j = 0; j < nr; j++) {                                                             \
+            const INDEX *ix = idx[j];                                                              \
+            const float *v = vals[j];                                                              \
+            i64 t = pos[j];                                                                        \
+            for (; t < ks[j] && ix[t] < hi; t++) {                                                 \
+                out[ix[t]] += v[t];                                                                \
+                if (mark) touched[(ix[t] - lo) >> 6] |= (uint64_t)1 << ((ix[t] - lo) & 63);        \
+            }                                                                                      \
+            pos[j] = t;                                                                            \
+        }                                                                                          \
+    }
+DEFINE_ADD_BLOCK(add_block_i32, int32_t)
+DEFINE_ADD_BLOCK(add_block_i64, i64)
+
 /* The sum of nr raw-coded sparse payloads (int32 indices, ascending within a rank) into a
  * dense out of n, as hvdc_sparse_sum: out = 0, every index's values added onto 0 in rank
  * order, [* s] where touched.  Block by block (4096 elements): the block is zeroed and the
@@ -685,16 +706,7 @@ i64 hvdc_sparse_sum_i32(int nr, const int32_t *const *idx, const float *const *v
             continue;
         }
         if (mark) memset(touched, 0, sizeof touched);
-        for (int j = 0; j < nr; j++) {
-            const int32_t *ix = idx[j];
-            const float *v = vals[j];
-            i64 t = pos[j];
-            for (; t < ks[j] && ix[t] < hi; t++) {
-                out[ix[t]] += v[t];
-                if (mark) touched[(ix[t] - lo) >> 6] |= (uint64_t)1 << ((ix[t] - lo) & 63);
-            }
-            pos[j] = t;
-        }
+        add_block_i32(nr, idx, vals, ks, pos, lo, hi, mark, touched, out);
         if (scaled) scale_block(out + lo, hi - lo, s, whole, touched);
     }
     if (pos != small) free(pos);
@@ -1146,16 +1158,7 @@ void hvdc_sparse_sum(int nr, const i64 *const *idx, const float *const *vals, co
         const i64 hi = lo + BLOCK < n ? lo + BLOCK : n;
         memset(out + lo, 0, (size_t)(hi - lo) * sizeof(float));
         if (mark) memset(touched, 0, sizeof touched);
-        for (int j = 0; j < nr; j++) {
-            const i64 *ix = idx[j];
-            const float *v = vals[j];
-            i64 t = pos[j];
-            for (; t < ks[j] && ix[t] < hi; t++) {
-                out[ix[t]] += v[t];
-                if (mark) touched[(ix[t] - lo) >> 6] |= (uint64_t)1 << ((ix[t] - lo) & 63);
-            }
-            pos[j] = t;
-        }
+        add_block_i64(nr, idx, vals, ks, pos, lo, hi, mark, touched, out);
         if (scaled) scale_block(out + lo, hi - lo, s, whole, touched);
     }
     if (pos != small) free(pos);
