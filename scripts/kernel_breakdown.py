@@ -2,7 +2,7 @@
 """Where a fused encode + decode spends its time, kernel by kernel.
 
     .venv/bin/python scripts/kernel_breakdown.py [--numel 16M] [--reps 7] [--e2e docs/results/e2e.json] \
-        [--out docs/results/kernel_breakdown.json] [--schemes SPECS]
+        [--out docs/results/kernel_breakdown.json] [--schemes SPECS] [--clock wall|cpu]
 
 For each hot scheme, ``compress`` + ``decompress`` of one 16M-element torch
 gradient through the real adapter flow with one-rank collectives (as
@@ -42,6 +42,11 @@ PASSES = {
 }
 
 
+#: the clock every time is read from: wall time, or this thread's CPU time (--clock cpu: steadier on a loaded machine)
+CLOCK = {"wall": time.perf_counter, "cpu": time.thread_time}
+clock = CLOCK["wall"]
+
+
 class TimedLibrary:
     """Forwards attribute access to the kernel library, timing every call."""
 
@@ -52,11 +57,11 @@ class TimedLibrary:
         fn = getattr(self._lib, name)
 
         def timed(*args):
-            t0 = time.perf_counter()
+            t0 = clock()
             try:
                 return fn(*args)
             finally:
-                self.seconds[name] += time.perf_counter() - t0
+                self.seconds[name] += clock() - t0
         return timed
 
 
@@ -71,7 +76,8 @@ SCHEME_PASSES = {
 }
 #: kernel -> the phase it belongs to
 PHASES = {"hvdc_compensate_select": "selection", "hvdc_compensate_select_sent": "selection",
-          "hvdc_topk_select_settle": "selection", "hvdc_restore_candidates": "selection",
+          "hvdc_topk_select_settle": "selection", "hvdc_topk_select_pack": "selection",
+          "hvdc_restore_candidates": "selection",
           "hvdc_sparse_decode_sum": "decode", "hvdc_sample_magnitudes": "selection",
           "hvdc_kth_largest": "selection", "hvdc_topk_fixup": "selection", "hvdc_clear_sent": "selection",
           "hvdc_int8_encode": "quantize", "hvdc_sign_encode": "quantize", "hvdc_half_encode": "quantize",
@@ -118,14 +124,14 @@ def breakdown(spec, n, reps):
         tc.load = lambda: timed  # the codecs look the library up per call (codec_for)
         for i in range(reps + 2):
             grad.copy_(xs[i % 3])
-            t0 = time.perf_counter()
+            t0 = clock()
             dst.copy_(xs[(i + 1) % 3])
-            c = time.perf_counter() - t0
+            c = clock() - t0
             before = dict(timed.seconds)
-            t0 = time.perf_counter()
+            t0 = clock()
             out, ctx = comp.compress(grad)
             comp.decompress(out, ctx)
-            total = time.perf_counter() - t0
+            total = clock() - t0
             if i >= 2:  # warm-up: the workspaces are allocated in the first calls
                 totals.append(total)
                 copies.append(c)
@@ -151,7 +157,11 @@ def main(argv=None):
     ap.add_argument("--out", default="docs/results/kernel_breakdown.json")
     ap.add_argument("--schemes", default=None,
                     help="specs, e.g. 'TopK(0.1, values=BF16())' (default: " + ", ".join(SCHEMES) + ")")
+    ap.add_argument("--clock", choices=sorted(CLOCK), default="wall",
+                    help="wall time, or this thread's CPU time (steadier beside other work)")
     args = ap.parse_args(argv)
+    global clock
+    clock = CLOCK[args.clock]
     n = parse_count(args.numel)
     from hvd_compress.tools.bench.specs import split_specs
     rows = [breakdown(s, n, args.reps) for s in (split_specs(args.schemes) if args.schemes else SCHEMES)]

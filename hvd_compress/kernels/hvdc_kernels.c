@@ -753,9 +753,155 @@ static inline uint32_t magnitude_key(float v, int nan_large) {
     return (nan_large && u > 0x7F800000u) ? 0x7F800000u : u;
 }
 
+/* Whether magnitudes compare with the float of key `bound` as their keys compare with it, whatever
+ * the floating-point environment: a bound of at least the smallest normal float (a caller that treats
+ * denormals as zero, as TensorFlow's threads do, then compares a denormal magnitude as 0, below it, as
+ * its key is).  The vector passes of the selection compare floats only where this holds. */
+static inline int float_order_holds(uint32_t bound) { return bound >= 0x00800000u; }
+
 /* the residual of a candidate of value v sent by `sent` (0, or v - float(bfloat16(v))), non-finite -> 0 */
 static inline float sent_residual(float v, int sent) {
     return sent == HVDC_SENT_BF16 ? keep_finite(v - from_bf16(to_bf16(v))) : 0.0f;
+}
+
+/* The index code of k ascending, distinct indices of [0, n) (hvdc_index_encode's, in
+ * hvd_compress.coding's layout) written a chunk at a time, so that a selection can pack
+ * the indices it keeps as it keeps them.  Raw: int32; the bitmap's or Elias-Fano's high
+ * parts: a bit set per index; Elias-Fano's low parts eight at a time where low <= 8 (eight
+ * fill exactly `low` bytes: no bit writer's state through every step), else or'ed in at
+ * their bit offsets.  Every chunk but the last holds a multiple of 8 indices. */
+typedef struct {
+    int code, low;
+    i64 j;                 /* indices written so far */
+    uint8_t *out, *bits;   /* the code; the bitmap or Elias-Fano's high parts */
+    i64 low_nbytes;
+} index_writer;
+
+static void index_writer_init(index_writer *iw, enum hvdc_index_code code, int low, i64 k, uint8_t *out,
+                              i64 nbytes) {
+    iw->low_nbytes = code == HVDC_CODE_ELIAS_FANO ? (k * low + 7) / 8 : 0;
+    iw->code = code; iw->low = code == HVDC_CODE_ELIAS_FANO ? low : 0; iw->j = 0; iw->out = out;
+    iw->bits = out + iw->low_nbytes;
+    if (code != HVDC_CODE_RAW) memset(out, 0, (size_t)nbytes);
+}
+
+/* value v's len bits (len + 7 <= 64) or'ed in at bit offset pos of out */
+static inline void or_bits(uint8_t *out, i64 pos, uint64_t v, int len) {
+    uint8_t *p = out + (pos >> 3);
+    const int sh = (int)(pos & 7), nb = (sh + len + 7) / 8;
+    v <<= sh;
+    for (int q = 0; q < nb; q++) p[q] |= (uint8_t)(v >> (8 * q));
+}
+
+/* Elias-Fano's low parts of the next m indices (ordinals iw->j on) */
+static void index_writer_low(index_writer *iw, const i64 *idx, i64 m) {
+    const int low = iw->low;
+    const uint64_t mask = ((uint64_t)1 << low) - 1;
+    if (low > 8 || iw->j % 8) {
+        for (i64 t = 0; t < m; t++) or_bits(iw->out, (iw->j + t) * low, (uint64_t)idx[t] & mask, low);
+        return;
+    }
+    uint8_t *lp = iw->out + (iw->j / 8) * low, *const end = iw->out + iw->low_nbytes;
+    for (i64 t = 0; t < m; t += 8, lp += low) {
+        const int cnt = m - t < 8 ? (int)(m - t) : 8;
+        uint64_t v = 0;
+        if (cnt == 8) for (int q = 0; q < 8; q++) v |= ((uint64_t)idx[t + q] & mask) << (q * low);
+        else for (int q = 0; q < cnt; q++) v |= ((uint64_t)idx[t + q] & mask) << (q * low);
+        if (end - lp >= 8) memcpy(lp, &v, 8);  /* past its `low` bytes: zeros the next octets overwrite */
+        else memcpy(lp, &v, (size_t)((cnt * low + 7) / 8));  /* little-endian */
+    }
+}
+
+/* the next m indices (ascending, after those written) */
+static void index_writer_put(index_writer *iw, const i64 *idx, i64 m) {
+    if (iw->code == HVDC_CODE_RAW) {
+        int32_t *o = (int32_t *)iw->out + iw->j;
+        for (i64 t = 0; t < m; t++) o[t] = (int32_t)idx[t];
+        iw->j += m;
+        return;
+    }
+    const int ef = iw->code == HVDC_CODE_ELIAS_FANO, low = iw->low;
+    uint8_t *bits = iw->bits;
+    if (ef) {
+        const i64 ord = iw->j;
+        for (i64 t = 0; t < m; t++) {  /* its high part + its ordinal */
+            const i64 pos = (idx[t] >> low) + ord + t;
+            bits[pos >> 3] |= (uint8_t)(1u << (pos & 7));
+        }
+    } else {
+        for (i64 t = 0; t < m; t++) bits[idx[t] >> 3] |= (uint8_t)(1u << (idx[t] & 7));
+    }
+    if (low) index_writer_low(iw, idx, m);
+    iw->j += m;
+}
+
+/* Where a selection packs what it keeps (hvdc_topk_select_pack): the index code, and the
+ * values as float32 or bfloat16 bits */
+typedef struct {
+    index_writer iw;
+    int bf16;
+    void *vals;
+} topk_pack;
+
+/* the kept candidates of a chunk (m of them, ascending) into the payload */
+static void topk_pack_put(topk_pack *pk, const i64 *idx, const float *vals, i64 m) {
+    const i64 at = pk->iw.j;
+    if (pk->bf16) {
+        uint16_t *b = (uint16_t *)pk->vals + at;
+        for (i64 t = 0; t < m; t++) b[t] = to_bf16(vals[t]);
+    } else {
+        memcpy((float *)pk->vals + at, vals, (size_t)m * sizeof(float));
+    }
+    index_writer_put(&pk->iw, idx, m);
+}
+
+/* The compaction of topk_select packing as it keeps (pk), where a NaN is the largest magnitude:
+ * a vector of candidates at a time, their magnitudes compared with the k-th largest t (and
+ * thr_sent's key) as floats, which order as the keys do (a NaN as +Inf, as its key); the kept
+ * lanes' values and positions packed in registers (vcompress_store) into a chunk in L1, their
+ * indices looked up and the chunk packed once it is full.  A lane equal to t is kept while
+ * `ties` lasts, in index order, as in the scalar loop.  With settle, the candidates kept below
+ * thr_sent or dropped at or above it into fix (kept ones flagged); returns how many. */
+static i64 topk_compact_pack(const i64 *cand, const float *cand_val, i64 c, uint32_t t, i64 ties, int settle,
+                             uint32_t sent_key, uint32_t *fix, topk_pack *pk) {
+    enum { CHUNK = 256 };  /* a multiple of 8 */
+    int32_t pos[CHUNK + VW];  /* vcompress_store's positions: not read */
+    float val[CHUNK + VW];
+    i64 idx[CHUNK + VW];
+    float t_f, s_f;
+    memcpy(&t_f, &t, 4);
+    memcpy(&s_f, &sent_key, 4);
+    const vf vt = vset1(t_f), vs = vset1(s_f);
+    i64 nfix = 0;
+    int oc = 0;
+    for (i64 j = 0; j < c; j += VW) {
+        const int len = c - j < VW ? (int)(c - j) : VW;
+        const vf a = vload_n(cand_val + j, len);
+        const vf mg = vselect(visnan(a), vset1(INFINITY), vabs(a));
+        const unsigned lanes = lane_bits(len);
+        unsigned keep = vbits(vcmp_gt(mg, vt)) & lanes;
+        for (unsigned tie = vbits(vcmp_ge(mg, vt)) & lanes & ~keep; tie && ties > 0; tie &= tie - 1, ties--)
+            keep |= 1u << __builtin_ctz(tie);
+        if (settle)
+            for (unsigned f = keep ^ (vbits(vcmp_ge(mg, vs)) & lanes); f; f &= f - 1) {
+                const int q = __builtin_ctz(f);
+                fix[nfix++] = (uint32_t)(j + q) | (((keep >> q) & 1u) << 31);
+            }
+        vcompress_store(val + oc, pos + oc, keep, a, (int32_t)j);
+        if (len == VW) {
+            oc += vcompress_i64(idx + oc, cand + j, keep);
+        } else {
+            for (int q = 0; q < len; q++) { idx[oc] = cand[j + q]; oc += (int)((keep >> q) & 1u); }
+        }
+        if (oc >= CHUNK) {
+            topk_pack_put(pk, idx, val, CHUNK);
+            oc -= CHUNK;
+            memmove(val, val + CHUNK, (size_t)oc * sizeof(float));
+            memmove(idx, idx + CHUNK, (size_t)oc * sizeof(i64));
+        }
+    }
+    topk_pack_put(pk, idx, val, oc);
+    return nfix;
 }
 
 /* From c candidates (ascending indices, with their values), the k (<= c)
@@ -769,13 +915,17 @@ static inline float sent_residual(float v, int sent) {
  * kept candidate below thr_sent gets its sent residual, a dropped one at or above it its
  * value back (non-finite -> 0); where thr_sent is near the k-th largest both are few. */
 static void topk_select(const i64 *cand, const float *cand_val, i64 c, i64 k, enum hvdc_nan_rule nan_rule,
-                        i64 *out, float *out_val, float *tmp, float *acc, int sent, float thr_sent) {
+                        i64 *out, float *out_val, float *tmp, float *acc, int sent, float thr_sent, topk_pack *pk) {
     enum { HI = 16, LO = 31 - HI };
     const int nan_large = nan_rule == HVDC_NAN_LARGEST;
     const uint32_t sent_key = magnitude_key(thr_sent, nan_large);
     if (k >= c) {
-        memcpy(out, cand, (size_t)c * sizeof(i64));
-        memcpy(out_val, cand_val, (size_t)c * sizeof(float));
+        if (pk) {
+            topk_pack_put(pk, cand, cand_val, c);
+        } else {
+            memcpy(out, cand, (size_t)c * sizeof(i64));
+            memcpy(out_val, cand_val, (size_t)c * sizeof(float));
+        }
         if (acc)
             for (i64 j = 0; j < c; j++)
                 if (magnitude_key(cand_val[j], nan_large) < sent_key) acc[cand[j]] = sent_residual(cand_val[j], sent);
@@ -795,9 +945,34 @@ static void topk_select(const i64 *cand, const float *cand_val, i64 c, i64 k, en
     while (above + hist[bin] < k) above += hist[bin--];
     uint32_t *bin_keys = (uint32_t *)tmp;  /* the low bits of the keys in bin */
     i64 m = 0;
-    for (i64 j = 0; j < c; j++) {  /* a branch taken by about one candidate in the used bins' count */
-        const uint32_t key = magnitude_key(cand_val[j], nan_large);
-        if ((key >> LO) == bin) bin_keys[m++] = key & ((1u << LO) - 1);
+    if (!float_order_holds(bin << LO)) {
+        for (i64 j = 0; j < c; j++) {  /* a branch taken by about one candidate in the used bins' count */
+            const uint32_t key = magnitude_key(cand_val[j], nan_large);
+            if ((key >> LO) == bin) bin_keys[m++] = key & ((1u << LO) - 1);
+        }
+    } else {  /* a vector of magnitudes compared with the bin's bounds as floats (a NaN as +Inf where it is the
+               * largest, as its key); only the lanes in between (about one in the used bins' count) are checked
+               * by their keys */
+        uint32_t lo_bits = bin << LO, hi_bits = (bin + 1) << LO;
+        float lo_f, hi_f;
+        memcpy(&lo_f, &lo_bits, 4);
+        memcpy(&hi_f, &hi_bits, 4);  /* past +Inf: a NaN, no lane at or above it: every lane from lo_f is checked */
+        const vf vlo = vset1(lo_f), vhi = vset1(hi_f);
+        i64 j = 0;
+        for (; j < c; j += VW) {
+            const int len = c - j < VW ? (int)(c - j) : VW;
+            vf a = vload_n(cand_val + j, len);
+            vf mg = vabs(a);
+            if (nan_large) mg = vselect(visnan(a), vset1(INFINITY), mg);
+            unsigned in_bin = vbits(vcmp_ge(mg, vlo)) & ~vbits(vcmp_ge(mg, vhi)) & lane_bits(len);
+            if (!nan_large) in_bin |= vbits(visnan(a)) & lane_bits(len);  /* a NaN's own key decides */
+            while (in_bin) {
+                const int t = __builtin_ctz(in_bin);
+                in_bin &= in_bin - 1;
+                const uint32_t key = magnitude_key(cand_val[j + t], nan_large);
+                if ((key >> LO) == bin) bin_keys[m++] = key & ((1u << LO) - 1);
+            }
+        }
     }
     memset(hist, 0, ((size_t)1 << LO) * sizeof(uint32_t));
     for (i64 j = 0; j < m; j++) hist[bin_keys[j]]++;
@@ -807,6 +982,17 @@ static void topk_select(const i64 *cand, const float *cand_val, i64 c, i64 k, en
     const uint32_t t = (bin << LO) | low;
     i64 ties = k - above, o = 0, j = 0, nfix = 0;  /* the first `ties` candidates equal to t, in index order, are kept */
     uint32_t *fix = (uint32_t *)tmp;  /* with acc: candidates whose residual is settled below (c < 2^31), kept ones flagged */
+    if (pk && nan_large && float_order_holds(t) && (!acc || float_order_holds(sent_key))) {
+        /* the vector compaction; fix then holds every candidate to settle */
+        nfix = topk_compact_pack(cand, cand_val, c, t, ties, acc != NULL, sent_key, fix, pk);
+        j = c;
+    }
+    enum { CHUNK = 256 };  /* with pk: the kept candidates gathered here in L1, then packed (a multiple of 8) */
+    i64 chunk_idx[CHUNK];
+    float chunk_val[CHUNK];
+    i64 *o_idx = pk ? chunk_idx : out;
+    float *o_val = pk ? chunk_val : out_val;
+    i64 oc = 0;  /* written into o_idx / o_val */
     for (; j < c && o < k; j++) {  /* compaction: write, then advance if kept */
         const uint32_t v = magnitude_key(cand_val[j], nan_large);
         i64 keep = v > t;
@@ -814,14 +1000,20 @@ static void topk_select(const i64 *cand, const float *cand_val, i64 c, i64 k, en
             keep = ties > 0;
             ties -= keep;
         }
-        out[o] = cand[j];
-        out_val[o] = cand_val[j];
+        o_idx[oc] = cand[j];
+        o_val[oc] = cand_val[j];
+        oc += keep;
         o += keep;
         if (acc) {  /* kept below thr_sent, or dropped at or above it */
             fix[nfix] = (uint32_t)j | ((uint32_t)keep << 31);
             nfix += keep ^ (v >= sent_key);
         }
+        if (pk && oc == CHUNK) {
+            topk_pack_put(pk, chunk_idx, chunk_val, CHUNK);
+            oc = 0;
+        }
     }
+    if (pk && !nan_large) topk_pack_put(pk, chunk_idx, chunk_val, oc);
     if (acc) {
         for (i64 d = 0; d < nfix; d++) {
             const i64 jj = fix[d] & 0x7FFFFFFFu;
@@ -835,13 +1027,24 @@ static void topk_select(const i64 *cand, const float *cand_val, i64 c, i64 k, en
 
 void hvdc_topk_fixup(const i64 *cand, const float *cand_val, i64 c, i64 k, enum hvdc_nan_rule nan_rule,
                      i64 *out, float *out_val, float *tmp) {
-    topk_select(cand, cand_val, c, k, nan_rule, out, out_val, tmp, NULL, HVDC_SENT_KEPT, 0.0f);
+    topk_select(cand, cand_val, c, k, nan_rule, out, out_val, tmp, NULL, HVDC_SENT_KEPT, 0.0f, NULL);
 }
 
 void hvdc_topk_select_settle(const i64 *cand, const float *cand_val, i64 c, i64 k, enum hvdc_nan_rule nan_rule,
                              i64 *out, float *out_val, float *tmp, float *acc, enum hvdc_sent_rule sent,
                              float thr_sent) {
-    topk_select(cand, cand_val, c, k, nan_rule, out, out_val, tmp, acc, (int)sent, thr_sent);
+    topk_select(cand, cand_val, c, k, nan_rule, out, out_val, tmp, acc, (int)sent, thr_sent, NULL);
+}
+
+void hvdc_topk_select_pack(const i64 *cand, const float *cand_val, i64 c, i64 k, enum hvdc_nan_rule nan_rule,
+                           float *tmp, float *acc, enum hvdc_sent_rule sent, float thr_sent,
+                           enum hvdc_index_code code, int low, uint8_t *idx_out, i64 nbytes, int bf16,
+                           void *val_out) {
+    topk_pack pk;
+    index_writer_init(&pk.iw, code, low, k, idx_out, nbytes);
+    pk.bf16 = bf16;
+    pk.vals = val_out;
+    topk_select(cand, cand_val, c, k, nan_rule, NULL, NULL, tmp, acc, (int)sent, thr_sent, &pk);
 }
 
 /* Top-K with values=BF16: bits = the kept values as bfloat16 (round half to even, every NaN
@@ -862,25 +1065,13 @@ void hvdc_clear_sent(float *acc, const i64 *idx, i64 k, const i64 *cand, const f
 
 /* ---- index codes (hvd_compress.coding): raw int32, bitmap, Elias-Fano ---- */
 
-static inline void set_bit(uint8_t *b, i64 pos) { b[pos >> 3] |= (uint8_t)(1u << (pos & 7)); }
-
 /* idx ascending and distinct; out holds the code's byte count (zeroed here) */
 void hvdc_index_encode(const i64 *idx, i64 k, i64 n, enum hvdc_index_code code, int low, uint8_t *out,
                        i64 nbytes) {
-    if (code == HVDC_CODE_RAW) { int32_t *o = (int32_t *)out; for (i64 j = 0; j < k; j++) o[j] = (int32_t)idx[j]; return; }
-    memset(out, 0, (size_t)nbytes);
-    if (code == HVDC_CODE_BITMAP) { for (i64 j = 0; j < k; j++) set_bit(out, idx[j]); return; }
-    i64 low_nbytes = (k * low + 7) / 8;
-    uint8_t *high = out + low_nbytes;
-    uint64_t mask = low ? ((uint64_t)1 << low) - 1 : 0;
-    uint64_t acc = 0; int filled = 0; i64 byte = 0;  /* little-endian bit writer */
-    for (i64 j = 0; j < k; j++) {
-        acc |= ((uint64_t)idx[j] & mask) << filled;
-        filled += low;
-        while (filled >= 8) { out[byte++] = (uint8_t)acc; acc >>= 8; filled -= 8; }
-        set_bit(high, (idx[j] >> low) + j);
-    }
-    if (filled) out[byte] = (uint8_t)acc;
+    (void)n;
+    index_writer iw;
+    index_writer_init(&iw, code, low, k, out, nbytes);
+    index_writer_put(&iw, idx, k);
 }
 
 /* inverse of hvdc_index_encode: k ascending indices into out */
@@ -913,22 +1104,74 @@ void hvdc_index_decode(const uint8_t *in, i64 k, i64 n, enum hvdc_index_code cod
 
 /* One rank's index code (raw int32, bitmap, or Elias-Fano) decoded a chunk of indices at a
  * time into a buffer that stays in L1, as hvdc_index_decode writes them: the bit area's set
- * bits 64 at a time, Elias-Fano's low parts by a little-endian bit reader. */
-enum { INDEX_CHUNK = 512 };
+ * bits 64 at a time, a word drained in one tight loop; Elias-Fano's low parts eight at a time
+ * where low <= 8 (eight of them fill exactly `low` bytes), else by a little-endian bit reader. */
+enum { INDEX_CHUNK = 512 };  /* a multiple of 8: every chunk but the last starts an octet of low parts */
 typedef struct {
     int code, low;
     i64 k, j, n, prev;               /* j: indices decoded so far; prev: the last one (raw's order check) */
-    const uint8_t *in, *bits;        /* the whole code; the bitmap, or Elias-Fano's high parts */
+    const uint8_t *in, *bits, *end;  /* the whole code; the bitmap, or Elias-Fano's high parts; the code's end */
     i64 len_bytes, byte;             /* the bit area's bytes; the next 64-bit word's offset in it */
     uint64_t word;                   /* the current word's bits not yet read */
-    const uint8_t *lowp;             /* Elias-Fano: the next byte of low bits */
-    uint64_t lacc;
-    int lfilled;
     i64 first;                       /* the ordinal of buf[0] */
     int have, at;                    /* buf[at..have): decoded, not yet added */
     int status;                      /* 0, -1 raw indices not ascending, -2 an index outside [0, n) or too few */
     i64 buf[INDEX_CHUNK];
 } index_stream;
+
+/* the positions of the next m set bits of the stream's bit area, minus their ordinal where ef,
+ * into buf; returns how many (fewer: the bits ran out) */
+static int index_stream_high(index_stream *st, i64 m, int ef) {
+    uint64_t w = st->word;
+    i64 byte = st->byte, got = 0;
+    const i64 ord = ef ? st->j : 0;
+    i64 *buf = st->buf;
+    while (got < m) {
+        while (!w) {
+            byte += 8;
+            if (byte >= st->len_bytes) break;
+            const i64 left = st->len_bytes - byte;
+            if (left >= 8) memcpy(&w, st->bits + byte, 8);  /* little-endian */
+            else { w = 0; memcpy(&w, st->bits + byte, (size_t)left); }
+        }
+        if (!w) break;
+        const i64 at = byte * 8 - (ef ? ord : 0);
+        if (ef) do { buf[got] = at + __builtin_ctzll(w) - got; w &= w - 1; got++; } while (w && got < m);
+        else do { buf[got++] = at + __builtin_ctzll(w); w &= w - 1; } while (w && got < m);
+    }
+    st->word = w;
+    st->byte = byte;
+    return (int)got;
+}
+
+/* Elias-Fano's low parts of buf[0..got) (high parts in place) or'ed in: ordinal st->j on */
+static void index_stream_low(index_stream *st, int got) {
+    const int low = st->low;
+    const uint64_t mask = ((uint64_t)1 << low) - 1;
+    i64 *buf = st->buf;
+    if (low <= 8 && st->j % 8 == 0) {  /* eight parts in `low` whole bytes */
+        const uint8_t *lp = st->in + (st->j / 8) * low;
+        for (int t = 0; t < got; t += 8, lp += low) {
+            uint64_t w = 0;
+            const i64 left = st->end - lp;
+            if (left >= 8) memcpy(&w, lp, 8);
+            else memcpy(&w, lp, (size_t)left);
+            for (int q = 0; q < 8; q++) buf[t + q] = (buf[t + q] << low) | (i64)((w >> (q * low)) & mask);
+        }
+        return;
+    }
+    uint64_t acc = 0;
+    const i64 bit0 = st->j * low;
+    const uint8_t *lp = st->in + bit0 / 8;
+    int filled = 0, skip = (int)(bit0 % 8);
+    for (int t = 0; t < got; t++) {
+        while (filled < low + skip) { acc |= (uint64_t)*lp++ << filled; filled += 8; }
+        acc >>= skip; filled -= skip; skip = 0;
+        buf[t] = (buf[t] << low) | (i64)(acc & mask);
+        acc >>= low;
+        filled -= low;
+    }
+}
 
 static void index_stream_fill(index_stream *st) {
     const i64 m = st->k - st->j < INDEX_CHUNK ? st->k - st->j : INDEX_CHUNK;
@@ -948,39 +1191,17 @@ static void index_stream_fill(index_stream *st) {
         if (bad) st->status = -1;
         st->prev = prev;
     } else {
-        uint64_t w = st->word;
-        i64 byte = st->byte;
-        const i64 j0 = st->j;
-        const int ef = st->code == HVDC_CODE_ELIAS_FANO, low = st->low;
-        while (got < m) {
-            while (!w) {
-                byte += 8;
-                if (byte >= st->len_bytes) break;
-                const i64 left = st->len_bytes - byte;
-                memcpy(&w, st->bits + byte, (size_t)(left < 8 ? left : 8));  /* little-endian */
-            }
-            if (!w) { st->status = -2; break; }  /* fewer than k set bits */
-            const i64 pos = byte * 8 + __builtin_ctzll(w);
-            w &= w - 1;
-            buf[got] = ef ? (pos - (j0 + got)) << low : pos;
-            got++;
-        }
-        st->word = w;
-        st->byte = byte;
-        if (ef && low) {
-            uint64_t acc = st->lacc, mask = ((uint64_t)1 << low) - 1;
-            int filled = st->lfilled;
-            const uint8_t *lp = st->lowp;
-            for (int t = 0; t < got; t++) {
-                while (filled < low) { acc |= (uint64_t)*lp++ << filled; filled += 8; }
-                buf[t] |= (i64)(acc & mask);
-                acc >>= low;
-                filled -= low;
-            }
-            st->lacc = acc; st->lfilled = filled; st->lowp = lp;
-        }
+        const int ef = st->code == HVDC_CODE_ELIAS_FANO;
+        got = index_stream_high(st, m, ef);
+        if (got < m) st->status = -2;  /* fewer than k set bits */
+        else if (ef && st->low) index_stream_low(st, got);
     }
-    for (int t = 0; t < got; t++) if (buf[t] < 0 || buf[t] >= st->n) { st->status = -2; break; }
+    i64 lo = 0, hi = 0;  /* the chunk's extremes, checked once */
+    for (int t = 0; t < got; t++) {
+        lo = buf[t] < lo ? buf[t] : lo;
+        hi = buf[t] > hi ? buf[t] : hi;
+    }
+    if (lo < 0 || hi >= st->n) st->status = -2;
     st->j += got;
     st->have = st->status ? 0 : got;
     st->at = 0;
@@ -988,85 +1209,57 @@ static void index_stream_fill(index_stream *st) {
 
 static void index_stream_init(index_stream *st, const uint8_t *in, enum hvdc_index_code code, int low, i64 k, i64 n) {
     st->code = code; st->k = k; st->n = n; st->in = in;
-    st->j = 0; st->prev = 0; st->word = 0; st->byte = -8; st->lacc = 0; st->lfilled = 0;
+    st->j = 0; st->prev = 0; st->word = 0; st->byte = -8;
     st->have = st->at = 0; st->status = 0; st->first = 0;
     st->low = code == HVDC_CODE_ELIAS_FANO ? low : 0;
-    st->lowp = in;
+    st->end = in;
     if (code == HVDC_CODE_BITMAP) {
         st->bits = in; st->len_bytes = (n + 7) / 8;
     } else if (code == HVDC_CODE_ELIAS_FANO) {
         st->bits = in + (k * low + 7) / 8; st->len_bytes = (k + (n >> low) + 1 + 7) / 8;
+        st->end = st->bits + st->len_bytes;
     }
 }
 
 /* One rank's payload (the usual case of a one-rank decode, and every rank's own share of the
- * work): the code decoded index by index with its state in registers, each value written
- * into the zeroed block while the block is in L1.  Same results and answers as the general
- * path below. */
+ * work): the code decoded a chunk of indices at a time into the stream's buffer in L1 (a tight
+ * loop per part of the code, not one branchy step per index), each value then written into the
+ * zeroed block while the block is in L1.  Same results and answers as the general path below. */
 static i64 sparse_decode_one(const uint8_t *in, enum hvdc_index_code code, int low, i64 k, const void *vals,
                              int bf16, i64 n, float s, int scaled, float *out) {
     enum { BLOCK = 4096 };
     float blk[BLOCK] __attribute__((aligned(64)));
     const float *vf = (const float *)vals;
     const uint16_t *vh = (const uint16_t *)vals;
-    const int32_t *raw = (const int32_t *)in;
-    const uint8_t *bits = in, *lowp = in;
-    i64 len_bytes = (n + 7) / 8;
-    if (code == HVDC_CODE_ELIAS_FANO) { bits = in + (k * low + 7) / 8; len_bytes = (k + (n >> low) + 1 + 7) / 8; }
-    else low = 0;
-    const uint64_t low_mask = low ? ((uint64_t)1 << low) - 1 : 0;
-    uint64_t w = 0, lacc = 0;
-    int lfilled = 0;
-    i64 byte = -8, j = 0, cur = n, prev = -1, status = 0;
-#define NEXT_INDEX()                                                                                   \
-    do {                                                                                               \
-        cur = n;                                                                                       \
-        if (j >= k) break;                                                                             \
-        i64 v_;                                                                                        \
-        if (code == HVDC_CODE_RAW) {                                                                   \
-            v_ = raw[j];                                                                               \
-            if (v_ >= 0 && v_ < n && v_ <= prev) { status = -1; break; }                               \
-        } else {                                                                                       \
-            while (!w) {                                                                               \
-                byte += 8;                                                                             \
-                if (byte >= len_bytes) break;                                                          \
-                const i64 left_ = len_bytes - byte;                                                    \
-                memcpy(&w, bits + byte, (size_t)(left_ < 8 ? left_ : 8));                              \
-            }                                                                                          \
-            if (!w) { status = -2; break; }                                                            \
-            const i64 pos_ = byte * 8 + __builtin_ctzll(w);                                            \
-            w &= w - 1;                                                                                \
-            if (code == HVDC_CODE_BITMAP) {                                                            \
-                v_ = pos_;                                                                             \
-            } else {                                                                                   \
-                v_ = (pos_ - j) << low;                                                                \
-                if (low) {                                                                             \
-                    while (lfilled < low) { lacc |= (uint64_t)*lowp++ << lfilled; lfilled += 8; }      \
-                    v_ |= (i64)(lacc & low_mask);                                                      \
-                    lacc >>= low;                                                                      \
-                    lfilled -= low;                                                                    \
-                }                                                                                      \
-            }                                                                                          \
-        }                                                                                              \
-        if (v_ < 0 || v_ >= n) { status = -2; break; }                                                 \
-        prev = v_;                                                                                     \
-        cur = v_;                                                                                      \
-        j++;                                                                                           \
-    } while (0)
-    NEXT_INDEX();
-    for (i64 lo = 0; lo < n && !status; lo += BLOCK) {
-        const i64 hi = lo + BLOCK < n ? lo + BLOCK : n;
-        memset(blk, 0, (size_t)(hi - lo) * sizeof(float));
-        while (cur < hi) {  /* 0 + v as index_add_ into zeros (-0 -> +0), [* s] */
-            const float v = 0.0f + (bf16 ? from_bf16(vh[j - 1]) : vf[j - 1]);
-            blk[cur - lo] = scaled ? v * s : v;
-            NEXT_INDEX();
+    index_stream st;
+    index_stream_init(&st, in, code, low, k, n);
+    i64 lo = 0, hi = BLOCK < n ? BLOCK : n;
+    memset(blk, 0, (size_t)(hi - lo) * sizeof(float));
+    while (st.j < k) {
+        index_stream_fill(&st);
+        if (st.status) return st.status;
+        const i64 *ib = st.buf, base = st.first;
+        for (int t = 0; t < st.have; t++) {
+            const i64 at = ib[t];
+            while (at >= hi) {  /* the block is done: out, and the next one zeroed */
+                memcpy(out + lo, blk, (size_t)(hi - lo) * sizeof(float));
+                lo = hi;
+                hi = lo + BLOCK < n ? lo + BLOCK : n;
+                memset(blk, 0, (size_t)(hi - lo) * sizeof(float));
+            }
+            if (at < lo) return -2;  /* a code whose indices descend across a block */
+            const float v = 0.0f + (bf16 ? from_bf16(vh[base + t]) : vf[base + t]);  /* as index_add_ into zeros */
+            blk[at - lo] = scaled ? v * s : v;
         }
-        memcpy(out + lo, blk, (size_t)(hi - lo) * sizeof(float));
     }
-#undef NEXT_INDEX
-    if (!status && (j != k || cur != n)) status = -2;  /* an index left over: at or past n */
-    return status;
+    for (;;) {
+        memcpy(out + lo, blk, (size_t)(hi - lo) * sizeof(float));
+        lo = hi;
+        if (lo >= n) break;
+        hi = lo + BLOCK < n ? lo + BLOCK : n;
+        memset(blk, 0, (size_t)(hi - lo) * sizeof(float));
+    }
+    return 0;
 }
 
 /* the sparse payloads' sum, decoded and added block by block (see hvdc_kernels.h) */

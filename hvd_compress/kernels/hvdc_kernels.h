@@ -145,6 +145,14 @@ void hvdc_topk_fixup(const i64 *cand, const float *cand_val, i64 c, i64 k, enum 
 void hvdc_topk_select_settle(const i64 *cand, const float *cand_val, i64 c, i64 k, enum hvdc_nan_rule nan_rule,
                              i64 *out, float *out_val, float *tmp, float *acc, enum hvdc_sent_rule sent,
                              float thr_sent);
+/* as hvdc_topk_select_settle (acc NULL: as hvdc_topk_fixup), the k (1 <= k <= c) kept candidates packed as
+ * they are kept: their indices as the index code `code` (hvdc_index_encode's, Elias-Fano with `low` low bits,
+ * nbytes of it) into idx_out, their values as float32, or bfloat16 bits where bf16 (hvdc_sparse_bf16_encode's,
+ * without a residual), into val_out */
+void hvdc_topk_select_pack(const i64 *cand, const float *cand_val, i64 c, i64 k, enum hvdc_nan_rule nan_rule,
+                           float *tmp, float *acc, enum hvdc_sent_rule sent, float thr_sent,
+                           enum hvdc_index_code code, int low, uint8_t *idx_out, i64 nbytes, int bf16,
+                           void *val_out);
 /* the residual at the k sent indices becomes 0, and at the non-finite candidates */
 void hvdc_clear_sent(float *acc, const i64 *idx, i64 k, const i64 *cand, const float *cand_val, i64 c);
 

@@ -11,6 +11,7 @@
  *                                      vmask_from_bits
  *   vhalf    VW IEEE halves            vto_half, vfrom_half, vstore_half
  *   vcompress_store                    the lanes of a mask and their positions, packed
+ *   vcompress_i64                      the int64 entries of a mask, packed
  *
  * Every float operation rounds as its scalar C form does (no FMA, no reassociation), so
  * a kernel gives the same bits on every layer; only the reductions' lane counts differ
@@ -94,6 +95,15 @@ HVDC_INLINE int vcompress_store(float *val, int32_t *idx, unsigned take, vf a, i
     _mm512_storeu_ps(val, _mm512_maskz_compress_ps(m, a));
     _mm512_storeu_si512((void *)idx, _mm512_maskz_compress_epi32(m, _mm512_add_epi32(_mm512_set1_epi32(base), lane)));
     return __builtin_popcount(take);
+}
+/* the entries of src[0..VW) whose bit is set in take, packed to the front of dst (VW written: room
+ * for VW); returns how many.  Two 8-lane halves compressed in registers. */
+HVDC_INLINE int vcompress_i64(int64_t *dst, const int64_t *src, unsigned take) {
+    const __mmask8 lo = (__mmask8)take, hi = (__mmask8)(take >> 8);
+    const int nlo = __builtin_popcount(lo);
+    _mm512_storeu_si512((void *)dst, _mm512_maskz_compress_epi64(lo, _mm512_loadu_si512((const void *)src)));
+    _mm512_storeu_si512((void *)(dst + nlo), _mm512_maskz_compress_epi64(hi, _mm512_loadu_si512((const void *)(src + 8))));
+    return nlo + __builtin_popcount(hi);
 }
 HVDC_INLINE vhalf vto_half(vf a) { return _mm512_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 HVDC_INLINE vf vfrom_half(vhalf h) { return _mm512_cvtph_ps(h); }
@@ -278,6 +288,17 @@ HVDC_INLINE vf vfrom_half(vhalf h) { vf r; VLANES(k) r.v[k] = (float)h.h[k]; ret
 HVDC_INLINE void vstore_half_(void *p, vhalf h) { memcpy(p, h.h, sizeof h.h); }
 #undef VLANES
 #endif /* ---------------------------------------------------------------------------------- */
+
+#if !defined(__AVX512F__)
+/* the entries of src[0..VW) whose bit is set in take, packed to the front of dst (VW written: room
+ * for VW); returns how many.  Branch-free: every entry is written, the position advances past the
+ * set ones. */
+HVDC_INLINE int vcompress_i64(int64_t *dst, const int64_t *src, unsigned take) {
+    int o = 0;
+    for (int k = 0; k < VW; k++) { dst[o] = src[k]; o += (int)((take >> k) & 1u); }
+    return o;
+}
+#endif
 
 /* vstream: a store that bypasses the caches (p aligned to VW floats), for an output larger
  * than the caches that nothing reads soon; the caller fences with vstream_fence() */

@@ -63,6 +63,8 @@ SIGNATURES = {
     "hvdc_kth_largest": ((ptr, i64, i64), f32),
     "hvdc_topk_fixup": ((ptr, ptr, i64, i64, enum, ptr, ptr, ptr), None),
     "hvdc_topk_select_settle": ((ptr, ptr, i64, i64, enum, ptr, ptr, ptr, ptr, enum, f32), None),
+    "hvdc_topk_select_pack": ((ptr, ptr, i64, i64, enum, ptr, ptr, enum, f32, enum, c_int, ptr, i64, c_int, ptr),
+                              None),
     "hvdc_clear_sent": ((ptr, ptr, i64, ptr, ptr, i64), None),
     "hvdc_select_sent": ((ptr, ptr, i64, f32, enum, ptr, ptr, i64), i64),
     "hvdc_sparse_sum_i32": ((c_int, ptr, ptr, ptr, i64, f32, c_int, ptr), i64),

@@ -59,6 +59,8 @@ class SparseCodec(Codec):
                 cval = buffer(ws, "cand_val", c, torch.float32, headroom=True)
                 collect_again(cand, cval, c)
             kept = self.select(cand[:c], cval[:c], n, ws, (r, sent, thr_sent) if sent else None)
+            if isinstance(kept, dict):  # the payload itself: the selection packed what it kept
+                return kept
             if kept is not None:
                 idx, vals = kept
                 if r is not None and not sent:
@@ -94,7 +96,8 @@ class SparseCodec(Codec):
         return n
 
     def select(self, cand, cval, n, ws, settle=None):
-        """(indices, values) kept among the candidates, or None: too few.  ``settle``:
+        """(indices, values) kept among the candidates, the payload itself where the
+        selection packs what it keeps, or None: too few.  ``settle``:
         ``(acc, sent rule, thr_sent)`` of a candidate pass that wrote residuals as if sent
         (:meth:`sent_rule`), which the selection then settles."""
         return cand, cval
@@ -239,8 +242,11 @@ class TopKCodec(SparseCodec):
         c = cand.numel()
         if c < k:
             return None
-        idx, vals = buffer(ws, "kept", k, torch.int64), buffer(ws, "val", k, torch.float32)
         tmp = buffer(ws, "tmp", c, torch.float32, headroom=True)  # c: data-dependent
+        values = self.scheme.values
+        if values is None or type(values) is BF16:  # packed as kept: the index code and the values, one pass
+            return self.select_packed(cand, cval, n, k, tmp, ws, settle)
+        idx, vals = buffer(ws, "kept", k, torch.int64), buffer(ws, "val", k, torch.float32)
         if settle is None:
             self.lib.hvdc_topk_fixup(_p(cand), _p(cval), c, k, self.nan_rule, _p(idx), _p(vals), _p(tmp))
         else:
@@ -248,6 +254,20 @@ class TopKCodec(SparseCodec):
             self.lib.hvdc_topk_select_settle(_p(cand), _p(cval), c, k, self.nan_rule, _p(idx), _p(vals), _p(tmp),
                                              _p(acc), sent, ctx_float(thr_sent))
         return idx, vals
+
+    def select_packed(self, cand, cval, n, k, tmp, ws, settle):
+        """The payload of the k kept candidates, written by the selection as it keeps them
+        (``hvdc_topk_select_pack``): the same bytes as :meth:`pack` of its (indices, values)."""
+        code = self.scheme.index_code(n)
+        nbytes = index_code_nbytes(code, n, k)
+        coded = buffer(ws, "idx", k if code == "raw" else nbytes, torch.int32 if code == "raw" else torch.uint8)
+        bf16 = self.scheme.values is not None
+        vals = buffer(ws, "v.bits", k, torch.int16) if bf16 else buffer(ws, "val", k, torch.float32)
+        acc, sent, thr_sent = settle if settle is not None else (None, SentRule.KEPT, 0.0)
+        self.lib.hvdc_topk_select_pack(_p(cand), _p(cval), cand.numel(), k, self.nan_rule, _p(tmp), _p(acc), sent,
+                                       ctx_float(thr_sent), CODES[code], _ef_low_bits(n, k), _p(coded), nbytes,
+                                       int(bf16), _p(vals))
+        return {"idx": coded, "v.bits" if bf16 else "val": vals}
 
 
 #: elements a packing kernel may write past its count (the widest vector: AVX-512's 16 lanes)
