@@ -1781,47 +1781,92 @@ void hvdc_scatter(const i64 *idx, i64 k, const float *vals, i64 n, float *out) {
 
 /* Each block of `block` elements (the last one shorter) as four planes of its length m,
  * byte k of x[lo + i] at planes[4 lo + k m + i] (little-endian: plane 0 the mantissa's low
- * byte), 4096 elements at a time so that the four output streams stay in cache; plain C
- * the compiler vectorises */
+ * byte), 4 VW elements a step (vsplit_bytes4) */
 void hvdc_byte_shuffle(const float *x, i64 n, i64 block, uint8_t *planes) {
     if (block <= 0) block = n > 0 ? n : 1;
-    const uint8_t *restrict b = (const uint8_t *)x;
     for (i64 lo = 0; lo < n; lo += block) {
         const i64 m = lo + block < n ? block : n - lo;
-        uint8_t *restrict p0 = planes + 4 * lo, *restrict p1 = p0 + m, *restrict p2 = p1 + m, *restrict p3 = p2 + m;
-        const uint8_t *restrict bb = b + 4 * lo;
-        for (i64 c0 = 0; c0 < m; c0 += 4096) {
-            const i64 c1 = c0 + 4096 < m ? c0 + 4096 : m;
-            for (i64 i = c0; i < c1; i++) {
-                p0[i] = bb[4 * i]; p1[i] = bb[4 * i + 1]; p2[i] = bb[4 * i + 2]; p3[i] = bb[4 * i + 3];
-            }
-        }
+        uint8_t *p = planes + 4 * lo;
+        const uint8_t *b = (const uint8_t *)(x + lo);
+        i64 i = 0;
+        for (; i + 4 * VW <= m; i += 4 * VW) vsplit_bytes4(x + lo + i, p + i, m);
+        for (; i < m; i++) p[i] = b[4 * i], p[m + i] = b[4 * i + 1], p[2 * m + i] = b[4 * i + 2], p[3 * m + i] = b[4 * i + 3];
     }
 }
 
-/* one step of the un-shuffle: the floats of u (the planes' bytes put together) added to out */
-HVDC_INLINE void unshuffle_step(const float *u, float *out, i64 i, int len, int first, vf vs, int scaled) {
-    vf v = vload_n(u, len);
-    if (!first) v = vadd(vload_n(out + i, len), v);
+/* one step of the un-shuffle: v (len floats) added into out */
+HVDC_INLINE void unshuffle_store(vf v, float *out, int len, int first, vf vs, int scaled, int stream) {
+    if (!first) v = vadd(vload_n(out, len), v);
     if (scaled) v = vmul(v, vs);
-    vstore_n(out + i, v, len);
+    if (stream && len == VW) vstream(out, v);
+    else vstore_n(out, v, len);
 }
 
-/* out[i] = v, or out[i] + v unless first, [* s], v the float whose bytes are planes[k n + i]:
- * 4096 elements at a time, their bytes put together as words in L1, then the float step */
-void hvdc_byte_unshuffle_add(const uint8_t *planes, i64 n, int first, float s, int scaled, float *out) {
-    enum { CHUNK = 4096 };
-    const uint8_t *restrict p0 = planes, *restrict p1 = planes + n, *restrict p2 = planes + 2 * n,
-                  *restrict p3 = planes + 3 * n;
-    union { uint32_t u[CHUNK]; float f[CHUNK]; } w __attribute__((aligned(64)));
-    const float *uf = w.f;
+/* hvdc_byte_unshuffle_add, its stores bypassing the caches where `stream` (out aligned to VW floats) */
+static void unshuffle_add(const uint8_t *planes, i64 n, int first, float s, int scaled, int stream, float *out) {
     const vf vs = vset1(s);
-    for (i64 lo = 0; lo < n; lo += CHUNK) {
-        const int len = (int)(lo + CHUNK < n ? CHUNK : n - lo);
-        for (int i = 0; i < len; i++)
-            w.u[i] = (uint32_t)p0[lo + i] | (uint32_t)p1[lo + i] << 8 | (uint32_t)p2[lo + i] << 16 | (uint32_t)p3[lo + i] << 24;
-        int i = 0;
-        for (; i + VW <= len; i += VW) unshuffle_step(uf + i, out, lo + i, VW, first, vs, scaled);
-        if (i < len) unshuffle_step(uf + i, out, lo + i, len - i, first, vs, scaled);
+    i64 i = 0;
+    for (; i + 4 * VW <= n; i += 4 * VW) {
+        vf v[4];
+        vjoin_bytes4(planes + i, n, v);
+        for (int j = 0; j < 4; j++) unshuffle_store(v[j], out + i + j * VW, VW, first, vs, scaled, stream);
     }
+    for (; i < n; i += VW) {
+        const int len = n - i < VW ? (int)(n - i) : VW;
+        unshuffle_store(vjoin_bytes_n(planes + i, n, len), out + i, len, first, vs, scaled, stream);
+    }
+}
+
+/* out[i] = v, or out[i] + v unless first, [* s], v the float whose bytes are planes[k n + i] */
+void hvdc_byte_unshuffle_add(const uint8_t *planes, i64 n, int first, float s, int scaled, float *out) {
+    unshuffle_add(planes, n, first, s, scaled, 0, out);
+}
+
+/* outputs of at least this many floats are written past the caches by hvdc_lossless_decode_add */
+#ifndef LOSSLESS_STREAM_MIN
+#define LOSSLESS_STREAM_MIN ((i64)1 << 22)
+#endif
+
+/* zstd's functions as hvdc_lossless_encode/decode_add take them (zstd.h's prototypes, with
+ * void * for its context types) */
+typedef size_t (*zstd_compress_fn)(void *cctx, void *dst, size_t cap, const void *src, size_t n, int level);
+typedef size_t (*zstd_decompress_fn)(void *dctx, void *dst, size_t cap, const void *src, size_t n);
+typedef size_t (*zstd_frame_size_fn)(const void *src, size_t n);
+typedef unsigned (*zstd_is_error_fn)(size_t code);
+
+i64 hvdc_lossless_encode(const float *x, i64 n, i64 block, int level, void *const *zstd, void *cctx, uint8_t *scratch,
+                         uint8_t *out, i64 cap) {
+    const zstd_compress_fn compress = (zstd_compress_fn)zstd[0];
+    const zstd_is_error_fn is_error = (zstd_is_error_fn)zstd[3];
+    if (block <= 0) block = n > 0 ? n : 1;
+    i64 size = 0;
+    for (i64 lo = 0; lo < n; lo += block) {
+        const i64 m = lo + block < n ? block : n - lo;
+        hvdc_byte_shuffle(x + lo, m, m, scratch);
+        const size_t got = compress(cctx, out + size, (size_t)(cap - size), scratch, (size_t)(4 * m), level);
+        if (is_error(got)) return -1;
+        size += (i64)got;
+    }
+    return size;
+}
+
+i64 hvdc_lossless_decode_add(const uint8_t *blob, i64 size, i64 n, i64 block, void *const *zstd, void *dctx,
+                             uint8_t *scratch, int first, float s, int scaled, float *out) {
+    const zstd_decompress_fn decompress = (zstd_decompress_fn)zstd[1];
+    const zstd_frame_size_fn frame_size = (zstd_frame_size_fn)zstd[2];
+    const zstd_is_error_fn is_error = (zstd_is_error_fn)zstd[3];
+    if (block <= 0) block = n > 0 ? n : 1;
+    const int stream = n >= LOSSLESS_STREAM_MIN && block % VW == 0 && ((uintptr_t)out % (VW * sizeof(float))) == 0;
+    i64 off = 0;
+    for (i64 lo = 0; lo < n; lo += block) {
+        const i64 m = lo + block < n ? block : n - lo;
+        const size_t f = frame_size(blob + off, (size_t)(size - off));
+        if (is_error(f)) return -1;
+        const size_t got = decompress(dctx, scratch, (size_t)(4 * m), blob + off, f);
+        if (is_error(got) || got != (size_t)(4 * m)) return -2;
+        unshuffle_add(scratch, m, first, s, scaled, stream, out + lo);
+        off += (i64)f;
+    }
+    if (stream) vstream_fence();
+    return off == size ? 0 : -3;
 }

@@ -241,6 +241,20 @@ void hvdc_scatter(const i64 *idx, i64 k, const float *vals, i64 n, float *out);
 void hvdc_byte_shuffle(const float *x, i64 n, i64 block, uint8_t *planes);
 /* out[i] = v, or out[i] + v unless first, [* s]; v the float of bytes planes[k n + i] */
 void hvdc_byte_unshuffle_add(const uint8_t *planes, i64 n, int first, float s, int scaled, float *out);
+/* Lossless's payload: one zstd frame per block of `block` elements (its four planes, as
+ * hvdc_byte_shuffle lays them out), each shuffled into `scratch` (4 block bytes: it stays in
+ * the L2 cache) and compressed from there at `level` straight into out[0, cap).  `zstd` is
+ * zstd's functions ZSTD_compressCCtx, ZSTD_decompressDCtx, ZSTD_findFrameCompressedSize and
+ * ZSTD_isError in this order (zstd's stable API; the caller loads the library); cctx is a
+ * ZSTD_CCtx of it.  Returns the payload's length, or -1 where zstd fails (cap too small) */
+i64 hvdc_lossless_encode(const float *x, i64 n, i64 block, int level, void *const *zstd, void *cctx, uint8_t *scratch,
+                         uint8_t *out, i64 cap);
+/* the decode of such a payload: each frame decompressed into `scratch` and un-shuffled from
+ * there into out as hvdc_byte_unshuffle_add does (first, s, scaled as there); dctx a ZSTD_DCtx.
+ * Returns 0, or where the payload is malformed: -1 a frame is cut short or corrupt, -2 a
+ * frame does not hold its block's 4 m bytes, -3 bytes follow the last block's frame */
+i64 hvdc_lossless_decode_add(const uint8_t *blob, i64 size, i64 n, i64 block, void *const *zstd, void *dctx,
+                             uint8_t *scratch, int first, float s, int scaled, float *out);
 
 #ifdef __cplusplus
 }

@@ -10,6 +10,9 @@
  *   vmask    a compare's result        vcmp_ge, vcmp_gt, visnan, vselect, vbits (lane k -> bit k),
  *                                      vmask_from_bits
  *   vhalf    VW IEEE halves            vto_half, vfrom_half, vstore_half
+ *   vjoin_bytes, vjoin_bytes4          VW (4 VW) floats put together from four byte planes:
+ *                                      byte k (little-endian) of float i from p[k stride + i]
+ *   vsplit_bytes4                      the inverse: 4 VW floats into four byte planes
  *   vcompress_store                    the lanes of a mask and their positions, packed
  *   vcompress_i64                      the int64 entries of a mask, packed
  *
@@ -108,6 +111,51 @@ HVDC_INLINE int vcompress_i64(int64_t *dst, const int64_t *src, unsigned take) {
 HVDC_INLINE vhalf vto_half(vf a) { return _mm512_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 HVDC_INLINE vf vfrom_half(vhalf h) { return _mm512_cvtph_ps(h); }
 HVDC_INLINE void vstore_half_(void *p, vhalf h) { _mm256_storeu_si256((__m256i *)p, h); }
+HVDC_INLINE __m512i join_plane_(const uint8_t *p, int shift) {
+    return _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)), shift);
+}
+HVDC_INLINE vf vjoin_bytes(const uint8_t *p, int64_t stride) {
+    const __m512i lo = _mm512_or_si512(join_plane_(p, 0), join_plane_(p + stride, 8));
+    return _mm512_castsi512_ps(_mm512_or_si512(lo, _mm512_or_si512(join_plane_(p + 2 * stride, 16),
+                                                                   join_plane_(p + 3 * stride, 24))));
+}
+#if defined(__AVX512BW__)
+#define HVDC_BYTE_PLANES4
+/* the 4 x 4 transpose of the 128-bit lanes of a, b, c, d */
+HVDC_INLINE void transpose_lanes_(__m512i *a, __m512i *b, __m512i *c, __m512i *d) {
+    const __m512i u0 = _mm512_shuffle_i32x4(*a, *b, 0x44), u1 = _mm512_shuffle_i32x4(*a, *b, 0xEE);
+    const __m512i u2 = _mm512_shuffle_i32x4(*c, *d, 0x44), u3 = _mm512_shuffle_i32x4(*c, *d, 0xEE);
+    *a = _mm512_shuffle_i32x4(u0, u2, 0x88), *b = _mm512_shuffle_i32x4(u0, u2, 0xDD);
+    *c = _mm512_shuffle_i32x4(u1, u3, 0x88), *d = _mm512_shuffle_i32x4(u1, u3, 0xDD);
+}
+HVDC_INLINE void vjoin_bytes4(const uint8_t *p, int64_t stride, vf v[4]) {
+    const __m512i a0 = _mm512_loadu_si512(p), a1 = _mm512_loadu_si512(p + stride);
+    const __m512i a2 = _mm512_loadu_si512(p + 2 * stride), a3 = _mm512_loadu_si512(p + 3 * stride);
+    const __m512i t0 = _mm512_unpacklo_epi8(a0, a1), t1 = _mm512_unpackhi_epi8(a0, a1);
+    const __m512i t2 = _mm512_unpacklo_epi8(a2, a3), t3 = _mm512_unpackhi_epi8(a2, a3);
+    /* lane L of w_j: the floats 16 L + 4 j .. 16 L + 4 j + 3 */
+    __m512i w0 = _mm512_unpacklo_epi16(t0, t2), w1 = _mm512_unpackhi_epi16(t0, t2);
+    __m512i w2 = _mm512_unpacklo_epi16(t1, t3), w3 = _mm512_unpackhi_epi16(t1, t3);
+    transpose_lanes_(&w0, &w1, &w2, &w3);
+    v[0] = _mm512_castsi512_ps(w0), v[1] = _mm512_castsi512_ps(w1);
+    v[2] = _mm512_castsi512_ps(w2), v[3] = _mm512_castsi512_ps(w3);
+}
+HVDC_INLINE void vsplit_bytes4(const float *x, uint8_t *p, int64_t stride) {
+    __m512i w0 = _mm512_loadu_si512(x), w1 = _mm512_loadu_si512(x + 16);
+    __m512i w2 = _mm512_loadu_si512(x + 32), w3 = _mm512_loadu_si512(x + 48);
+    transpose_lanes_(&w0, &w1, &w2, &w3); /* lane L of w_j: the floats 16 L + 4 j .. + 3 */
+    /* each lane's four floats as [their byte 0 | byte 1 | byte 2 | byte 3] */
+    const __m512i by_byte = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
+    w0 = _mm512_shuffle_epi8(w0, by_byte), w1 = _mm512_shuffle_epi8(w1, by_byte);
+    w2 = _mm512_shuffle_epi8(w2, by_byte), w3 = _mm512_shuffle_epi8(w3, by_byte);
+    const __m512i lo01 = _mm512_unpacklo_epi32(w0, w1), hi01 = _mm512_unpackhi_epi32(w0, w1);
+    const __m512i lo23 = _mm512_unpacklo_epi32(w2, w3), hi23 = _mm512_unpackhi_epi32(w2, w3);
+    _mm512_storeu_si512(p, _mm512_unpacklo_epi64(lo01, lo23));
+    _mm512_storeu_si512(p + stride, _mm512_unpackhi_epi64(lo01, lo23));
+    _mm512_storeu_si512(p + 2 * stride, _mm512_unpacklo_epi64(hi01, hi23));
+    _mm512_storeu_si512(p + 3 * stride, _mm512_unpackhi_epi64(hi01, hi23));
+}
+#endif
 
 #elif defined(__AVX2__) /* ---------------------------------------------------------------- */
 #define VW 8
@@ -221,6 +269,46 @@ HVDC_INLINE vf vfrom_half(vhalf h) {
 }
 HVDC_INLINE void vstore_half_(void *p, vhalf h) { memcpy(p, h.h, sizeof h.h); }
 #endif
+HVDC_INLINE __m256i join_plane_(const uint8_t *p, int shift) {
+    return _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)), shift);
+}
+HVDC_INLINE vf vjoin_bytes(const uint8_t *p, int64_t stride) {
+    const __m256i lo = _mm256_or_si256(join_plane_(p, 0), join_plane_(p + stride, 8));
+    return _mm256_castsi256_ps(_mm256_or_si256(lo, _mm256_or_si256(join_plane_(p + 2 * stride, 16),
+                                                                   join_plane_(p + 3 * stride, 24))));
+}
+#define HVDC_BYTE_PLANES4
+HVDC_INLINE void vjoin_bytes4(const uint8_t *p, int64_t stride, vf v[4]) {
+    const __m256i a0 = _mm256_loadu_si256((const __m256i *)p), a1 = _mm256_loadu_si256((const __m256i *)(p + stride));
+    const __m256i a2 = _mm256_loadu_si256((const __m256i *)(p + 2 * stride));
+    const __m256i a3 = _mm256_loadu_si256((const __m256i *)(p + 3 * stride));
+    const __m256i t0 = _mm256_unpacklo_epi8(a0, a1), t1 = _mm256_unpackhi_epi8(a0, a1);
+    const __m256i t2 = _mm256_unpacklo_epi8(a2, a3), t3 = _mm256_unpackhi_epi8(a2, a3);
+    /* lane L of w_j: the floats 16 L + 4 j .. 16 L + 4 j + 3 */
+    const __m256i w0 = _mm256_unpacklo_epi16(t0, t2), w1 = _mm256_unpackhi_epi16(t0, t2);
+    const __m256i w2 = _mm256_unpacklo_epi16(t1, t3), w3 = _mm256_unpackhi_epi16(t1, t3);
+    v[0] = _mm256_castsi256_ps(_mm256_permute2x128_si256(w0, w1, 0x20));
+    v[1] = _mm256_castsi256_ps(_mm256_permute2x128_si256(w2, w3, 0x20));
+    v[2] = _mm256_castsi256_ps(_mm256_permute2x128_si256(w0, w1, 0x31));
+    v[3] = _mm256_castsi256_ps(_mm256_permute2x128_si256(w2, w3, 0x31));
+}
+HVDC_INLINE void vsplit_bytes4(const float *x, uint8_t *p, int64_t stride) {
+    const __m256i v0 = _mm256_loadu_si256((const __m256i *)x), v1 = _mm256_loadu_si256((const __m256i *)(x + 8));
+    const __m256i v2 = _mm256_loadu_si256((const __m256i *)(x + 16)), v3 = _mm256_loadu_si256((const __m256i *)(x + 24));
+    /* lane L of w_j: the floats 16 L + 4 j .. + 3, each lane's four as [their byte 0 | 1 | 2 | 3] */
+    const __m256i by_byte = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
+                                             0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m256i w0 = _mm256_shuffle_epi8(_mm256_permute2x128_si256(v0, v2, 0x20), by_byte);
+    const __m256i w1 = _mm256_shuffle_epi8(_mm256_permute2x128_si256(v0, v2, 0x31), by_byte);
+    const __m256i w2 = _mm256_shuffle_epi8(_mm256_permute2x128_si256(v1, v3, 0x20), by_byte);
+    const __m256i w3 = _mm256_shuffle_epi8(_mm256_permute2x128_si256(v1, v3, 0x31), by_byte);
+    const __m256i lo01 = _mm256_unpacklo_epi32(w0, w1), hi01 = _mm256_unpackhi_epi32(w0, w1);
+    const __m256i lo23 = _mm256_unpacklo_epi32(w2, w3), hi23 = _mm256_unpackhi_epi32(w2, w3);
+    _mm256_storeu_si256((__m256i *)p, _mm256_unpacklo_epi64(lo01, lo23));
+    _mm256_storeu_si256((__m256i *)(p + stride), _mm256_unpackhi_epi64(lo01, lo23));
+    _mm256_storeu_si256((__m256i *)(p + 2 * stride), _mm256_unpacklo_epi64(hi01, hi23));
+    _mm256_storeu_si256((__m256i *)(p + 3 * stride), _mm256_unpackhi_epi64(hi01, hi23));
+}
 
 #else /* plain C --------------------------------------------------------------------------- */
 #define VW 8
@@ -286,6 +374,14 @@ HVDC_INLINE int vcompress_store(float *val, int32_t *idx, unsigned take, vf a, i
 HVDC_INLINE vhalf vto_half(vf a) { vhalf h; VLANES(k) h.h[k] = (_Float16)a.v[k]; return h; }
 HVDC_INLINE vf vfrom_half(vhalf h) { vf r; VLANES(k) r.v[k] = (float)h.h[k]; return r; }
 HVDC_INLINE void vstore_half_(void *p, vhalf h) { memcpy(p, h.h, sizeof h.h); }
+HVDC_INLINE vf vjoin_bytes(const uint8_t *p, int64_t stride) {
+    uint32_t u[VW];
+    VLANES(k) u[k] = (uint32_t)p[k] | (uint32_t)p[stride + k] << 8 | (uint32_t)p[2 * stride + k] << 16
+                     | (uint32_t)p[3 * stride + k] << 24;
+    vf r;
+    memcpy(r.v, u, sizeof u);
+    return r;
+}
 #undef VLANES
 #endif /* ---------------------------------------------------------------------------------- */
 
@@ -313,6 +409,28 @@ HVDC_INLINE void vstore_n(float *p, vf v, int len) {
     if (len == VW) vstore(p, v);
     else vstore_partial(p, v, len);
 }
+/* the floats whose byte k (little-endian: 0 the lowest) is p[k stride + i], i < len */
+HVDC_INLINE vf vjoin_bytes_n(const uint8_t *p, int64_t stride, int len) {
+    if (len == VW) return vjoin_bytes(p, stride);
+    uint32_t u[VW] = {0};
+    for (int i = 0; i < len; i++)
+        u[i] = (uint32_t)p[i] | (uint32_t)p[stride + i] << 8 | (uint32_t)p[2 * stride + i] << 16
+               | (uint32_t)p[3 * stride + i] << 24;
+    float f[VW];
+    memcpy(f, u, sizeof u);
+    return vload(f);
+}
+#if !defined(HVDC_BYTE_PLANES4) /* the layers without their own: VW floats at a time */
+HVDC_INLINE void vjoin_bytes4(const uint8_t *p, int64_t stride, vf v[4]) {
+    for (int j = 0; j < 4; j++) v[j] = vjoin_bytes(p + j * VW, stride);
+}
+HVDC_INLINE void vsplit_bytes4(const float *x, uint8_t *p, int64_t stride) {
+    const uint8_t *b = (const uint8_t *)x;
+    for (int i = 0; i < 4 * VW; i++) {
+        p[i] = b[4 * i], p[stride + i] = b[4 * i + 1], p[2 * stride + i] = b[4 * i + 2], p[3 * stride + i] = b[4 * i + 3];
+    }
+}
+#endif
 /* VW halves (2 bytes each) at p, the first len of them */
 HVDC_INLINE void vstore_half(void *p, vhalf h, int len) {
     if (len == VW) { vstore_half_(p, h); return; }

@@ -87,6 +87,8 @@ SIGNATURES = {
     # Lossless
     "hvdc_byte_shuffle": ((ptr, i64, i64, ptr), None),
     "hvdc_byte_unshuffle_add": ((ptr, i64, c_int, f32, c_int, ptr), None),
+    "hvdc_lossless_encode": ((ptr, i64, i64, c_int, ptr, ptr, ptr, ptr, i64), i64),
+    "hvdc_lossless_decode_add": ((ptr, i64, i64, i64, ptr, ptr, ptr, c_int, f32, c_int, ptr), i64),
 }
 
 

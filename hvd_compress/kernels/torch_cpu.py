@@ -19,7 +19,7 @@ import torch
 from ..backend import backend_for, ceil_div
 from ..memory import MomentumMemory, ResidualMemory
 from ..schemes.casts import BF16, FP16
-from ..schemes.lossless import Lossless
+from ..schemes.lossless import Lossless, native_coder
 from ..schemes.quantization import QSGD, EFSignSGD, Int8, OneBit, SignSGD, TernGrad
 from ..schemes.sparsification import DGC, RandomK, TopK, Threshold, _k_for
 from .constants import Framework, HalfDtype, SignMode
@@ -212,44 +212,38 @@ class RandomKCodec(Codec):
 
 
 class LosslessCodec(Codec):
-    """Lossless: the blocked byte shuffle into a kept buffer (one pass), zstd on it
-    with this thread's kept context, and its output handed over without a copy;
-    the decode reads zstd's output one plane block at a time into a buffer that
-    stays in cache and un-shuffles it into the sum at once, scaled in the last
-    rank's pass.  Beyond zstd's own time: the shuffle's pass, and the decode's
-    writes into the output where zstd alone writes its planes."""
+    """Lossless, one zstd frame per block: each block shuffled into a buffer that
+    stays in the L2 cache and compressed from there by this thread's kept zstd
+    context straight into a kept payload buffer; the decode decompresses each
+    frame into that buffer and un-shuffles it into the sum at once, scaled in the
+    last rank's pass.  Beyond zstd's own passes: the shuffle's and the
+    un-shuffle's work on cached blocks, and the output's write in place of
+    zstd's write of the planes."""
+
+    def __init__(self, lib, scheme, coder):
+        super().__init__(lib, scheme)
+        self.coder = coder
 
     def encode(self, x, r, ws, ctx):
-        import warnings
-        from ..schemes.lossless import PLANE_BLOCK, compressor
+        from ..schemes.lossless import PLANE_BLOCK, encode_into
         n = x.numel()
-        planes = buffer(ws, "planes", 4 * n, torch.uint8)
-        self.lib.hvdc_byte_shuffle(_p(x), n, PLANE_BLOCK, _p(planes))
-        blob = compressor(self.scheme.level).compress(planes.numpy())
-        if not blob:
-            return {"bytes": torch.zeros(0, dtype=torch.uint8)}
-        with warnings.catch_warnings():  # zstd's bytes are read-only; nothing writes to a payload
-            warnings.simplefilter("ignore", UserWarning)
-            return {"bytes": torch.frombuffer(blob, dtype=torch.uint8)}
+        cap = self.coder[1].bound(n, PLANE_BLOCK)
+        blob = buffer(ws, "blob", cap, torch.uint8)
+        return {"bytes": blob[:encode_into(self.coder, x.data_ptr(), n, self.scheme.level, blob.data_ptr(), cap)]}
 
     def aggregate(self, payloads, numel, local, scale, out, ws):
-        from ..schemes.lossless import unshuffle_blocks
+        from ..schemes.lossless import decode_add_into
         out = output(ws, out, numel)
         s, scaled = _scale_args(scale)
-        base = out.data_ptr()
         for j, p in enumerate(payloads):
-            first, last_scaled = int(j == 0), scaled if j == len(payloads) - 1 else 0
-
-            def add_block(planes, lo, m, first=first, last_scaled=last_scaled):
-                self.lib.hvdc_byte_unshuffle_add(planes.ctypes.data, m, first, s, last_scaled,
-                                                 ctypes.c_void_p(base + 4 * lo))
-
-            unshuffle_blocks(p["bytes"].contiguous().numpy(), numel, add_block)
+            blob = p["bytes"].contiguous()
+            decode_add_into(self.coder, blob.data_ptr(), blob.numel(), numel, out.data_ptr(), int(j == 0), s,
+                            scaled if j == len(payloads) - 1 else 0)
         return out
 
 
 FUSED = {Int8: Int8Codec, TopK: TopKCodec, Threshold: ThresholdCodec, DGC: DGCCodec, OneBit: OneBitCodec,
-         QSGD: QSGDCodec, TernGrad: TernGradCodec, RandomK: RandomKCodec, Lossless: LosslessCodec}
+         QSGD: QSGDCodec, TernGrad: TernGradCodec, RandomK: RandomKCodec}
 
 
 def codec_for(scheme, memory, x):
@@ -271,6 +265,9 @@ def codec_for(scheme, memory, x):
         return None
     if cls in FUSED:
         return FUSED[cls](lib, scheme)
+    if cls is Lossless:
+        coder = native_coder()
+        return None if coder is None else LosslessCodec(lib, scheme, coder)
     if cls is SignSGD:
         return SignCodec(lib, scheme, SignMode.SIGNSGD)
     if cls is EFSignSGD:

@@ -667,6 +667,12 @@ def _vector_path_results(lib, n):
             dec, scales = torch.empty(n), torch.cat([scale, scale * 2])
             lib.hvdc_terngrad_decode_sum(2, _ptrs([t, t]), _p(scales), n, ctypes.c_float(0.5), 1, _p(dec))
             out[f"terngrad/{fw}/{name}"] = (r, t, scale, dec)
+    for block in (0, 5, 100):  # Lossless's byte planes: one block, blocks shorter than a step, and with a tail
+        planes = torch.zeros(4 * n, dtype=torch.uint8)
+        lib.hvdc_byte_shuffle(_p(x), n, block, _p(planes))
+        dec = torch.full((n,), 2.0)
+        lib.hvdc_byte_unshuffle_add(_p(planes), n, 0, ctypes.c_float(0.5), 1, _p(dec))
+        out[f"planes/{block}"] = (planes, dec)
     for dtype in (0, 1):  # IEEE half, bfloat16
         r, h = r0.clone(), torch.zeros(n, dtype=torch.int16)
         lib.hvdc_half_encode(_p(x), _p(r), n, dtype, _p(h))
