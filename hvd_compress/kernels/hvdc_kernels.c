@@ -724,7 +724,14 @@ void hvdc_unsend(float *r, const int32_t *idx, const float *val, i64 c) {
 void hvdc_sample_magnitudes(const float *x, const float *r, i64 n, i64 stride, enum hvdc_nan_rule nan_rule,
                             float *out) {
     const int nan_large = nan_rule == HVDC_NAN_LARGEST;
-    for (i64 i = 0, j = 0; i < n; i += stride, j++) out[j] = magnitude(r ? x[i] + r[i] : x[i], nan_large);
+    enum { AHEAD = 16 };  /* each sample a cache miss in x and r: the lines AHEAD samples on are asked for now */
+    for (i64 i = 0, j = 0; i < n; i += stride, j++) {
+        if (i + AHEAD * stride < n) {
+            __builtin_prefetch(x + i + AHEAD * stride);
+            if (r) __builtin_prefetch(r + i + AHEAD * stride);
+        }
+        out[j] = magnitude(r ? x[i] + r[i] : x[i], nan_large);
+    }
 }
 
 /* the k-th largest of v[0..m) (1 <= k <= m), by quickselect; v is permuted */
@@ -937,9 +944,17 @@ static void topk_select(const i64 *cand, const float *cand_val, i64 c, i64 k, en
                 if (magnitude_key(cand_val[j], nan_large) >= sent_key) acc[cand[j]] = keep_finite(cand_val[j]);
         return;
     }
-    uint32_t *hist = calloc((size_t)1 << HI, sizeof(uint32_t));
+    /* two histograms, even and odd candidates, summed after: neighbouring candidates often share a
+     * bin, and one histogram would chain their increments through memory */
+    uint32_t *hist = calloc((size_t)2 << HI, sizeof(uint32_t)), *hist2 = hist + ((size_t)1 << HI);
     if (!hist) return;
-    for (i64 j = 0; j < c; j++) hist[magnitude_key(cand_val[j], nan_large) >> LO]++;
+    i64 j2 = 0;
+    for (; j2 + 2 <= c; j2 += 2) {
+        hist[magnitude_key(cand_val[j2], nan_large) >> LO]++;
+        hist2[magnitude_key(cand_val[j2 + 1], nan_large) >> LO]++;
+    }
+    if (j2 < c) hist[magnitude_key(cand_val[j2], nan_large) >> LO]++;
+    for (size_t b = 0; b < (size_t)1 << HI; b++) hist[b] += hist2[b];
     i64 above = 0;  /* keys in the bins above bin */
     uint32_t bin = (1u << HI) - 1;
     while (above + hist[bin] < k) above += hist[bin--];
@@ -1114,9 +1129,10 @@ typedef struct {
     i64 len_bytes, byte;             /* the bit area's bytes; the next 64-bit word's offset in it */
     uint64_t word;                   /* the current word's bits not yet read */
     i64 first;                       /* the ordinal of buf[0] */
+    i64 top;                         /* the largest index in buf */
     int have, at;                    /* buf[at..have): decoded, not yet added */
     int status;                      /* 0, -1 raw indices not ascending, -2 an index outside [0, n) or too few */
-    i64 buf[INDEX_CHUNK];
+    i64 buf[INDEX_CHUNK + 64];       /* room past the chunk: bit_positions writes whole groups of 8 */
 } index_stream;
 
 /* the positions of the next m set bits of the stream's bit area, minus their ordinal where ef,
@@ -1136,8 +1152,14 @@ static int index_stream_high(index_stream *st, i64 m, int ef) {
         }
         if (!w) break;
         const i64 at = byte * 8 - (ef ? ord : 0);
-        if (ef) do { buf[got] = at + __builtin_ctzll(w) - got; w &= w - 1; got++; } while (w && got < m);
-        else do { buf[got++] = at + __builtin_ctzll(w); w &= w - 1; } while (w && got < m);
+        if (got + __builtin_popcountll(w) <= m) {  /* the whole word */
+            got += bit_positions(w, at - (ef ? got : 0), ef, buf + got);
+            w = 0;
+        } else if (ef) {  /* the chunk ends inside it */
+            do { buf[got] = at + __builtin_ctzll(w) - got; w &= w - 1; got++; } while (w && got < m);
+        } else {
+            do { buf[got++] = at + __builtin_ctzll(w); w &= w - 1; } while (w && got < m);
+        }
     }
     st->word = w;
     st->byte = byte;
@@ -1202,6 +1224,7 @@ static void index_stream_fill(index_stream *st) {
         hi = buf[t] > hi ? buf[t] : hi;
     }
     if (lo < 0 || hi >= st->n) st->status = -2;
+    st->top = hi;
     st->j += got;
     st->have = st->status ? 0 : got;
     st->at = 0;
@@ -1223,42 +1246,40 @@ static void index_stream_init(index_stream *st, const uint8_t *in, enum hvdc_ind
 
 /* One rank's payload (the usual case of a one-rank decode, and every rank's own share of the
  * work): the code decoded a chunk of indices at a time into the stream's buffer in L1 (a tight
- * loop per part of the code, not one branchy step per index), each value then written into the
- * zeroed block while the block is in L1.  Same results and answers as the general path below. */
+ * loop per part of the code, not one branchy step per index); the output zeroed block by block
+ * up to the block of the chunk's largest index, just ahead of the chunk's values written into it
+ * (in cache: the output is written once, with no copy through a block buffer and no test per
+ * index but whether the indices ascend).  Same results as the general path below; a code whose
+ * indices do not strictly ascend is rejected (-2) after its chunk was written. */
 static i64 sparse_decode_one(const uint8_t *in, enum hvdc_index_code code, int low, i64 k, const void *vals,
                              int bf16, i64 n, float s, int scaled, float *out) {
     enum { BLOCK = 4096 };
-    float blk[BLOCK] __attribute__((aligned(64)));
     const float *vf = (const float *)vals;
     const uint16_t *vh = (const uint16_t *)vals;
     index_stream st;
     index_stream_init(&st, in, code, low, k, n);
-    i64 lo = 0, hi = BLOCK < n ? BLOCK : n;
-    memset(blk, 0, (size_t)(hi - lo) * sizeof(float));
+    i64 zeroed = 0, prev = -1;  /* out[0, zeroed) is zeroed */
     while (st.j < k) {
         index_stream_fill(&st);
         if (st.status) return st.status;
         const i64 *ib = st.buf, base = st.first;
-        for (int t = 0; t < st.have; t++) {
-            const i64 at = ib[t];
-            while (at >= hi) {  /* the block is done: out, and the next one zeroed */
-                memcpy(out + lo, blk, (size_t)(hi - lo) * sizeof(float));
-                lo = hi;
-                hi = lo + BLOCK < n ? lo + BLOCK : n;
-                memset(blk, 0, (size_t)(hi - lo) * sizeof(float));
-            }
-            if (at < lo) return -2;  /* a code whose indices descend across a block */
-            const float v = 0.0f + (bf16 ? from_bf16(vh[base + t]) : vf[base + t]);  /* as index_add_ into zeros */
-            blk[at - lo] = scaled ? v * s : v;
+        const i64 upto = st.have ? ((st.top / BLOCK + 1) * BLOCK < n ? (st.top / BLOCK + 1) * BLOCK : n) : zeroed;
+        for (; zeroed < upto; zeroed += BLOCK) {
+            const i64 end = zeroed + BLOCK < n ? zeroed + BLOCK : n;
+            memset(out + zeroed, 0, (size_t)(end - zeroed) * sizeof(float));
         }
+        zeroed = upto > zeroed ? upto : zeroed;
+        int bad = 0;
+        for (int t = 0; t < st.have; t++) {  /* 0 + v as index_add_ into zeros (-0 -> +0), [* s] */
+            const i64 at = ib[t];
+            const float v = 0.0f + (bf16 ? from_bf16(vh[base + t]) : vf[base + t]);
+            out[at] = scaled ? v * s : v;
+            bad |= at <= prev;
+            prev = at;
+        }
+        if (bad) return -2;
     }
-    for (;;) {
-        memcpy(out + lo, blk, (size_t)(hi - lo) * sizeof(float));
-        lo = hi;
-        if (lo >= n) break;
-        hi = lo + BLOCK < n ? lo + BLOCK : n;
-        memset(blk, 0, (size_t)(hi - lo) * sizeof(float));
-    }
+    if (zeroed < n) memset(out + zeroed, 0, (size_t)(n - zeroed) * sizeof(float));
     return 0;
 }
 

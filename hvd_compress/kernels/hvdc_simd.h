@@ -15,6 +15,7 @@
  *   vsplit_bytes4                      the inverse: 4 VW floats into four byte planes
  *   vcompress_store                    the lanes of a mask and their positions, packed
  *   vcompress_i64                      the int64 entries of a mask, packed
+ *   bit_positions                      the positions of a 64-bit word's set bits
  *
  * Every float operation rounds as its scalar C form does (no FMA, no reassociation), so
  * a kernel gives the same bits on every layer; only the reductions' lane counts differ
@@ -393,6 +394,35 @@ HVDC_INLINE int vcompress_i64(int64_t *dst, const int64_t *src, unsigned take) {
     int o = 0;
     for (int k = 0; k < VW; k++) { dst[o] = src[k]; o += (int)((take >> k) & 1u); }
     return o;
+}
+#endif
+
+/* base + the position of each set bit of w - ramp * its rank (ramp 0 or 1), ascending, into out
+ * (room for 64 + 8: whole groups of 8 are written); returns how many.  With AVX-512 VBMI2 the
+ * positions are compressed from a vector of 0..63 by w as a byte mask, eight widened at a time;
+ * else one per set bit. */
+#if defined(__AVX512VBMI2__) && defined(__AVX512BW__)
+HVDC_INLINE int bit_positions(uint64_t w, int64_t base, int ramp, int64_t *out) {
+    static const uint8_t iota8[64] = {0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15,
+                                      16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31,
+                                      32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47,
+                                      48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63};
+    uint8_t pos[64];
+    _mm512_storeu_si512((void *)pos, _mm512_maskz_compress_epi8((__mmask64)w, _mm512_loadu_si512((const void *)iota8)));
+    const int cnt = __builtin_popcountll(w);
+    const __m512i rank8 = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7);
+    __m512i b = _mm512_sub_epi64(_mm512_set1_epi64(base), ramp ? rank8 : _mm512_setzero_si512());
+    const __m512i step = _mm512_set1_epi64(ramp ? 8 : 0);
+    for (int q = 0; q < cnt; q += 8, b = _mm512_sub_epi64(b, step))
+        _mm512_storeu_si512((void *)(out + q),
+                            _mm512_add_epi64(_mm512_cvtepu8_epi64(_mm_loadl_epi64((const __m128i *)(pos + q))), b));
+    return cnt;
+}
+#else
+HVDC_INLINE int bit_positions(uint64_t w, int64_t base, int ramp, int64_t *out) {
+    int cnt = 0;
+    for (; w; w &= w - 1, cnt++) out[cnt] = base + __builtin_ctzll(w) - (ramp ? cnt : 0);
+    return cnt;
 }
 #endif
 
