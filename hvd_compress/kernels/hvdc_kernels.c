@@ -997,8 +997,8 @@ static void topk_select(const i64 *cand, const float *cand_val, i64 c, i64 k, en
     const uint32_t t = (bin << LO) | low;
     i64 ties = k - above, o = 0, j = 0, nfix = 0;  /* the first `ties` candidates equal to t, in index order, are kept */
     uint32_t *fix = (uint32_t *)tmp;  /* with acc: candidates whose residual is settled below (c < 2^31), kept ones flagged */
-    if (pk && nan_large && float_order_holds(t) && (!acc || float_order_holds(sent_key))) {
-        /* the vector compaction; fix then holds every candidate to settle */
+    const int vector_pack = pk && nan_large && float_order_holds(t) && (!acc || float_order_holds(sent_key));
+    if (vector_pack) {  /* the vector compaction; fix then holds every candidate to settle */
         nfix = topk_compact_pack(cand, cand_val, c, t, ties, acc != NULL, sent_key, fix, pk);
         j = c;
     }
@@ -1028,7 +1028,7 @@ static void topk_select(const i64 *cand, const float *cand_val, i64 c, i64 k, en
             oc = 0;
         }
     }
-    if (pk && !nan_large) topk_pack_put(pk, chunk_idx, chunk_val, oc);
+    if (pk && !vector_pack) topk_pack_put(pk, chunk_idx, chunk_val, oc);
     if (acc) {
         for (i64 d = 0; d < nfix; d++) {
             const i64 jj = fix[d] & 0x7FFFFFFFu;

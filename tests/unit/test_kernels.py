@@ -203,12 +203,14 @@ def _kept_magnitudes_exact(x, idx, k):
 
 
 @pytest.mark.parametrize("values", ["float32", "bf16"])
-@pytest.mark.parametrize("case", ["ties", "sample_overshoots", "sample_undershoots", "all_zero", "mostly_zero"])
+@pytest.mark.parametrize("case", ["ties", "sample_overshoots", "sample_undershoots", "all_zero", "mostly_zero",
+                                  "denormal"])
 def test_topk_exact_up_to_ties(case, values):
     """Exact k even where the sample misses: ties at the k-th magnitude, a
     sample that sees only large values (the threshold lowered, then the eager
     fallback), one that sees only small ones (more candidates than the room: collected
-    again with room), zeros; and the residual the candidate pass writes as if sent is
+    again with room), zeros, magnitudes below the smallest normal float (the selection's
+    scalar compaction); and the residual the candidate pass writes as if sent is
     put back wherever a candidate is not sent."""
     from hvd_compress.kernels.plan import fused_topk_plan
     n = (1 << 18) + 3
@@ -224,6 +226,8 @@ def test_topk_exact_up_to_ties(case, values):
         x[::fused_topk_plan(n, k)[0]] *= 0.5
     elif case == "all_zero":
         x.zero_()
+    elif case == "denormal":
+        x *= 1e-39
     else:
         x[torch.rand(n, generator=gen) > 0.005] = 0.0
     r = torch.zeros(n)
