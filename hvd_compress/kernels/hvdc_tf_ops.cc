@@ -78,6 +78,7 @@ REGISTER_OP("HvdcTopKEncode")
     .Attr("k: int >= 1")
     .Attr("stride: int >= 1")
     .Attr("want: int >= 1")
+    .Attr("sent_rank: int >= 1")  // plan.fused_topk_sent_rank: the sample's estimate of the k-th largest
     .Attr("code: int")  // enum hvdc_index_code
     .Attr("low: int")
     .Attr("nbytes: int")
@@ -429,6 +430,7 @@ class TopKEncodeOp : public OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("k", &k_));
     OP_REQUIRES_OK(c, c->GetAttr("stride", &stride_));
     OP_REQUIRES_OK(c, c->GetAttr("want", &want_));
+    OP_REQUIRES_OK(c, c->GetAttr("sent_rank", &sent_rank_));
     OP_REQUIRES_OK(c, c->GetAttr("nbytes", &nbytes_));
     OP_REQUIRES_OK(c, c->GetAttr("M", &m_));
     OP_REQUIRES_OK(c, GetCodeAttr(c, &code_));
@@ -444,56 +446,65 @@ class TopKEncodeOp : public OpKernel {
   }
 
  private:
-  // sampled threshold, one pass forming acc = x + r and collecting the
-  // candidates, the exact k among them, the residual cleared where sent
+  // Sampled threshold; one pass forming acc = x + r and collecting the candidates, with error
+  // feedback writing each candidate's residual as if sent (0, or its bfloat16 rounding error) from the
+  // sample's estimate of the k-th largest on; the exact k among them packed as the payload as they are
+  // kept, and the residuals on the wrong side of the estimate settled (hvdc_topk_select_pack): torch's
+  // TopKCodec in one op
   void Encode(OpKernelContext *ctx, const float *x, float *r) {
-    Tensor sample_t, cand_t, cval_t, kept_t, tmp_t;
+    Tensor sample_t, cand_t, cval_t, tmp_t;
     const i64 m = (n_ + stride_ - 1) / stride_;
     float *sample = Alloc<float>(ctx, &sample_t, DT_FLOAT, m);
     if (!sample) return;
     hvdc_sample_magnitudes(x, r, n_, stride_, HVDC_NAN_LARGEST, sample);
-    float thr = hvdc_kth_largest(sample, m, std::min(want_, m));
+    const i64 want = std::min(want_, m);
+    float thr = hvdc_kth_largest(sample, m, want);
+    const hvdc_sent_rule sent = !r ? HVDC_SENT_KEPT : bf16_values_ ? HVDC_SENT_BF16 : HVDC_SENT_ZERO;
+    // among the `want` largest the partial sort left in front
+    const float thr_sent = sent != HVDC_SENT_KEPT ? hvdc_kth_largest(sample, want, std::min(sent_rank_, want)) : thr;
     i64 cap = HVDC_TOPK_ROOM_PER_K * k_ + HVDC_TOPK_ROOM_SLACK;
     i64 *cand = Alloc<i64>(ctx, &cand_t, DT_INT64, cap);
     float *cval = Alloc<float>(ctx, &cval_t, DT_FLOAT, cap);
     if (!cand || !cval) return;
-    i64 c = hvdc_compensate_select(x, r, n_, thr, HVDC_AT_LEAST, HVDC_NAN_LARGEST, cand, cval, cap);
-    const float *acc = r ? r : x;
+    i64 c = hvdc_compensate_select_sent(x, r, n_, thr, HVDC_AT_LEAST, HVDC_NAN_LARGEST, sent, thr_sent, cand, cval, cap);
+    // collected again from acc, as it is in r (or x without error feedback)
+    auto collect_again = [&]() {
+      return r ? hvdc_compensate_select_sent(nullptr, r, n_, thr, HVDC_AT_LEAST, HVDC_NAN_LARGEST, sent, thr_sent,
+                                             cand, cval, cap)
+               : hvdc_compensate_select_sent(x, nullptr, n_, thr, HVDC_AT_LEAST, HVDC_NAN_LARGEST, sent, thr_sent,
+                                             cand, cval, cap);
+    };
     for (int lowered = 0;; lowered++) {
-      if (c > cap) {  // more candidates than room: collect again from acc, with room
+      if (c > cap) {  // more candidates than room: residuals put back, collected again with room
+        if (r) hvdc_restore_candidates(r, cand, cval, cap, 0);
         cap = c;
         cand = Alloc<i64>(ctx, &cand_t, DT_INT64, cap);
         cval = Alloc<float>(ctx, &cval_t, DT_FLOAT, cap);
         if (!cand || !cval) return;
-        c = hvdc_compensate_select(acc, nullptr, n_, thr, HVDC_AT_LEAST, HVDC_NAN_LARGEST, cand, cval, cap);
+        c = collect_again();
       }
       if (c >= k_) break;
       // the sample overshot (fewer than k candidates): a lower threshold, one more
       // read of acc (as the torch codec); after that many tries every element is a candidate
+      if (r) hvdc_restore_candidates(r, cand, cval, c, 0);
       thr = lowered < HVDC_TOPK_LOWERINGS ? thr / 4.0f : -INFINITY;
-      c = hvdc_compensate_select(acc, nullptr, n_, thr, HVDC_AT_LEAST, HVDC_NAN_LARGEST, cand, cval, cap);
+      c = collect_again();
     }
     Tensor *idx_out = nullptr, *val_out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({code_ == HVDC_CODE_RAW ? k_ : nbytes_}), &idx_out));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({k_}), &val_out));
-    Tensor vals_t;
-    i64 *kept = Alloc<i64>(ctx, &kept_t, DT_INT64, k_);
     float *tmp = Alloc<float>(ctx, &tmp_t, DT_FLOAT, c);
-    float *vals = bf16_values_ ? Alloc<float>(ctx, &vals_t, DT_FLOAT, k_) : val_out->flat<float>().data();
-    if (!kept || !tmp || !vals) return;
-    hvdc_topk_fixup(cand, cval, c, k_, HVDC_NAN_LARGEST, kept, vals, tmp);
-    // with bfloat16 values their kernel writes the residual where sent: only the non-finite candidates here
-    if (r) hvdc_clear_sent(r, kept, bf16_values_ ? 0 : k_, cand, cval, c);
-    if (bf16_values_)  // the bits, and the residual where sent: acc - float(bits)
-      hvdc_sparse_bf16_encode(vals, k_, kept, r, reinterpret_cast<uint16_t *>(val_out->flat<int16_t>().data()));
+    if (!tmp) return;
     auto *coded = reinterpret_cast<uint8_t *>(const_cast<char *>(idx_out->tensor_data().data()));
-    hvdc_index_encode(kept, k_, n_, code_, low_, coded, nbytes_);
+    void *vals = const_cast<char *>(val_out->tensor_data().data());
+    hvdc_topk_select_pack(cand, cval, c, k_, HVDC_NAN_LARGEST, tmp, r, sent, thr_sent, code_, low_, coded, nbytes_,
+                          bf16_values_ ? 1 : 0, vals);
   }
 
   int m_, low_;
   bool bf16_values_;
   hvdc_index_code code_;
-  int64_t n_, k_, stride_, want_, nbytes_;
+  int64_t n_, k_, stride_, want_, sent_rank_, nbytes_;
 };
 
 class SparseSumOp : public OpKernel {

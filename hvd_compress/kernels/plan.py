@@ -54,6 +54,15 @@ def fused_topk_plan(n, k):
     return stride, min(m, max(1, int(share + margin) + 8))
 
 
+def fused_topk_sent_rank(n, k):
+    """The rank, among the sample's ``want`` largest, of the sample's own estimate of the
+    k-th largest (its share of k, no margin): where the fused candidate pass starts writing
+    residuals as if sent (torch and TF alike)."""
+    stride, want = fused_topk_plan(n, k)
+    m = -(-n // stride)
+    return max(1, min(want, round(k * m / n)))
+
+
 def sampled_topk_plan(n, k):
     """``(stride, want)`` of the eager Top-K (``Backend.topk_indices``), or None
     where a plain top-k is as cheap (fewer than :data:`EAGER_SAMPLE_MIN_NUMEL`

@@ -31,7 +31,7 @@ from ..schemes.casts import BF16, FP16
 from ..schemes.quantization import QSGD, EFSignSGD, Int8, OneBit, SignSGD, TernGrad
 from ..schemes.sparsification import DGC, RandomK, Threshold, TopK, _k_for
 from .constants import SignMode
-from .plan import CODES, fits_fused, fused_topk_plan, fuses_topk
+from .plan import CODES, fits_fused, fused_topk_plan, fused_topk_sent_rank, fuses_topk
 from .tf_native import load
 
 
@@ -75,8 +75,11 @@ class Int8Codec(TFCodec):
 
 class TopKCodec(TFCodec):
     """Sampled threshold, one pass forming ``acc = x + r`` in place and
-    collecting the candidates, the exact k among them (ties in index order),
-    the residual cleared where sent, and the index code -- all in one op."""
+    collecting the candidates (with error feedback, their residuals written as
+    if sent above the sample's estimate of the k-th largest), the exact k among
+    them (ties in index order) packed as the payload as they are kept, the
+    residuals on the wrong side of the estimate settled -- all in one op, on
+    the kernels torch's Top-K codec runs."""
 
     def _code(self, n):
         k = self.scheme.fixed_k(n)
@@ -93,8 +96,8 @@ class TopKCodec(TFCodec):
         k, code, nbytes, low = self._code(n)
         stride, want = fused_topk_plan(n, k)
         idx, val = self.ops.hvdc_top_k_encode(x=x, r=self.residual_handles(r, ctx), T=_idx_dtype(code), n=n, k=k,
-                                              stride=stride, want=want, code=int(CODES[code]), low=low,
-                                              nbytes=nbytes, V=self.val_dtype)
+                                              stride=stride, want=want, sent_rank=fused_topk_sent_rank(n, k),
+                                              code=int(CODES[code]), low=low, nbytes=nbytes, V=self.val_dtype)
         return {"idx": idx, self.val_part: val}
 
     def aggregate(self, payloads, numel, local, scale, out, ws):

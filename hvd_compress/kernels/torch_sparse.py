@@ -14,7 +14,7 @@ from ..coding import _ef_low_bits, index_code_nbytes
 from ..schemes.casts import BF16
 from ..schemes.sparsification import _k_for
 from .constants import NanRule, SentRule, ThresholdRule, TopKPlan
-from .plan import CODES, fused_topk_plan, topk_candidate_room
+from .plan import CODES, fused_topk_plan, fused_topk_sent_rank, topk_candidate_room
 from .torch_codec import Codec, _p, _ptrs, _scale_args, buffer, ctx_float, output
 
 
@@ -229,8 +229,7 @@ class TopKCodec(SparseCodec):
         thr = self.lib.hvdc_kth_largest(_p(sample), sample.numel(), want)
         # the sample's own estimate of the k-th largest (no margin), among the `want` largest the
         # partial sort above left in front: where the candidate pass starts writing residuals as if sent
-        share = max(1, min(want, round(k * sample.numel() / n)))
-        thr_sent = self.lib.hvdc_kth_largest(_p(sample), want, share)
+        thr_sent = self.lib.hvdc_kth_largest(_p(sample), want, fused_topk_sent_rank(n, k))
         return thr, topk_candidate_room(k), thr_sent
 
     def sent_rule(self):
