@@ -781,7 +781,7 @@ typedef struct {
     int code, low;
     i64 j;                 /* indices written so far */
     uint8_t *out, *bits;   /* the code; the bitmap or Elias-Fano's high parts */
-    i64 low_nbytes;
+    i64 low_nbytes, bits_len;
 } index_writer;
 
 static void index_writer_init(index_writer *iw, enum hvdc_index_code code, int low, i64 k, uint8_t *out,
@@ -789,6 +789,7 @@ static void index_writer_init(index_writer *iw, enum hvdc_index_code code, int l
     iw->low_nbytes = code == HVDC_CODE_ELIAS_FANO ? (k * low + 7) / 8 : 0;
     iw->code = code; iw->low = code == HVDC_CODE_ELIAS_FANO ? low : 0; iw->j = 0; iw->out = out;
     iw->bits = out + iw->low_nbytes;
+    iw->bits_len = nbytes - iw->low_nbytes;
     if (code != HVDC_CODE_RAW) memset(out, 0, (size_t)nbytes);
 }
 
@@ -812,7 +813,7 @@ static void index_writer_low(index_writer *iw, const i64 *idx, i64 m) {
     for (i64 t = 0; t < m; t += 8, lp += low) {
         const int cnt = m - t < 8 ? (int)(m - t) : 8;
         uint64_t v = 0;
-        if (cnt == 8) for (int q = 0; q < 8; q++) v |= ((uint64_t)idx[t + q] & mask) << (q * low);
+        if (cnt == 8) v = pack_low8(idx + t, low);
         else for (int q = 0; q < cnt; q++) v |= ((uint64_t)idx[t + q] & mask) << (q * low);
         if (end - lp >= 8) memcpy(lp, &v, 8);  /* past its `low` bytes: zeros the next octets overwrite */
         else memcpy(lp, &v, (size_t)((cnt * low + 7) / 8));  /* little-endian */
@@ -829,14 +830,15 @@ static void index_writer_put(index_writer *iw, const i64 *idx, i64 m) {
     }
     const int ef = iw->code == HVDC_CODE_ELIAS_FANO, low = iw->low;
     uint8_t *bits = iw->bits;
-    if (ef) {
-        const i64 ord = iw->j;
-        for (i64 t = 0; t < m; t++) {  /* its high part + its ordinal */
-            const i64 pos = (idx[t] >> low) + ord + t;
-            bits[pos >> 3] |= (uint8_t)(1u << (pos & 7));
-        }
-    } else {
-        for (i64 t = 0; t < m; t++) bits[idx[t] >> 3] |= (uint8_t)(1u << (idx[t] & 7));
+    const i64 ord = ef ? iw->j : 0, whole = iw->bits_len / 8;  /* the area's whole 64-bit words */
+    i64 t = 0;
+    /* Elias-Fano (its high part + its ordinal): eight at a time while their first word lies inside the area
+     * (a bitmap's eight rarely share a word: one at a time) */
+    if (ef)
+        for (; t + 8 <= m && (((idx[t] >> low) + ord + t) >> 6) < whole; t += 8) set_bits8(bits, idx + t, low, ord + t, 1);
+    for (; t < m; t++) {
+        const i64 pos = ef ? (idx[t] >> low) + ord + t : idx[t];
+        bits[pos >> 3] |= (uint8_t)(1u << (pos & 7));
     }
     if (low) index_writer_low(iw, idx, m);
     iw->j += m;

@@ -16,6 +16,8 @@
  *   vcompress_store                    the lanes of a mask and their positions, packed
  *   vcompress_i64                      the int64 entries of a mask, packed
  *   bit_positions                      the positions of a 64-bit word's set bits
+ *   set_bits8                          eight ascending bits of a bit array set
+ *   pack_low8                          eight indices' low bits side by side
  *
  * Every float operation rounds as its scalar C form does (no FMA, no reassociation), so
  * a kernel gives the same bits on every layer; only the reductions' lane counts differ
@@ -423,6 +425,56 @@ HVDC_INLINE int bit_positions(uint64_t w, int64_t base, int ramp, int64_t *out) 
     int cnt = 0;
     for (; w; w &= w - 1, cnt++) out[cnt] = base + __builtin_ctzll(w) - (ramp ? cnt : 0);
     return cnt;
+}
+#endif
+
+/* the bits at the 8 ascending positions (idx[q] >> shift) + base + ramp * q (ramp 0 or 1) of a
+ * little-endian bit array set; the 64-bit word of the first lies inside the array.  With AVX-512,
+ * where all eight fall in that word (Elias-Fano's high parts at densities of a few percent and more:
+ * eight span a few dozen bits), their bits are or'ed in a register and the word read and written
+ * once; else one byte at a time. */
+#if defined(__AVX512F__)
+HVDC_INLINE void set_bits8(uint8_t *bits, const int64_t *idx, int shift, int64_t base, int ramp) {
+    const int64_t first = (idx[0] >> shift) + base, last = (idx[7] >> shift) + base + 7 * ramp;
+    if ((first >> 6) == (last >> 6)) {
+        const __m512i rank = ramp ? _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7) : _mm512_setzero_si512();
+        const __m512i p = _mm512_add_epi64(_mm512_srli_epi64(_mm512_loadu_si512((const void *)idx), (unsigned)shift),
+                                           _mm512_add_epi64(_mm512_set1_epi64(base), rank));
+        const __m512i b = _mm512_sllv_epi64(_mm512_set1_epi64(1), _mm512_and_si512(p, _mm512_set1_epi64(63)));
+        uint64_t v;
+        memcpy(&v, bits + 8 * (first >> 6), 8);
+        v |= (uint64_t)_mm512_reduce_or_epi64(b);
+        memcpy(bits + 8 * (first >> 6), &v, 8);
+        return;
+    }
+    for (int q = 0; q < 8; q++) {
+        const int64_t pos = (idx[q] >> shift) + base + ramp * q;
+        bits[pos >> 3] |= (uint8_t)(1u << (pos & 7));
+    }
+}
+#else
+HVDC_INLINE void set_bits8(uint8_t *bits, const int64_t *idx, int shift, int64_t base, int ramp) {
+    for (int q = 0; q < 8; q++) {
+        const int64_t pos = (idx[q] >> shift) + base + ramp * q;
+        bits[pos >> 3] |= (uint8_t)(1u << (pos & 7));
+    }
+}
+#endif
+
+/* the low `low` bits (low <= 8) of idx[0..8) side by side, idx[q]'s at bit q * low: Elias-Fano's
+ * low parts of eight indices, their `low` bytes */
+#if defined(__AVX512F__)
+HVDC_INLINE uint64_t pack_low8(const int64_t *idx, int low) {
+    const __m512i mask = _mm512_set1_epi64((int64_t)((1u << low) - 1u));
+    const __m512i at = _mm512_setr_epi64(0, low, 2 * low, 3 * low, 4 * low, 5 * low, 6 * low, 7 * low);
+    return (uint64_t)_mm512_reduce_or_epi64(_mm512_sllv_epi64(_mm512_and_si512(_mm512_loadu_si512((const void *)idx), mask), at));
+}
+#else
+HVDC_INLINE uint64_t pack_low8(const int64_t *idx, int low) {
+    const uint64_t mask = ((uint64_t)1 << low) - 1;
+    uint64_t v = 0;
+    for (int q = 0; q < 8; q++) v |= ((uint64_t)idx[q] & mask) << (q * low);
+    return v;
 }
 #endif
 
