@@ -216,9 +216,9 @@ class LosslessCodec(Codec):
     stays in the L2 cache and compressed from there by this thread's kept zstd
     context straight into a kept payload buffer; the decode decompresses each
     frame into that buffer and un-shuffles it into the sum at once, scaled in the
-    last rank's pass.  Beyond zstd's own passes: the shuffle's and the
-    un-shuffle's work on cached blocks, and the output's write in place of
-    zstd's write of the planes."""
+    last rank's pass.  Beyond zstd's own work: the shuffle's read of the tensor
+    and the un-shuffle's write of the output, one full-size pass each, which
+    zstd's compute hides little of (docs/results/benchmarks.md)."""
 
     def __init__(self, lib, scheme, coder):
         super().__init__(lib, scheme)

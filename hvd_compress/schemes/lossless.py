@@ -15,7 +15,8 @@ The payload is one zstd frame per block of :data:`PLANE_BLOCK` elements (the
 four byte planes of that block), concatenated: the kernels shuffle one block into
 a buffer that stays in the L2 cache and compress it from there straight into
 the payload, and decode one frame into that buffer and un-shuffle it into the
-output, so the only full-size passes are zstd's own and the output's write.
+output: no whole-tensor plane buffer is written or read, and beyond zstd's work
+the tensor is read once and the output written once.
 """
 from __future__ import annotations
 
