@@ -734,8 +734,8 @@ void hvdc_sample_magnitudes(const float *x, const float *r, i64 n, i64 stride, e
     }
 }
 
-/* the k-th largest of v[0..m) (1 <= k <= m), by quickselect; v is permuted */
-float hvdc_kth_largest(float *v, i64 m, i64 k) {
+/* the k-th largest of v[0..m) (1 <= k <= m) by quickselect, v permuted so that its k largest come first */
+static float kth_largest_quickselect(float *v, i64 m, i64 k) {
     i64 lo = 0, hi = m - 1, want = k - 1;  /* descending order position */
     while (lo < hi) {
         float p = v[lo + (hi - lo) / 2];
@@ -748,6 +748,42 @@ float hvdc_kth_largest(float *v, i64 m, i64 k) {
         if (want <= j) hi = j; else if (want >= i) lo = i; else return v[want];
     }
     return v[want];
+}
+
+static inline uint32_t float_bits(const float *p) { uint32_t u; memcpy(&u, p, 4); return u; }
+
+/* The k-th largest of v[0..m) (1 <= k <= m); v is permuted so that its k largest come first (a second
+ * call on v[0..k) then selects among them).  Many magnitudes (no sign bit set, no NaN: as floats they
+ * order as their bits) by a radix select: a histogram of the bits' top 16, then of the low 16 among
+ * those in the bin of the k-th largest, and one partition; anything else, and a few thousand, by
+ * quickselect.  Either returns the same value. */
+float hvdc_kth_largest(float *v, i64 m, i64 k) {
+    enum { RADIX_MIN = 32768 };  /* below, clearing the 256 KB histogram costs more than quickselect */
+    uint32_t odd = 0;
+    for (i64 j = 0; j < m && m >= RADIX_MIN; j++) odd |= float_bits(v + j) > 0x7F800000u;  /* a sign bit or a NaN */
+    uint32_t *hist = m < RADIX_MIN || odd ? NULL : calloc((size_t)1 << 16, sizeof(uint32_t));
+    if (!hist) return kth_largest_quickselect(v, m, k);
+    for (i64 j = 0; j < m; j++) hist[float_bits(v + j) >> 16]++;
+    i64 above = 0;  /* elements in the bins above bin */
+    uint32_t bin = 0xFFFFu;
+    while (above + hist[bin] < k) above += hist[bin--];
+    memset(hist, 0, ((size_t)1 << 16) * sizeof(uint32_t));
+    for (i64 j = 0; j < m; j++) {
+        const uint32_t u = float_bits(v + j);
+        if ((u >> 16) == bin) hist[u & 0xFFFFu]++;
+    }
+    uint32_t low = 0xFFFFu;
+    while (above + hist[low] < k) above += hist[low--];
+    free(hist);
+    const uint32_t t = (bin << 16) | low;
+    i64 i = 0;
+    for (i64 j = 0; j < m; j++)  /* the larger ones first, then ties with the k-th up to k */
+        if (float_bits(v + j) > t) { const float x = v[i]; v[i++] = v[j]; v[j] = x; }
+    for (i64 j = i; j < m && i < k; j++)
+        if (float_bits(v + j) == t) { const float x = v[i]; v[i++] = v[j]; v[j] = x; }
+    float f;
+    memcpy(&f, &t, 4);
+    return f;
 }
 
 /* The magnitude of a candidate as an unsigned key with the magnitudes' order: the bits

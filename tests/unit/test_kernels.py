@@ -377,6 +377,27 @@ def test_sparse_sum_equals_numpy(ranks, s):
         assert lib.hvdc_sparse_sum_i32(1, _ptrs([t]), _ptrs([v2]), _p(two), n, ctypes.c_float(1.0), 0, _p(out)) == status
 
 
+@pytest.mark.parametrize("case", ["magnitudes", "ties", "zeros", "signed", "small"])
+def test_kth_largest_equals_numpy(case):
+    """The k-th largest (the radix select on many magnitudes, quickselect on signed values or few),
+    with the k largest left in front, so that a second call among them selects from the same values."""
+    rng = np.random.default_rng(2)
+    m = 1000 if case == "small" else 70_000
+    v = np.abs(rng.standard_normal(m)).astype(np.float32)
+    if case == "ties":
+        v = np.round(v * 4).astype(np.float32)
+    elif case == "zeros":
+        v[rng.random(m) < 0.9] = 0.0
+    elif case == "signed":
+        v = rng.standard_normal(m).astype(np.float32)
+    for k in (1, 9, m // 8, m - 1, m):
+        t = torch.from_numpy(v.copy())
+        got = native.load().hvdc_kth_largest(_p(t), m, k)
+        want = np.sort(v)[::-1]
+        assert np.float32(got).tobytes() == want[k - 1].tobytes(), (case, k)
+        assert np.array_equal(np.sort(t.numpy()[:k]), np.sort(want[:k])), (case, k)
+
+
 @pytest.mark.parametrize("case", ["random", "ties", "nan_inf", "all_equal"])
 def test_topk_fixup_equals_numpy(case):
     """The radix selection: the k largest magnitudes, ties in index order (a NaN counts as
