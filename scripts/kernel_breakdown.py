@@ -33,6 +33,7 @@ PASSES = {
     "hvdc_compensate_select": "reads x, r; writes r (3)",
     "hvdc_compensate_select_sent": "reads x, r; writes r (3)",
     "hvdc_sparse_decode_sum": "writes out (1), reads the codes and values",
+    "hvdc_topk_select_pack": "reads the candidates (12 bytes each); writes the index code and values",
     "hvdc_int8_encode": "pass 1 reads x, r, writes r; pass 2 reads r, writes r and q (5.25)",
     "hvdc_int8_decode_sum": "reads q per rank, writes out (1.25 for one rank)",
     "hvdc_sign_encode": "pass 1 reads x, r, writes r; pass 2 reads r, writes r (5)",
