@@ -984,8 +984,9 @@ static void topk_select(const i64 *cand, const float *cand_val, i64 c, i64 k, en
     }
     /* two histograms, even and odd candidates, summed after: neighbouring candidates often share a
      * bin, and one histogram would chain their increments through memory */
-    uint32_t *hist = calloc((size_t)2 << HI, sizeof(uint32_t)), *hist2 = hist + ((size_t)1 << HI);
+    uint32_t *hist = calloc((size_t)2 << HI, sizeof(uint32_t));
     if (!hist) return;
+    uint32_t *hist2 = hist + ((size_t)1 << HI);
     i64 j2 = 0;
     for (; j2 + 2 <= c; j2 += 2) {
         hist[magnitude_key(cand_val[j2], nan_large) >> LO]++;
