@@ -275,7 +275,9 @@ class Auto(Compressor):
         step_s = statistics.median(gaps) if gaps else 0.0
         flat = probes + [step_s] + [v for row in codecs for v in row]
         avg = cal.average_over_ranks(flat, f"{version}.{start}", ps)
-        self.link = fit_link([4 * n for n in numels], avg[:len(probes)], size)
+        # probes flat in size show no bandwidth: the early probe's (made before any step) stands in
+        known = self.early_link.bytes_per_s if self.early_link is not None else float("inf")
+        self.link = fit_link([4 * n for n in numels], avg[:len(probes)], size, known)
         host = getattr(cal, "host_machine", None)
         self.machine = host() if host is not None else LINK_ONLY
         if first:

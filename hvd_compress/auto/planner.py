@@ -71,11 +71,13 @@ class Choice:
     payload_bytes: Optional[float]
 
 
-def fit_link(nbytes: Sequence[float], seconds: Sequence[float], workers: int) -> Link:
+def fit_link(nbytes: Sequence[float], seconds: Sequence[float], workers: int,
+             known_bytes_per_s: float = math.inf) -> Link:
     """Least-squares fit of ``t = 2 (N-1) latency + 2 (N-1)/N x bytes / bw``
-    to allreduce timings of at least two sizes.  A non-positive slope (sizes
-    too small to see the bandwidth) gives an infinite bandwidth, a negative
-    intercept zero latency: the fit never invents a slow link."""
+    to allreduce timings of at least two sizes.  A non-positive slope (sizes too small
+    to see the bandwidth, or times flat in size: in a step every probe may wait alike
+    for the step's other collectives) gives ``known_bytes_per_s``, one measured before
+    (Auto's early probe), by default infinite: the fit never invents a slow link."""
     check_range("workers", workers, 1, None, kind=int)
     if len(nbytes) != len(seconds) or len(nbytes) < 2 or len(set(nbytes)) < 2:
         raise ValueError(f"fit_link needs timings of at least two distinct sizes; got sizes {list(nbytes)} "
@@ -84,14 +86,12 @@ def fit_link(nbytes: Sequence[float], seconds: Sequence[float], workers: int) ->
         raise ValueError(f"seconds must be finite and non-negative; got {list(seconds)}")
     if workers == 1:
         return Link(0.0, math.inf)
-    mean_b = sum(nbytes) / len(nbytes)
-    mean_t = sum(seconds) / len(seconds)
+    mean_b, mean_t = sum(nbytes) / len(nbytes), sum(seconds) / len(seconds)
     var = sum((b - mean_b) ** 2 for b in nbytes)
     slope = sum((b - mean_b) * (t - mean_t) for b, t in zip(nbytes, seconds)) / var
     intercept = max(0.0, mean_t - slope * mean_b)
     hops = 2.0 * (workers - 1)
-    bw = hops / workers / slope if slope > 0 else math.inf
-    return Link(intercept / hops, bw)
+    return Link(intercept / hops, hops / workers / slope if slope > 0 else known_bytes_per_s)
 
 
 def default_candidates(topk_ratios=(0.1, 0.01), min_topk_ratio=0.01, powersgd_rank=4, include_sign=False,

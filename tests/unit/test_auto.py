@@ -118,6 +118,25 @@ def test_fit_link_recovers_latency_and_bandwidth():
     assert fit_link([4, 8], [1e-4, 1e-4], 2).bytes_per_s == math.inf
 
 
+def test_a_fit_without_a_bandwidth_takes_the_one_known_before():
+    flat_sizes, flat_times = [4e3, 2.6e5, 4.2e6], [14.5e-3, 14.5e-3, 14.4e-3]  # times flat in size
+    flat = fit_link(flat_sizes, flat_times, 2)
+    assert flat.bytes_per_s == math.inf
+    link = fit_link(flat_sizes, flat_times, 2, known_bytes_per_s=1.1e9)
+    assert link == Link(flat.latency_s, 1.1e9)
+    # a dense 48 MB allreduce is no longer free, so Top-K(0.01) wins it
+    cands = default_candidates()
+    costs = {c.label: 8e-3 for c in cands[1:]}
+    costs["none"] = 0.0
+    assert choose(12_000_000, (3000, 4000), 2, flat, cands, costs).label == "none"
+    assert choose(12_000_000, (3000, 4000), 2, link, cands, costs).label != "none"
+    # a fit that sees the bandwidth keeps its own
+    workers, latency, bw = 4, 30e-6, 1e9
+    sizes = [4e3, 4e5, 4e6]
+    seconds = [comm_time("allreduce", b, workers, bw, latency)[1] for b in sizes]
+    assert math.isclose(fit_link(sizes, seconds, workers, known_bytes_per_s=1e6).bytes_per_s, bw, rel_tol=1e-6)
+
+
 def test_predicted_total_and_table():
     cands = default_candidates()
     costs = codec_costs(cands)
