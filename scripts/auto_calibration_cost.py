@@ -118,7 +118,7 @@ def main(argv=None):
         return 0
     import torch
     torch.set_num_threads(1)
-    from hvd_compress.auto.planner import EARLY_PROBE_NUMELS, provisional_choice
+    from hvd_compress.auto.planner import EARLY_PROBE_NUMELS, PROVISIONAL_CODEC_S_PER_ELEMENT, provisional_choice
     from hvd_compress.auto.planner import Link, comm_time, default_candidates, predict_comm
     tensors = mlp_tensors(_count(args.params))
     result = {"params": args.params, "tensors": tensors}
@@ -152,7 +152,7 @@ def main(argv=None):
             label = provisional_choice(numel, shape, workers, link, cands)
             choices[key] = label
             dense += predict_comm(cands[0].scheme, numel, shape, workers, link)[1]
-            cost = 0.0 if label == "none" else 10e-9 * numel
+            cost = 0.0 if label == "none" else PROVISIONAL_CODEC_S_PER_ELEMENT * numel
             cal += predict_comm(by_label[label].scheme, numel, shape, workers, link)[1] + cost
         probe = sum(3 * comm_time("allreduce", 4 * n, workers, link.bytes_per_s, link.latency_s)[1]
                     for n in EARLY_PROBE_NUMELS)
