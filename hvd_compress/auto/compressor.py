@@ -49,7 +49,7 @@ import time
 from . import saved_plan
 from .planner import (DEFAULT_PROBE_NUMELS, EARLY_PROBE_NUMELS, NONE_LABEL, check_codec_costs, choice_as,
                       codec_table, default_candidates, fit_link, format_plan, plan, probe_numels_for, propose,
-                      provisional_choice)
+                      provisional_candidates, provisional_choice)
 from ..compressor import Compressor, Phase
 from ..cost_model import LINK_ONLY
 from ..memory import ResidualMemory
@@ -63,8 +63,11 @@ class Auto(Compressor):
 
     Args:
         rules: :class:`~hvd_compress.Rule` s that pin tensors (they win over the planner).
-        calibration_steps: dense steps measured before the first plan (>= 1);
-            also a warmup, as DGC's (Lin et al., ICLR 2018).
+        calibration_steps: steps measured before the first plan (>= 1), dense
+            or, where the link clearly needs it, with a safe compressed
+            candidate (``calibrate_compressed``).  The plan does not depend on
+            them (the decision step measures the link and the codecs itself):
+            they time the step and let the first allocations settle.
         recheck_every: steps between re-checks of the link (0: never).
         topk_ratios, min_topk_ratio, powersgd_rank, include_sign: the
             candidates (:func:`hvd_compress.auto.planner.default_candidates`); raise
@@ -100,7 +103,7 @@ class Auto(Compressor):
             (PyTorch; TensorFlow never chooses the two-phase candidates).
     """
 
-    def __init__(self, rules=(), calibration_steps=5, recheck_every=1000, topk_ratios=(0.1, 0.01),
+    def __init__(self, rules=(), calibration_steps=3, recheck_every=1000, topk_ratios=(0.1, 0.01),
                  min_topk_ratio=0.01, powersgd_rank=4, include_sign=False, min_gain=0.1, replan_threshold=0.1,
                  probe_numels=DEFAULT_PROBE_NUMELS, exclude=(), seed=0, momentum=0.0, nesterov=False,
                  codec_costs=None, calibrate_compressed=True, two_phase=True):
@@ -127,6 +130,8 @@ class Auto(Compressor):
             raise ValueError(f"exclude must be a list of candidate labels among {labels[1:]}; got {exclude!r}")
         # excluding a scheme excludes its two-phase candidate too
         self.candidates = [c for c in candidates if c.label not in exclude and c.base_label not in exclude]
+        #: what a tensor may be calibrated with (built once: its phases hold these schemes)
+        self._provisional_candidates = provisional_candidates(self.candidates)
         self.codec_costs = check_codec_costs(codec_costs, labels)
         if not isinstance(calibrate_compressed, bool):
             raise ValueError(f"calibrate_compressed must be True or False; got {calibrate_compressed!r}")
@@ -208,7 +213,7 @@ class Auto(Compressor):
         step after a lossy phase, in which it sends the residual out in full."""
         phases = self._phases.get(key)
         if phases is None:
-            by_label = {c.label: c for c in self.candidates}
+            by_label = {c.label: c for c in self._provisional_candidates + self.candidates}
             first = self.provisional.get(key, NONE_LABEL)
             lossy_before = first != NONE_LABEL
             phases = [Phase(0, by_label[first].scheme, self._feedback if lossy_before else self._dense_memory,
@@ -340,7 +345,7 @@ class Auto(Compressor):
         choice's measured encode + decode ms, bytes per step."""
         self._sync_tf()
         if not self.history:
-            return f"Auto: calibrating ({self.calibration_steps} dense steps before the first plan)"
+            return f"Auto: calibrating ({self.calibration_steps} steps before the first plan)"
         start, choices, version = self.history[-1]
         head = f"Auto plan version {version}, in force from communication {start}\n"
         return head + format_plan(choices, self.tensors, self.link, self.step_s, self.codec_s)

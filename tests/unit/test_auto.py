@@ -342,7 +342,7 @@ def test_fixed_codec_costs_replace_the_timings(link, compressed):
     assert auto.config()["codec_costs"] == costs
 
 
-@pytest.mark.parametrize("link, big_label", [(SLOW, "TopK(0.1)"), (FAST, "none")])
+@pytest.mark.parametrize("link, big_label", [(SLOW, "TopK(0.1, values=BF16())"), (FAST, "none")])
 def test_calibration_runs_a_safe_compressed_scheme_where_dense_clearly_loses(link, big_label):
     """The first compress probes the link with small allreduces, once; a
     tensor a plain allreduce clearly loses on is calibrated with a safe
@@ -358,11 +358,26 @@ def test_calibration_runs_a_safe_compressed_scheme_where_dense_clearly_loses(lin
     (big,) = auto._phases_of(BIG[0])
     assert (big.scheme.name, big.memory is not None) == (("TopK", True) if big_label != "none"
                                                           else ("NoCompression", False))
+    if big_label != "none":  # Top-K 10% calibrates with 16-bit values: about 0.57x the bytes
+        assert big.scheme.values.name == "BF16" and big.scheme.ratio == 0.1
     (small,) = auto._phases_of(SMALL[0])
     assert (small.scheme.name, small.memory) == ("NoCompression", None)
     for key, (numel, shape) in TENSORS.items():  # later steps probe nothing more
         auto.plan_for(key, numel, shape)
     assert len(cal.probed) == 1
+
+
+@pytest.mark.parametrize("kwargs, labels", [
+    ({}, ["none", "FP16", "Int8", "TopK(0.1, values=BF16())"]),
+    (dict(exclude=("TopK(0.1)", "FP16")), ["none", "Int8"]),
+    (dict(min_topk_ratio=0.2, exclude=("Int8",)), ["none", "FP16"]),
+])
+def test_calibration_candidates_follow_the_candidates(kwargs, labels):
+    """Only candidates the user allows calibrate: ``exclude`` and
+    ``min_topk_ratio`` hold before the first plan too."""
+    from hvd_compress.auto.planner import provisional_candidates
+    auto = hvd_compress.Auto(**kwargs)
+    assert [c.label for c in provisional_candidates(auto.candidates)] == labels
 
 
 class RecordingCalibration(OneRankCalibration):

@@ -268,4 +268,4 @@ def test_advise_predicts_an_auto_row_from_the_plan_it_printed():
     parts = [advise.predict(s, n, 4, 100e6 / 8, 50e-6, codec=(0.0, 0.0), shape=sh).cost
              for n, sh, s in advise.auto_plan_tensors(text)]
     assert known and step.seconds == pytest.approx(cm.step_cost(parts).seconds + 0.03)
-    assert advise.auto_plan_tensors("Auto: calibrating (5 dense steps before the first plan)") is None
+    assert advise.auto_plan_tensors("Auto: calibrating (3 steps before the first plan)") is None
