@@ -284,7 +284,7 @@ class Auto(Compressor):
         known = self.early_link.bytes_per_s if self.early_link is not None else float("inf")
         self.link = fit_link([4 * n for n in numels], avg[:len(probes)], size, known)
         host = getattr(cal, "host_machine", None)
-        self.machine = host() if host is not None else LINK_ONLY
+        self.machine = host(f"{version}.{start}", ps) if host is not None else LINK_ONLY
         if first:
             self.step_s = avg[len(probes)]
             width = len(self.candidates)

@@ -99,15 +99,13 @@ def require_global_process_set(tensor):
 
 
 # --- measurements and agreement (eager; called from the host callback) ---------------
-def host_machine():
-    """The host as the cost model sees it: the ranks Horovod runs on it
-    (``local_size``) sharing ``os.cpu_count()`` cores
-    (:func:`hvd_compress.cost_model.shared_host`; ``LINK_ONLY`` where each
-    rank has a core)."""
-    import os
+def host_machine(version, process_set):
+    """As :func:`hvd_compress.auto.calibration.host_machine`, in TensorFlow."""
     import horovod.tensorflow as hvd
-    from ..cost_model import shared_host
-    return shared_host(hvd.local_size(), os.cpu_count())
+    from ..cost_model import kernel_id, machine_of, usable_cpus
+    ids = hvd.allgather(tf.constant([kernel_id()], tf.int64), name=f"hvdc.auto.kernel.{version}",
+                        process_set=process_set, ignore_name_scope=True).numpy().tolist()
+    return machine_of(ids, hvd.local_size(), usable_cpus())
 
 
 def world():
@@ -260,7 +258,7 @@ class Calibration:
 
     world = staticmethod(world)
     probe_link = staticmethod(lambda *a: probe_link(*a))  # looked up at call time: tests replace it
-    host_machine = staticmethod(lambda: host_machine())  # the same
+    host_machine = staticmethod(lambda *a: host_machine(*a))  # the same
     average_over_ranks = staticmethod(average_over_ranks)
     broadcast_indices = staticmethod(broadcast_indices)
     check_same_plan = staticmethod(check_same_plan)

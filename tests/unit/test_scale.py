@@ -98,8 +98,18 @@ def test_merge_replaces_rows_of_the_same_key_and_keeps_the_rest():
     S.add_comparisons(merged)
     assert [r["speedup_vs_none"] for r in merged if r["scheme"] == "Auto()"] == [4.0]
     cmp_ = S.auto_vs_best(merged)
-    assert cmp_ == [{"workers": 2, "link_mbit": 100.0, "auto_step_s": 0.5, "best_scheme": "none",
-                     "best_step_s": 2.0, "ratio": 4.0}]
+    assert cmp_ == [{"workers": 2, "link_mbit": 100.0, "auto_scheme": "Auto()", "auto_step_s": 0.5,
+                     "best_scheme": "none", "best_step_s": 2.0, "ratio": 4.0, "paired": None}]
+
+
+def test_paired_ratio_compares_pass_by_pass():
+    """Each pass's blocks share the machine's load: the ratio is taken within a
+    pass, then its median and range over the passes."""
+    best = {"pass_median_step_s": [1.0, 2.0, 1.5]}
+    auto = {"pass_median_step_s": [1.0, 2.5, 1.0]}
+    assert S.paired_ratio(best, auto) == pytest.approx((1.0, 0.8, 1.5))
+    assert S.paired_ratio(best, {"pass_median_step_s": [1.0]}) is None  # passes differ
+    assert S.paired_ratio(best, {}) is None
 
 
 def test_workers_must_be_integers_of_at_least_two():
@@ -132,7 +142,9 @@ def test_timed_compression_keeps_waiting_apart_from_work():
 def test_markdown_lists_every_row_and_the_auto_comparison():
     row = S.build_row(_worker_row(), link_mbit=100.0, link_measured_mbit=95.0, link_rtt_s=6e-5, controller="gloo",
                       command="c")
-    auto = dict(row, scheme="Auto()", transport="mixed", median_step_s=2.0)
+    assert len(row["pass_median_step_s"]) == row["passes"] == 2  # one median per block
+    auto = dict(row, scheme="Auto()", transport="mixed", median_step_s=2.0,
+                pass_median_step_s=[2 * v for v in row["pass_median_step_s"]])
     text = S.markdown(S.add_comparisons([row, auto]))
     assert text.count("| 100 Mbit/s | 2 |") == 3  # two rows and the comparison
-    assert "| 100 Mbit/s | 2 | 2000 | TopK(0.01) | 1750 | 0.88 |" in text
+    assert "| 100 Mbit/s | 2 | Auto() | 2000 | TopK(0.01) | 1750 | 0.88 | 0.50 (0.50-0.50) |" in text

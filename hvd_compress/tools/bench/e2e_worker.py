@@ -509,10 +509,12 @@ def _row(a, spec, blocks, info):
     """One row from one or more blocks of the same scheme (each a list of every
     rank's record): the steps pooled, bytes per step over all timed steps."""
     first = blocks[0]
-    per_step, compute_steps, warm, backward = [], [], [], []
+    per_step, compute_steps, warm, backward, per_pass = [], [], [], [], []
     for everyone in blocks:
         n = everyone[0]["steps"]
-        per_step += [max(r["times"][i] for r in everyone) for i in range(n)]
+        block = [max(r["times"][i] for r in everyone) for i in range(n)]
+        per_step += block
+        per_pass.append(statistics.median(block) if block else None)
         compute_steps += [max(r["compute"][i] for r in everyone) for i in range(len(everyone[0]["compute"]))]
         warm += [max(r["warmup_times"][i] for r in everyone) for i in range(len(everyone[0]["warmup_times"]))]
         if all(len(r["backward"]) == n for r in everyone) and n:
@@ -556,7 +558,7 @@ def _row(a, spec, blocks, info):
         "workers": len(ranks), "hosts": len(hosts), "batch": a.batch, "threads": a.threads,
         "steps": steps, "passes": len(blocks), "warmup": info["warmup"], "transport": info["transport"],
         "median_step_s": statistics.median(per_step), "mean_step_s": wall / steps,
-        "step_s_all": per_step, "compute_s": statistics.median(compute_steps) if compute_steps else None,
+        "step_s_all": per_step, "pass_median_step_s": per_pass, "compute_s": statistics.median(compute_steps) if compute_steps else None,
         "compute_s_all": compute_steps,
         "backward_s": statistics.median(backward) if backward else None,
         # the slowest rank's warm-up steps (Auto: its calibration and first decision are among them)

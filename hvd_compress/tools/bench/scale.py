@@ -163,21 +163,36 @@ def add_comparisons(rows):
     return rows
 
 
+def paired_ratio(best, auto):
+    """``best``'s step over ``auto``'s pass by pass (``pass_median_step_s``:
+    the blocks of one launch alternate schemes, so a pass's two blocks ran
+    minutes apart at most and share the machine's load): (median, lowest,
+    highest) over the passes, or None where either row lacks them."""
+    b, a = best.get("pass_median_step_s"), auto.get("pass_median_step_s")
+    if not b or not a or len(a) != len(b) or any(v is None or v <= 0 for v in a + b):
+        return None
+    ratios = sorted(x / y for x, y in zip(b, a))
+    return statistics.median(ratios), ratios[0], ratios[-1]
+
+
 def auto_vs_best(rows):
-    """Per (N, link): Auto's median step against the best fixed scheme's
-    (every other row): ``[{workers, link_mbit, auto_step_s, best_scheme,
-    best_step_s, ratio}]``, ratio = best / Auto (1.0: Auto is as fast)."""
+    """Per (N, link) and per Auto row: its median step against the best fixed
+    scheme's (every row not Auto): ``[{workers, link_mbit, auto_scheme,
+    auto_step_s, best_scheme, best_step_s, ratio, paired}]``, ratio = best /
+    Auto over the pooled steps (1.0: Auto is as fast); ``paired``: the same
+    ratio pass by pass (:func:`paired_ratio`: median, lowest, highest)."""
     out = []
     for n, link in sorted({(r["workers"], r["link_mbit"]) for r in rows}, key=lambda k: (k[0], k[1] or 0)):
         same = [r for r in rows if r["workers"] == n and r["link_mbit"] == link]
-        auto = [r for r in same if r["scheme"].startswith("Auto")]
         fixed = [r for r in same if not r["scheme"].startswith("Auto")]
-        if not auto or not fixed:
+        if not fixed:
             continue
         best = min(fixed, key=lambda r: r["median_step_s"])
-        out.append({"workers": n, "link_mbit": link, "auto_step_s": auto[0]["median_step_s"],
-                    "best_scheme": best["scheme"], "best_step_s": best["median_step_s"],
-                    "ratio": best["median_step_s"] / auto[0]["median_step_s"]})
+        for auto in (r for r in same if r["scheme"].startswith("Auto")):
+            out.append({"workers": n, "link_mbit": link, "auto_scheme": auto["scheme"],
+                        "auto_step_s": auto["median_step_s"], "best_scheme": best["scheme"],
+                        "best_step_s": best["median_step_s"], "ratio": best["median_step_s"] / auto["median_step_s"],
+                        "paired": paired_ratio(best, auto)})
     return out
 
 
@@ -292,8 +307,11 @@ def run(workers=DEFAULT_WORKERS, rates=DEFAULT_RATES, schemes=DEFAULT_SCHEMES, m
     if comparison:
         print("Auto vs the best fixed scheme (ratio = best step / Auto's step):", file=stream)
         for c_ in comparison:
-            print(f"  N={c_['workers']} {_rate_label(c_['link_mbit'])}: Auto {human_seconds(c_['auto_step_s'])}, "
-                  f"best {c_['best_scheme']} {human_seconds(c_['best_step_s'])}, ratio {c_['ratio']:.2f}", file=stream)
+            paired = c_["paired"]
+            paired = f"; pass by pass {paired[0]:.2f} ({paired[1]:.2f}-{paired[2]:.2f})" if paired else ""
+            print(f"  N={c_['workers']} {_rate_label(c_['link_mbit'])}: {c_['auto_scheme']} "
+                  f"{human_seconds(c_['auto_step_s'])}, best {c_['best_scheme']} {human_seconds(c_['best_step_s'])}, "
+                  f"ratio {c_['ratio']:.2f}{paired}", file=stream)
     if failures:
         print("FAILED runs: " + ", ".join(f"N={f['workers']} @ {_rate_label(f['link_mbit'])} (exit {f['rc']})"
                                           for f in failures), file=stream)
@@ -357,9 +375,12 @@ def markdown(rows):
                      f"{'-' if load is None else f'{load:.0f}'} |")
     cmp_ = auto_vs_best(rows)
     if cmp_:
-        lines += ["", "| link | N | Auto() step ms | best fixed | its step ms | best / Auto |", "|---|---:|---:|---|---:|---:|"]
-        lines += [f"| {_rate_label(c['link_mbit'])} | {c['workers']} | {ms(c['auto_step_s'])} | {c['best_scheme']} | "
-                  f"{ms(c['best_step_s'])} | {c['ratio']:.2f} |" for c in cmp_]
+        lines += ["", "| link | N | Auto | its step ms | best fixed | its step ms | best / Auto | pass by pass |",
+                  "|---|---:|---|---:|---|---:|---:|---|"]
+        lines += [f"| {_rate_label(c['link_mbit'])} | {c['workers']} | {c['auto_scheme']} | {ms(c['auto_step_s'])} | "
+                  f"{c['best_scheme']} | {ms(c['best_step_s'])} | {c['ratio']:.2f} | "
+                  + ("-" if not c["paired"] else f"{c['paired'][0]:.2f} ({c['paired'][1]:.2f}-{c['paired'][2]:.2f})")
+                  + " |" for c in cmp_]
     return "\n".join(lines)
 
 
