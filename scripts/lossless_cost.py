@@ -17,8 +17,10 @@ Both zstd runs call the zstd library Lossless calls (``hvd_compress.kernels.zstd
 with kept contexts, so neither side pays for fresh output pages.  Prints the
 times (``_enc``/``_dec``: the two halves) and ``beyond_zstd_in_copies`` =
 ``(lossless - min(zstd_frames, zstd_1frame)) / copy`` (``encode_``/``decode_beyond_in_copies``:
-the same per half), and Lossless's own two passes without zstd (``shuffle_alone``,
-``unshuffle_alone``: :func:`kernel_passes`) in copies.  ``--clock cpu`` times
+the same per half), Lossless's own two passes without zstd (``shuffle_alone``,
+``unshuffle_alone``: :func:`kernel_passes`) in copies, and beside them the memory traffic
+those passes cannot avoid: reading the gradient alone (``read_alone``: ``src.sum()``) and
+writing one alone (``write_alone``: ``dst.fill_(1.0)``).  ``--clock cpu`` times
 each call by the thread's CPU time and takes the fastest of the repetitions
 instead of the median wall time: on a machine loaded by other work, where the
 wall times of zstd (tens of copies) vary by more than the copies being
@@ -113,6 +115,7 @@ def main():
     comp = local_compressor(hc.Lossless(), "torch")
     runs = zstd_runs(shuffle_planes(src.numpy()), n)
     passes = kernel_passes(src.reshape(-1), dst.reshape(-1))
+    passes.update({"read_alone": src.sum, "write_alone": lambda: dst.fill_(1.0)})
 
 
     def lossless():
