@@ -33,6 +33,12 @@ def test_specs_parse_and_split():
         parse_spec("os.system('true')")
     with pytest.raises(ValueError):
         parse_spec("__import__('os')")
+    # a tuple argument, e.g. Auto's exclude
+    spec = "Auto(exclude=('TopK(0.1)', 'TopK(0.01)', 'FP16', 'Int8'))"
+    assert split_specs("PowerSGD(4)," + spec) == ["PowerSGD(4)", spec]
+    assert [c.label for c in parse_spec(spec).candidates if "/" not in c.label] == ["none", "PowerSGD(4)"]
+    with pytest.raises(ValueError, match="unsupported"):
+        parse_spec("TopK((os.system('true'),))")
 
 
 # ----------------------------------------------------------------------------- micro

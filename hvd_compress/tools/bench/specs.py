@@ -23,6 +23,8 @@ def _build(node, factories):
         return node.value
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
         return -node.operand.value
+    if isinstance(node, (ast.Tuple, ast.List)):  # e.g. Auto(exclude=("FP16", "Int8"))
+        return tuple(_build(e, factories) for e in node.elts)
     name = None
     if isinstance(node, ast.Name):
         name, args, kwargs = node.id, [], []
