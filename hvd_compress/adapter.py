@@ -69,6 +69,12 @@ class AdapterBase:
     def allgather(self, tensor, name, process_set):
         raise NotImplementedError
 
+    def allgather_fixed(self, tensor, name, process_set, rank, size):
+        """An allgather of a tensor whose shape is the same on every rank (the
+        caller knows it is: a fixed-length part, or a packed payload of them).
+        The same result as :meth:`allgather`; an adapter may move it another way."""
+        return self.allgather(tensor, name, process_set)
+
     def allreduce_sum(self, tensor, name, process_set):
         raise NotImplementedError
 

@@ -15,6 +15,27 @@ class AdasumNotSupported(ValueError):
     pass
 
 
+#: the smallest payload that two ranks swap by a reduce-scatter instead of an allgather
+#: (:meth:`TorchAdapter.allgather_fixed`)
+PAIR_SWAP_MIN_BYTES = 1 << 20
+
+
+class PairSwap:
+    """A 2-rank allgather in flight as a reduce-scatter: ``gathered`` holds
+    this rank's bytes already, ``handle`` brings the peer's."""
+    __slots__ = ("handle", "gathered", "peer_bytes", "nbytes", "peer", "dtype", "shape")
+
+    def __init__(self, handle, gathered, nbytes, peer, dtype, shape):
+        self.handle, self.gathered, self.nbytes, self.peer = handle, gathered, nbytes, peer
+        self.dtype, self.shape = dtype, shape
+
+    def result(self, received):
+        """The allgather's result: both ranks' bytes, in rank order."""
+        n = self.nbytes
+        self.gathered[self.peer * n:(self.peer + 1) * n] = received.reshape(-1).view(torch.uint8)[:n]
+        return self.gathered.view(self.dtype).reshape(2 * self.shape[0], *self.shape[1:])
+
+
 class TorchAdapter(AdapterBase):
     defer_second_rounds = True
     fused_codecs_on_chunks = True
@@ -127,6 +148,30 @@ class TorchAdapter(AdapterBase):
         import horovod.torch as hvd
         return hvd.allgather_async(tensor.contiguous(), name=name, process_set=process_set)
 
+    def allgather_fixed(self, tensor, name, process_set, rank, size):
+        """Between 2 ranks, a payload of :data:`PAIR_SWAP_MIN_BYTES` or more
+        travels as a Sum reduce-scatter of a ``[2, n/4]`` int32 tensor whose row
+        of the peer holds this rank's bytes and whose own row is zeros: each rank
+        receives the other's bytes exactly (an integer sum with zero), the same
+        bytes each way as the allgather.  Horovod 0.28.1's Gloo allgather of 2
+        ranks posts its send before its receive on the one connection they share,
+        and the rank that arrives second queues its ready-to-receive notice behind
+        its whole payload, so the two directions run one after the other (twice
+        the link time on a slow link; docs/design/architecture.md, "Two ranks"); Gloo's
+        reduce-scatter sends both at once.  Every rank decides alike: the shape
+        is the same on every rank."""
+        nbytes = self.nbytes(tensor)
+        if size != 2 or nbytes < PAIR_SWAP_MIN_BYTES or tensor.dim() == 0:
+            return self.allgather(tensor, name, process_set)
+        import horovod.torch as hvd
+        mine = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+        rows = torch.zeros(2, -(-nbytes // 4), dtype=torch.int32, device=tensor.device)
+        rows[1 - rank].view(torch.uint8)[:nbytes] = mine
+        gathered = torch.empty(2 * nbytes, dtype=torch.uint8, device=tensor.device)
+        gathered[rank * nbytes:(rank + 1) * nbytes] = mine
+        handle = hvd.reducescatter_async(rows, name=name, op=hvd.Sum, process_set=process_set)
+        return PairSwap(handle, gathered, nbytes, 1 - rank, tensor.dtype, tuple(tensor.shape))
+
     def allreduce_sum(self, tensor, name, process_set):
         import horovod.torch as hvd
         return hvd.allreduce_async(tensor.contiguous(), name=name, op=hvd.Sum, process_set=process_set)
@@ -186,6 +231,8 @@ class TorchAdapter(AdapterBase):
 
     def wait(self, handle):
         import horovod.torch as hvd
+        if isinstance(handle, PairSwap):
+            return handle.result(hvd.synchronize(handle.handle))
         out = hvd.synchronize(handle)
         return out[0] if isinstance(out, tuple) else out  # alltoall also returns the received splits
 

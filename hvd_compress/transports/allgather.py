@@ -7,7 +7,10 @@ the scaling Horovod would have.
 Where the adapter packs bytes (torch) and the parts have the same lengths on
 every rank, the parts travel as ONE allgather of their bytes (Top-K's indices
 and values together); else one allgather per part, and parts whose length
-differs between ranks (``scheme.variable_parts``) also gather their lengths."""
+differs between ranks (``scheme.variable_parts``) also gather their lengths.
+What has the same length on every rank goes through the adapter's
+``allgather_fixed``: torch swaps a large one between 2 ranks by a
+reduce-scatter (docs/design/architecture.md, "Two ranks")."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -80,7 +83,8 @@ def launch_packed(call, wire, deps):
     layout = [(part, B.dtype_name(wire[part]), B.numel(wire[part])) for part in order]
     buf = adapter.pack_bytes([B.identity_with_deps(wire[part], deps) for part in order],
                              adapter.workspace(call.key), "packed_gather")
-    handle = adapter.allgather(buf, collective_name(call.coll_key, "parts"), call.process_set)
+    handle = adapter.allgather_fixed(buf, collective_name(call.coll_key, "parts"), call.process_set, call.rank,
+                                     call.size)
     return PackedParts(handle, layout, adapter.nbytes(buf))
 
 
@@ -110,9 +114,11 @@ class AllgatherTransport(Transport):
         for part in sorted(wire):  # sorted: the same collective order on every rank
             sent = B.identity_with_deps(wire[part], deps)
             name = collective_name(call.coll_key, part)
-            pending.gathers[part] = adapter.allgather(sent, name, call.process_set)
+            variable = part in call.scheme.variable_parts
+            pending.gathers[part] = (adapter.allgather(sent, name, call.process_set) if variable else
+                                     adapter.allgather_fixed(sent, name, call.process_set, call.rank, call.size))
             nbytes = nbytes + adapter.nbytes(sent)
-            if part in call.scheme.variable_parts:
+            if variable:
                 length = B.scalar(adapter.dynamic_length(sent), "int32", like=call.x)
                 pending.length_gathers[part] = adapter.allgather(length, name + ".len", call.process_set)
                 nbytes = nbytes + 4

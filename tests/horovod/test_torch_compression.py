@@ -302,6 +302,57 @@ def test_half_and_double_gradients_keep_their_dtype():
     assert torch.equal(model.h.grad.double(), want_h), model.h.grad
 
 
+# --- a large fixed-length payload between 2 ranks: swapped by a reduce-scatter --------------------------------
+def test_large_fixed_payload_swapped_exactly():
+    """``TorchAdapter.allgather_fixed`` gives hvd.allgather's bytes exactly (odd byte lengths,
+    -0.0 and NaN payloads included); at 2 ranks and PAIR_SWAP_MIN_BYTES or more it moves them by
+    a reduce-scatter (a PairSwap handle), else by the allgather."""
+    from hvd_compress.torch_adapter import PAIR_SWAP_MIN_BYTES, PairSwap, TorchAdapter
+    adapter = TorchAdapter()
+    gen = torch.Generator().manual_seed(1234 + RANK)
+    odd = torch.randint(0, 256, (PAIR_SWAP_MIN_BYTES + 3,), dtype=torch.uint8, generator=gen)
+    floats = torch.randint(-2 ** 31, 2 ** 31 - 1, (PAIR_SWAP_MIN_BYTES // 4 + 5,), dtype=torch.int32,
+                           generator=gen).view(torch.float32)
+    floats[:3] = torch.tensor([-0.0, float("nan"), float("-inf")])
+    small = odd[:1000]
+    cases = {"odd": odd, "floats": floats, "small": small}
+    handles = {k: adapter.allgather_fixed(t, f"swap.{k}", hvd.global_process_set, RANK, SIZE) for k, t in cases.items()}
+    got = {k: adapter.wait(h) for k, h in handles.items()}
+    want = {k: hvd.allgather(t, name=f"swap.want.{k}") for k, t in cases.items()}
+    for k in cases:
+        assert isinstance(handles[k], PairSwap) == (SIZE == 2 and k != "small"), (k, type(handles[k]))
+        assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, (k, got[k].shape, want[k].shape)
+        assert torch.equal(got[k].view(torch.uint8), want[k].view(torch.uint8)), k
+
+
+@pytest.mark.skipif(SIZE != 2, reason="the swap is for 2 ranks; the test above checks the allgather at others")
+def test_top_k_through_the_swap_matches_the_allgather(monkeypatch):
+    """Top-K of a tensor whose packed payload is over 1 MiB: the aggregate and the residual after 2
+    steps are bit-identical whether the payload travels by the 2-rank reduce-scatter or by the
+    allgather (PAIR_SWAP_MIN_BYTES raised past it), and the reduce-scatter ran."""
+    import hvd_compress.torch_adapter as ta
+    specs = {"wide": (1 << 19,)}
+    swaps, at_least = [], ta.PAIR_SWAP_MIN_BYTES
+    orig = hvd.reducescatter_async
+
+    def spy(tensor, *a, name=None, **kw):
+        swaps.append(name)
+        return orig(tensor, *a, name=name, **kw)
+
+    monkeypatch.setattr(hvd, "reducescatter_async", spy)
+    runs = {}
+    for way, threshold in (("swap", at_least), ("allgather", 1 << 62)):
+        monkeypatch.setattr(ta, "PAIR_SWAP_MIN_BYTES", threshold)
+        comp = hvd_compress.TopK(0.5)
+        runs[way] = (run_injected(comp, steps=2, specs=specs), comp.adapters["torch"].residuals["wide"].clone())
+        assert comp.stats.per_tensor()["wide"]["payload_bytes"] > at_least + 4
+    assert len(swaps) == 2, swaps
+    (got, res), (want, want_res) = runs["swap"], runs["allgather"]
+    for step in range(2):
+        assert np.array_equal(got[step]["wide"].view(np.uint32), want[step]["wide"].view(np.uint32)), step
+    assert torch.equal(res.view(torch.int32), want_res.view(torch.int32))
+
+
 # --- schemes without a numpy reference: their own laws ------------------------------------------------------
 def test_lossless_is_exact_and_counts_its_bytes():
     """Lossless: the aggregate is exactly the uncompressed one, and the counter is the placeholder,
