@@ -9,6 +9,7 @@ storage, and the collectives.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -17,6 +18,28 @@ from .schemes.base import SeededDraws
 from .state import StateTable
 from .transports import Call, transport_for
 from .transports.two_phase import choose_two_phase  # noqa: F401  (re-exported)
+
+
+#: the environment variable that switches the 2-rank swap on (:func:`pair_swap_min_bytes`)
+PAIR_SWAP_ENV = "HVDC_PAIR_SWAP_MIN_BYTES"
+
+
+def pair_swap_min_bytes():
+    """From how many bytes up an adapter's ``allgather_fixed`` between 2 ranks
+    travels as a reduce-scatter instead of an allgather: ``HVDC_PAIR_SWAP_MIN_BYTES``
+    (a byte count; it must be the same on every rank), or None (unset or empty:
+    never).  Off by default: it pays on a slow link and costs on a fast one
+    (docs/design/architecture.md, "Two ranks")."""
+    value = os.environ.get(PAIR_SWAP_ENV, "").strip()
+    if not value:
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ValueError(f"{PAIR_SWAP_ENV} must be a byte count (an integer >= 0) or empty, got {value!r}")
+    return n
 
 
 @dataclass

@@ -16,7 +16,7 @@ from dataclasses import replace
 import tensorflow as tf
 
 from . import horovod_compat
-from .adapter import AdapterBase, CallerInfo
+from .adapter import AdapterBase, CallerInfo, pair_swap_min_bytes
 from .backend import backend_for
 from .fingerprint import compare, describe_side
 from .state import OWNED_CHUNK_RESIDUAL, OWNED_CHUNK_SUFFIX, RESIDUAL
@@ -201,6 +201,31 @@ class TFAdapter(AdapterBase):
     def allgather(self, tensor, name, process_set):
         import horovod.tensorflow as hvd
         return hvd.allgather(tensor, name=name, process_set=process_set, ignore_name_scope=True)
+
+    def allgather_fixed(self, tensor, name, process_set, rank, size):
+        """Between 2 ranks, where ``HVDC_PAIR_SWAP_MIN_BYTES`` is set and the
+        payload's static size is that large, it travels as a Sum reduce-scatter of
+        a ``[2, n/4]`` int32 tensor whose row of the peer holds this rank's bytes
+        and whose own row is zeros, as in torch (:meth:`TorchAdapter.allgather_fixed
+        <hvd_compress.torch_adapter.TorchAdapter.allgather_fixed>` says why)."""
+        n, at_least = tensor.shape.num_elements(), pair_swap_min_bytes()
+        if (size != 2 or at_least is None or n is None or tensor.shape.rank == 0 or tensor.dtype == tf.bool
+                or n * tensor.dtype.size < at_least):
+            return self.allgather(tensor, name, process_set)
+        import horovod.tensorflow as hvd
+        itemsize, nbytes = tensor.dtype.size, n * tensor.dtype.size
+        flat = tf.reshape(tensor, [-1])
+        mine = flat if tensor.dtype == tf.uint8 else tf.reshape(tf.bitcast(flat, tf.uint8), [-1])
+        words = -(-nbytes // 4)
+        mine_words = tf.bitcast(tf.reshape(tf.pad(mine, [[0, 4 * words - nbytes]]), [words, 4]), tf.int32)
+        zeros = tf.zeros([words], tf.int32)
+        rows = tf.stack([zeros, mine_words] if rank == 0 else [mine_words, zeros])
+        received = hvd.reducescatter(rows, op=hvd.Sum, name=name, process_set=process_set, ignore_name_scope=True)
+        peer = tf.reshape(tf.bitcast(received, tf.uint8), [-1])[:nbytes]
+        both = tf.concat([mine, peer] if rank == 0 else [peer, mine], 0)
+        if tensor.dtype != tf.uint8:
+            both = tf.bitcast(tf.reshape(both, [2 * n, itemsize]) if itemsize > 1 else both, tensor.dtype)
+        return tf.reshape(both, [2 * tensor.shape[0]] + tensor.shape.as_list()[1:])
 
     def allreduce_sum(self, tensor, name, process_set):
         import horovod.tensorflow as hvd

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from . import horovod_compat
-from .adapter import AdapterBase, CallerInfo
+from .adapter import AdapterBase, CallerInfo, pair_swap_min_bytes
 from .backend import backend_for
 from .fingerprint import compare, describe_side
 from .state import RESIDUAL, MemoryView, StepView
@@ -14,10 +14,6 @@ from .state import RESIDUAL, MemoryView, StepView
 class AdasumNotSupported(ValueError):
     pass
 
-
-#: the smallest payload that two ranks swap by a reduce-scatter instead of an allgather
-#: (:meth:`TorchAdapter.allgather_fixed`)
-PAIR_SWAP_MIN_BYTES = 1 << 20
 
 
 class PairSwap:
@@ -149,19 +145,20 @@ class TorchAdapter(AdapterBase):
         return hvd.allgather_async(tensor.contiguous(), name=name, process_set=process_set)
 
     def allgather_fixed(self, tensor, name, process_set, rank, size):
-        """Between 2 ranks, a payload of :data:`PAIR_SWAP_MIN_BYTES` or more
-        travels as a Sum reduce-scatter of a ``[2, n/4]`` int32 tensor whose row
-        of the peer holds this rank's bytes and whose own row is zeros: each rank
-        receives the other's bytes exactly (an integer sum with zero), the same
-        bytes each way as the allgather.  Horovod 0.28.1's Gloo allgather of 2
-        ranks posts its send before its receive on the one connection they share,
-        and the rank that arrives second queues its ready-to-receive notice behind
-        its whole payload, so the two directions run one after the other (twice
-        the link time on a slow link; docs/design/architecture.md, "Two ranks"); Gloo's
-        reduce-scatter sends both at once.  Every rank decides alike: the shape
-        is the same on every rank."""
-        nbytes = self.nbytes(tensor)
-        if size != 2 or nbytes < PAIR_SWAP_MIN_BYTES or tensor.dim() == 0:
+        """Between 2 ranks, where ``HVDC_PAIR_SWAP_MIN_BYTES`` is set
+        (:func:`~hvd_compress.adapter.pair_swap_min_bytes`) and the payload is
+        that large, it travels as a Sum reduce-scatter of a ``[2, n/4]`` int32
+        tensor whose row of the peer holds this rank's bytes and whose own row is
+        zeros: each rank receives the other's bytes exactly (an integer sum with
+        zero), the same bytes each way as the allgather.  Horovod 0.28.1's Gloo
+        allgather of 2 ranks posts its send before its receive on the one
+        connection they share, and the rank that arrives second queues its
+        ready-to-receive notice behind its whole payload, so the two directions
+        run one after the other; Gloo's reduce-scatter sends both at once, but
+        costs more on a fast link (docs/design/architecture.md, "Two ranks").
+        Every rank decides alike: the shape is the same on every rank."""
+        nbytes, at_least = self.nbytes(tensor), pair_swap_min_bytes()
+        if size != 2 or at_least is None or nbytes < at_least or tensor.dim() == 0:
             return self.allgather(tensor, name, process_set)
         import horovod.torch as hvd
         mine = tensor.detach().contiguous().reshape(-1).view(torch.uint8)

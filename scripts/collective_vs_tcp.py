@@ -20,7 +20,8 @@ while it computes), medians, of each of ``--kinds`` (default: the first five):
 * ``horovod_allgather`` / ``horovod_allreduce``: ``horovodrun -np 2 --gloo``,
   one blocking ``hvd.allgather`` of the size (uint8) / ``hvd.allreduce`` of the
   size (fp32; a 2-rank ring moves the size each way), after a 1-element
-  allreduce as a barrier;
+  allreduce as a barrier, from the earlier rank's start to the later rank's
+  end (both ranks read one clock: the hosts share the machine);
 * ``horovod_allgather_in_4``: four ``allgather_async`` of a quarter each,
   launched together (Horovod fuses them into one response);
 * ``horovod_allgather_4_in_turn``: four blocking ``hvd.allgather`` of a quarter
@@ -101,14 +102,12 @@ sizes, reps, gap, kinds = [int(s) for s in sys.argv[1].split(",")], int(sys.argv
     sys.argv[4].split(",")
 assert hvd.size() == 2, "the swaps below are written for 2 ranks"
 peer = 1 - hvd.rank()
-out, spans = {}, {}
+spans = {}
 for size in sizes:
     for kind in kinds:
-        times = []
         for r in range(reps):
             hvd.allreduce(torch.zeros(1), name="barrier")
             w0 = time.time()
-            t0 = time.perf_counter()
             if kind == "horovod_allgather":
                 hvd.allgather(torch.ones(size, dtype=torch.uint8), name=f"g.{size}")
             elif kind == "horovod_allreduce":
@@ -130,12 +129,15 @@ for size in sizes:
                 hvd.reducescatter(x, op=hvd.Sum, name=f"rs.{size}")
             else:
                 raise SystemExit(f"unknown kind {kind}")
-            times.append(time.perf_counter() - t0)
             spans.setdefault(f"{kind}.{size}", []).append((w0, time.time()))
             time.sleep(gap)
-        out[f"{kind}.{size}"] = times
+# both ranks run on one machine, one clock: a repetition lasts from the earlier rank's start
+# to the later rank's end (a rank's send completes once its last bytes are in its socket)
+every = hvd.allgather_object(spans, name="spans")
 if hvd.rank() == 0:
-    print("RESULT " + json.dumps(out))
+    spans = {k: [(min(s[k][i][0] for s in every), max(s[k][i][1] for s in every)) for i in range(len(v))]
+             for k, v in spans.items()}
+    print("RESULT " + json.dumps({k: [w1 - w0 for w0, w1 in v] for k, v in spans.items()}))
     print("SPANS " + json.dumps(spans))
 '''
 

@@ -9,8 +9,9 @@ every rank, the parts travel as ONE allgather of their bytes (Top-K's indices
 and values together); else one allgather per part, and parts whose length
 differs between ranks (``scheme.variable_parts``) also gather their lengths.
 What has the same length on every rank goes through the adapter's
-``allgather_fixed``: torch swaps a large one between 2 ranks by a
-reduce-scatter (docs/design/architecture.md, "Two ranks")."""
+``allgather_fixed``, which swaps a large one between 2 ranks by a
+reduce-scatter where ``HVDC_PAIR_SWAP_MIN_BYTES`` is set
+(docs/design/architecture.md, "Two ranks")."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -599,6 +599,48 @@ def test_keras_fit_aggregate_matches_reference(sid, bpps, op):
     res.check(f"keras fit backward_passes_per_step={bpps} op={op}", bpps=bpps, op=op)
 
 
+# --- a large fixed-length payload between 2 ranks: swapped by a reduce-scatter where switched on -------------
+SWAP_AT = 1 << 20  # HVDC_PAIR_SWAP_MIN_BYTES in these tests
+
+
+@pytest.mark.skipif(SIZE != 2, reason="the swap is for 2 ranks; at others allgather_fixed is the allgather")
+def test_large_fixed_payload_swapped_exactly(monkeypatch):
+    """With HVDC_PAIR_SWAP_MIN_BYTES set, ``TFAdapter.allgather_fixed`` in a tf.function gives
+    hvd.allgather's bytes exactly (odd byte lengths, int8, -0.0 and NaN payloads included) and moves
+    a payload of that size by a reduce-scatter, smaller ones by the allgather.  (The transport's
+    use of it is tested in torch: test_top_k_through_the_swap_matches_the_allgather.)"""
+    monkeypatch.setenv("HVDC_PAIR_SWAP_MIN_BYTES", str(SWAP_AT))
+    adapter = TFAdapter()
+    rng = np.random.default_rng(1234 + RANK)
+    floats = rng.integers(-2 ** 31, 2 ** 31 - 1, SWAP_AT // 4 + 5, dtype=np.int32).view(np.float32)
+    floats[:3] = [-0.0, np.nan, -np.inf]
+    odd = rng.integers(0, 256, SWAP_AT + 3, dtype=np.uint8)
+    cases = {"odd": tf.constant(odd), "int8": tf.constant(odd.view(np.int8)), "floats": tf.constant(floats),
+             "small": tf.constant(odd[:1000])}
+    swaps = []
+    orig = hvd.reducescatter
+
+    def spy(tensor, *a, name=None, **kw):
+        swaps.append(name)
+        return orig(tensor, *a, name=name, **kw)
+
+    monkeypatch.setattr(hvd, "reducescatter", spy)
+
+    @tf.function(autograph=False)
+    def both():
+        got = {k: adapter.allgather_fixed(t, f"tf.swap.{k}", hvd.global_process_set, RANK, SIZE)
+               for k, t in cases.items()}
+        want = {k: hvd.allgather(t, name=f"tf.swap.want.{k}") for k, t in cases.items()}
+        return got, want
+
+    got, want = both()
+    assert sorted(swaps) == ["tf.swap.floats", "tf.swap.int8", "tf.swap.odd"], swaps
+    for k in cases:
+        g, w = got[k].numpy(), want[k].numpy()
+        assert g.dtype == w.dtype and g.shape == w.shape, (k, g.shape, w.shape)
+        assert g.tobytes() == w.tobytes(), k
+
+
 # --- pass-through --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("sid", IDS)
 def test_non_float_passes_through_and_ctx_none(sid):

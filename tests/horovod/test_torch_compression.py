@@ -302,37 +302,45 @@ def test_half_and_double_gradients_keep_their_dtype():
     assert torch.equal(model.h.grad.double(), want_h), model.h.grad
 
 
-# --- a large fixed-length payload between 2 ranks: swapped by a reduce-scatter --------------------------------
-def test_large_fixed_payload_swapped_exactly():
-    """``TorchAdapter.allgather_fixed`` gives hvd.allgather's bytes exactly (odd byte lengths,
-    -0.0 and NaN payloads included); at 2 ranks and PAIR_SWAP_MIN_BYTES or more it moves them by
-    a reduce-scatter (a PairSwap handle), else by the allgather."""
-    from hvd_compress.torch_adapter import PAIR_SWAP_MIN_BYTES, PairSwap, TorchAdapter
+# --- a large fixed-length payload between 2 ranks: swapped by a reduce-scatter where switched on -------------
+SWAP_AT = 1 << 20  # HVDC_PAIR_SWAP_MIN_BYTES in these tests
+
+
+@pytest.mark.skipif(SIZE != 2, reason="the swap is for 2 ranks; at others allgather_fixed is the allgather")
+def test_large_fixed_payload_swapped_exactly(monkeypatch):
+    """With HVDC_PAIR_SWAP_MIN_BYTES set, ``TorchAdapter.allgather_fixed`` gives hvd.allgather's bytes
+    exactly (odd byte lengths, -0.0 and NaN payloads included) and moves a payload of that size by a
+    reduce-scatter (a PairSwap handle); smaller ones, and any with it unset, by the allgather."""
+    from hvd_compress.torch_adapter import PairSwap, TorchAdapter
     adapter = TorchAdapter()
     gen = torch.Generator().manual_seed(1234 + RANK)
-    odd = torch.randint(0, 256, (PAIR_SWAP_MIN_BYTES + 3,), dtype=torch.uint8, generator=gen)
-    floats = torch.randint(-2 ** 31, 2 ** 31 - 1, (PAIR_SWAP_MIN_BYTES // 4 + 5,), dtype=torch.int32,
-                           generator=gen).view(torch.float32)
+    odd = torch.randint(0, 256, (SWAP_AT + 3,), dtype=torch.uint8, generator=gen)
+    floats = torch.randint(-2 ** 31, 2 ** 31 - 1, (SWAP_AT // 4 + 5,), dtype=torch.int32, generator=gen)
+    floats = floats.view(torch.float32)
     floats[:3] = torch.tensor([-0.0, float("nan"), float("-inf")])
-    small = odd[:1000]
-    cases = {"odd": odd, "floats": floats, "small": small}
-    handles = {k: adapter.allgather_fixed(t, f"swap.{k}", hvd.global_process_set, RANK, SIZE) for k, t in cases.items()}
+    cases = {"odd": odd, "floats": floats, "small": odd[:1000], "unset": odd}
+    handles = {}
+    for k, t in cases.items():
+        if k == "unset":
+            monkeypatch.delenv("HVDC_PAIR_SWAP_MIN_BYTES", raising=False)
+        else:
+            monkeypatch.setenv("HVDC_PAIR_SWAP_MIN_BYTES", str(SWAP_AT))
+        handles[k] = adapter.allgather_fixed(t, f"swap.{k}", hvd.global_process_set, RANK, SIZE)
     got = {k: adapter.wait(h) for k, h in handles.items()}
     want = {k: hvd.allgather(t, name=f"swap.want.{k}") for k, t in cases.items()}
     for k in cases:
-        assert isinstance(handles[k], PairSwap) == (SIZE == 2 and k != "small"), (k, type(handles[k]))
+        assert isinstance(handles[k], PairSwap) == (k in ("odd", "floats")), (k, type(handles[k]))
         assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, (k, got[k].shape, want[k].shape)
         assert torch.equal(got[k].view(torch.uint8), want[k].view(torch.uint8)), k
 
 
-@pytest.mark.skipif(SIZE != 2, reason="the swap is for 2 ranks; the test above checks the allgather at others")
+@pytest.mark.skipif(SIZE != 2, reason="the swap is for 2 ranks; at others allgather_fixed is the allgather")
 def test_top_k_through_the_swap_matches_the_allgather(monkeypatch):
     """Top-K of a tensor whose packed payload is over 1 MiB: the aggregate and the residual after 2
-    steps are bit-identical whether the payload travels by the 2-rank reduce-scatter or by the
-    allgather (PAIR_SWAP_MIN_BYTES raised past it), and the reduce-scatter ran."""
-    import hvd_compress.torch_adapter as ta
+    steps are bit-identical whether the payload travels by the 2-rank reduce-scatter
+    (HVDC_PAIR_SWAP_MIN_BYTES set) or by the allgather (unset), and the reduce-scatter ran."""
     specs = {"wide": (1 << 19,)}
-    swaps, at_least = [], ta.PAIR_SWAP_MIN_BYTES
+    swaps = []
     orig = hvd.reducescatter_async
 
     def spy(tensor, *a, name=None, **kw):
@@ -341,11 +349,14 @@ def test_top_k_through_the_swap_matches_the_allgather(monkeypatch):
 
     monkeypatch.setattr(hvd, "reducescatter_async", spy)
     runs = {}
-    for way, threshold in (("swap", at_least), ("allgather", 1 << 62)):
-        monkeypatch.setattr(ta, "PAIR_SWAP_MIN_BYTES", threshold)
+    for way in ("swap", "allgather"):
+        if way == "swap":
+            monkeypatch.setenv("HVDC_PAIR_SWAP_MIN_BYTES", str(SWAP_AT))
+        else:
+            monkeypatch.delenv("HVDC_PAIR_SWAP_MIN_BYTES")
         comp = hvd_compress.TopK(0.5)
         runs[way] = (run_injected(comp, steps=2, specs=specs), comp.adapters["torch"].residuals["wide"].clone())
-        assert comp.stats.per_tensor()["wide"]["payload_bytes"] > at_least + 4
+        assert comp.stats.per_tensor()["wide"]["payload_bytes"] > SWAP_AT + 4
     assert len(swaps) == 2, swaps
     (got, res), (want, want_res) = runs["swap"], runs["allgather"]
     for step in range(2):
