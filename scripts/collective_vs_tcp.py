@@ -4,7 +4,7 @@ Horovod's collectives: what a bytes-only ceiling can expect of one step's
 exchange, and what Horovod's Gloo collectives reach of it.
 
     .venv/bin/python scripts/collective_vs_tcp.py [--rate 100] [--sizes 0.8M,2M,7.45M,16M] \
-        [--reps 6] [--gap 0.1] [--kinds KIND,...] [--trace FILE] [--prefix qx] \
+        [--reps 6] [--gap 0.1] [--kinds KIND,...] [--trace FILE] [--local] [--prefix qx] \
         [--out docs/results/collective_vs_tcp.json]
 
 Needs root (a 2-host emulated cluster, ``hvd_compress.tools.testing.cluster``,
@@ -39,7 +39,11 @@ in which host 1 both sent and received at over a quarter of the link rate
 (1: the two directions overlap throughout; 0: one after the other).
 ``--trace`` writes the samples and spans too.
 
-``at_link_rate_s`` is the size at the nominal rate.  The ratios to it say how
+``--local`` runs the Horovod kinds on this machine instead (``horovodrun -np 2
+-H localhost:2``, loopback, no shaping, no root, no link samples): what each
+collective costs on the hosts, with the link out of the way.
+
+``at_link_rate_s`` is the size at the nominal rate (None with ``--local``).  The ratios to it say how
 much of a step's exchange is the link and how much the way it is used.
 """
 from __future__ import annotations
@@ -195,6 +199,9 @@ def main(argv=None):
     p.add_argument("--kinds", default=DEFAULT_KINDS, help=f"comma list of {', '.join(KINDS)} (default {DEFAULT_KINDS})")
     p.add_argument("--trace", help="also write host 1's link byte counters (5 ms samples) and each "
                    "repetition's span to this JSON file")
+    p.add_argument("--local", action="store_true",
+                   help="run the horovod_ kinds on this machine instead (horovodrun -np 2 -H localhost:2: "
+                   "loopback, no shaping, no root): what the collectives cost on the hosts")
     p.add_argument("--prefix", default="qx")
     p.add_argument("--out", default=os.path.join(ROOT, "docs", "results", "collective_vs_tcp.json"))
     a = p.parse_args(argv)
@@ -203,10 +210,75 @@ def main(argv=None):
     if unknown or not kinds:
         p.error(f"--kinds: unknown {unknown}; allowed: {', '.join(KINDS)}")
     horovod_kinds = [k for k in kinds if k.startswith("horovod_")]
-    from hvd_compress.tools.testing.cluster import Cluster
+    if a.local and horovod_kinds != kinds:
+        p.error("--local runs only the horovod_ kinds")
     sizes = [parse_size(s) for s in a.sizes.split(",")]
     raw, spans, samples = {}, {}, []
     load_before = os.getloadavg()[0]
+    if a.local:
+        cmd = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
+               sys.executable, "-c", HOROVOD, ",".join(map(str, sizes)), str(a.reps), str(a.gap), ",".join(kinds)]
+        r = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                           timeout=1800, cwd=ROOT)
+        raw, spans = horovod_results(r)
+    else:
+        raw, spans, samples = on_cluster(a, kinds, horovod_kinds, sizes)
+    if a.trace:
+        with open(a.trace, "w") as f:
+            json.dump({"samples_time_rx_tx": samples, "spans": spans}, f)
+    bytes_per_s = None if a.local else a.rate * 1e6 / 8
+    rows = []
+    for size in sizes:
+        row = {"bytes": size, "at_link_rate_s": None if a.local else size / bytes_per_s}
+        for kind in kinds:
+            times = raw[f"{kind}.{size}"]
+            row[kind + "_s"] = statistics.median(times)
+            row[kind + "_all_s"] = times
+            if samples and f"{kind}.{size}" in spans:
+                shares = [both_directions_share(samples, span, bytes_per_s) for span in spans[f"{kind}.{size}"]]
+                row[kind + "_both_directions_share"] = [None if x is None else round(x, 3) for x in shares]
+        rows.append(row)
+    result = {"command": "scripts/collective_vs_tcp.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "rate_mbit": None if a.local else a.rate, "reps": a.reps, "gap_s": a.gap,
+              "loadavg_1m_before": load_before, "loadavg_1m_after": os.getloadavg()[0],
+              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": rows}
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(("this machine, loopback" if a.local else f"{a.rate:g} Mbit/s") + f", median of {a.reps}, ms"
+          + ("" if a.local else " (x the size at the link rate)")
+          + ("; [median share of the time host 1 both sent and received]" if samples else ""))
+    print(f"{'bytes':>10} {'link':>7} " + " ".join(f"{k:>30}" for k in kinds))
+    for row in rows:
+        cells = []
+        for k in kinds:
+            cell = f"{row[k + '_s'] * 1e3:.0f}"
+            if row["at_link_rate_s"]:
+                cell += f" ({row[k + '_s'] / row['at_link_rate_s']:.2f}x)"
+            shares = [x for x in row.get(k + "_both_directions_share", []) if x is not None]
+            if shares:
+                cell += f" [{statistics.median(shares):.2f}]"
+            cells.append(f"{cell:>30}")
+        link = "-" if row["at_link_rate_s"] is None else f"{row['at_link_rate_s'] * 1e3:.0f}"
+        print(f"{row['bytes']:>10} {link:>7} " + " ".join(cells))
+    print(f"wrote {a.out}")
+
+
+def horovod_results(r):
+    """({kind.size: [seconds]}, {kind.size: [(start, end)]}) from the Horovod side's output."""
+    lines = (r.stdout or "").splitlines()
+    result = [x for x in lines if "RESULT " in x]
+    if r.returncode != 0 or not result:
+        raise SystemExit(f"horovodrun failed (exit {r.returncode}):\n{(r.stdout or '')[-2000:]}"
+                         f"{(r.stderr or '')[-2000:]}")
+    spans = json.loads([x for x in lines if "SPANS " in x][-1].split("SPANS ", 1)[1])
+    return json.loads(result[-1].split("RESULT ", 1)[1]), spans
+
+
+def on_cluster(a, kinds, horovod_kinds, sizes):
+    """The kinds on a 2-host emulated cluster shaped to ``a.rate``: (raw times, spans, link samples)."""
+    from hvd_compress.tools.testing.cluster import Cluster
+    raw, spans, samples = {}, {}, []
     with Cluster(2, prefix=a.prefix) as c:
         c.set_rate(a.rate)
         for i, size in enumerate(sizes):
@@ -230,49 +302,9 @@ def main(argv=None):
                     text = f.read()
                 os.unlink(trace)
             samples = [tuple(float(v) for v in line.split()) for line in text.splitlines() if len(line.split()) == 3]
-            lines = (r.stdout or "").splitlines()
-            result = [x for x in lines if "RESULT " in x]
-            if r.returncode != 0 or not result:
-                raise SystemExit(f"horovodrun failed (exit {r.returncode}):\n{(r.stdout or '')[-2000:]}"
-                                 f"{(r.stderr or '')[-2000:]}")
-            raw.update(json.loads(result[-1].split("RESULT ", 1)[1]))
-            spans = json.loads([x for x in lines if "SPANS " in x][-1].split("SPANS ", 1)[1])
-    if a.trace:
-        with open(a.trace, "w") as f:
-            json.dump({"samples_time_rx_tx": samples, "spans": spans}, f)
-    bytes_per_s = a.rate * 1e6 / 8
-    rows = []
-    for size in sizes:
-        link_s = size / bytes_per_s
-        row = {"bytes": size, "at_link_rate_s": link_s}
-        for kind in kinds:
-            times = raw[f"{kind}.{size}"]
-            row[kind + "_s"] = statistics.median(times)
-            row[kind + "_all_s"] = times
-            if f"{kind}.{size}" in spans:
-                shares = [both_directions_share(samples, span, bytes_per_s) for span in spans[f"{kind}.{size}"]]
-                row[kind + "_both_directions_share"] = [None if x is None else round(x, 3) for x in shares]
-        rows.append(row)
-    result = {"command": "scripts/collective_vs_tcp.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "rate_mbit": a.rate, "reps": a.reps, "gap_s": a.gap, "loadavg_1m_before": load_before,
-              "loadavg_1m_after": os.getloadavg()[0], "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "rows": rows}
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"{a.rate:g} Mbit/s, median of {a.reps}, ms (x the size at the link rate)"
-          + ("; [median share of the time host 1 both sent and received]" if spans else ""))
-    print(f"{'bytes':>10} {'link':>7} " + " ".join(f"{k:>30}" for k in kinds))
-    for row in rows:
-        cells = []
-        for k in kinds:
-            cell = f"{row[k + '_s'] * 1e3:.0f} ({row[k + '_s'] / row['at_link_rate_s']:.2f}x)"
-            shares = [x for x in row.get(k + "_both_directions_share", []) if x is not None]
-            if shares:
-                cell += f" [{statistics.median(shares):.2f}]"
-            cells.append(f"{cell:>30}")
-        print(f"{row['bytes']:>10} {row['at_link_rate_s'] * 1e3:>7.0f} " + " ".join(cells))
-    print(f"wrote {a.out}")
+            times, spans = horovod_results(r)
+            raw.update(times)
+    return raw, spans, samples
 
 
 if __name__ == "__main__":
