@@ -153,42 +153,6 @@ def shared_host(ranks_per_host, cpus, base: "Machine" = LINK_ONLY, background_lo
     return replace(base, cpus=int(cpus), ranks_per_host=int(ranks_per_host),
                    background_load=float(background_load), core_wait_s=float(core_wait_s))
 
-def kernel_id() -> int:
-    """This process's operating-system kernel as a 63-bit integer: the hash of
-    its boot id (``/proc/sys/kernel/random/boot_id``), which every container
-    and network namespace on one machine shares, so ranks that Horovod counts
-    on different hosts (``local_size`` 1 each) but that share one machine's
-    cores show the same id; the host name where there is no boot id."""
-    import socket
-    from .naming import stable_hash
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return stable_hash("boot", f.read().strip())
-    except OSError:
-        return stable_hash("host", socket.gethostname())
-
-
-def usable_cpus() -> Optional[int]:
-    """The cores this process may run on (its affinity mask; ``os.cpu_count()``
-    where the platform has none)."""
-    import os
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count()
-
-
-def machine_of(kernel_ids, local_size, cpus) -> "Machine":
-    """The host as the cost model sees it from every rank's :func:`kernel_id`
-    (a collective gathers them): the most ranks that share one kernel (never
-    fewer than Horovod's ``local_size``) sharing ``cpus`` cores
-    (:func:`shared_host`).  A ring waits for its slowest member, so the most
-    crowded machine sets the pace."""
-    from collections import Counter
-    busiest = max(Counter(int(i) for i in kernel_ids).values(), default=1)
-    return shared_host(max(int(local_size or 1), busiest), cpus)
-
-
 #: GPUs with NCCL (the projection): sums and copies run on the GPU at memory
 #: bandwidth, negligible next to the network; Horovod's default cycle
 GPU_NCCL = Machine(cycle_s=HOROVOD_CYCLE_S, name="GPU, NCCL")

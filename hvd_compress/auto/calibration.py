@@ -266,12 +266,12 @@ def ready():
 
 def host_machine(version, process_set):
     """The host as the cost model sees it: the most ranks sharing one machine's
-    kernel (:func:`hvd_compress.cost_model.machine_of`; one allgather of each
-    rank's :func:`~hvd_compress.cost_model.kernel_id`, named
+    kernel (:func:`hvd_compress.host.machine_of`; one allgather of each
+    rank's :func:`~hvd_compress.host.kernel_id`, named
     ``hvdc.auto.kernel.<version>``) sharing this process's cores;
     ``LINK_ONLY`` where each rank has a core."""
     import horovod.torch as hvd
-    from ..cost_model import kernel_id, machine_of, usable_cpus
+    from ..host import kernel_id, machine_of, usable_cpus
     ids = hvd.allgather(torch.tensor([kernel_id()], dtype=torch.int64), name=f"hvdc.auto.kernel.{version}",
                         process_set=process_set).tolist()
     return machine_of(ids, hvd.local_size(), usable_cpus())

@@ -8,7 +8,7 @@ Life of an ``Auto``:
    every rank times a few small allreduces and fits the link; a tensor on
    which a plain allreduce clearly loses there is calibrated with a safe
    compressed candidate and error feedback
-   (:func:`hvd_compress.auto.planner.provisional_choice`), the others dense
+   (:func:`hvd_compress.auto.provisional.provisional_choice`), the others dense
    (``calibrate_compressed=False``: all dense).
 2. **Decide** at the first ``compress`` of the next step, on every rank:
    time blocking allreduces of ``probe_numels`` elements
@@ -48,8 +48,8 @@ import time
 
 from . import saved_plan
 from .planner import (DEFAULT_PROBE_NUMELS, EARLY_PROBE_NUMELS, NONE_LABEL, check_codec_costs, choice_as,
-                      codec_table, default_candidates, fit_link, format_plan, plan, probe_numels_for, propose,
-                      provisional_candidates, provisional_choice)
+                      codec_table, default_candidates, fit_link, format_plan, plan, probe_numels_for, propose)
+from .provisional import provisional_candidates, provisional_choice
 from ..compressor import Compressor, Phase
 from ..cost_model import LINK_ONLY
 from ..memory import ResidualMemory
@@ -63,11 +63,9 @@ class Auto(Compressor):
 
     Args:
         rules: :class:`~hvd_compress.Rule` s that pin tensors (they win over the planner).
-        calibration_steps: steps measured before the first plan (>= 1), dense
-            or, where the link clearly needs it, with a safe compressed
-            candidate (``calibrate_compressed``).  The plan does not depend on
-            them (the decision step measures the link and the codecs itself):
-            they time the step and let the first allocations settle.
+        calibration_steps: steps before the first plan (>= 1), dense or with a
+            safe compressed candidate (``calibrate_compressed``); they time the
+            step, which the plan does not use.
         recheck_every: steps between re-checks of the link (0: never).
         topk_ratios, min_topk_ratio, powersgd_rank, include_sign: the
             candidates (:func:`hvd_compress.auto.planner.default_candidates`); raise
@@ -154,16 +152,13 @@ class Auto(Compressor):
         self.step_s = None
         self.codec_s = {}  # key -> {label: seconds}, averaged over ranks
         self.link = None
-        #: the host as the cost model sees it (cost_model.shared_host: ranks
-        #: sharing its cores; LINK_ONLY where each has a core), at the last check
-        self.machine = LINK_ONLY
+        self.machine = LINK_ONLY  # the host at the last check (host.machine_of)
         #: [(start, {key: Choice}, version)]: the plans adopted so far, in order
         self.history = []
         self._phases = {}
         self._tf_decided = self._tf_error = None  # TF: the check step decided last, and its error
         self._tf_plan_json = ""  # TF: the plan as last written to or read from its variable
-        #: the link fitted from the early probe (None: not probed), and each
-        #: tensor's calibration candidate (label; "none": dense)
+        #: the early probe's link (None: not probed); each tensor's calibration label
         self.early_link = None
         self.provisional = {}
         self.check_seconds = None
@@ -243,7 +238,7 @@ class Auto(Compressor):
         """Choose the candidate ``key`` is calibrated with (at its first call,
         before any plan): probe the link once (at the first ``compress`` of
         this Auto on every rank, where the fingerprint check blocks too), then
-        :func:`hvd_compress.auto.planner.provisional_choice`."""
+        :func:`hvd_compress.auto.provisional.provisional_choice`."""
         cal = self._calibration()
         if not self.calibrate_compressed or not cal.ready():
             self.provisional[key] = NONE_LABEL

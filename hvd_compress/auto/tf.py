@@ -102,7 +102,7 @@ def require_global_process_set(tensor):
 def host_machine(version, process_set):
     """As :func:`hvd_compress.auto.calibration.host_machine`, in TensorFlow."""
     import horovod.tensorflow as hvd
-    from ..cost_model import kernel_id, machine_of, usable_cpus
+    from ..host import kernel_id, machine_of, usable_cpus
     ids = hvd.allgather(tf.constant([kernel_id()], tf.int64), name=f"hvdc.auto.kernel.{version}",
                         process_set=process_set, ignore_name_scope=True).numpy().tolist()
     return machine_of(ids, hvd.local_size(), usable_cpus())

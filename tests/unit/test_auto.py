@@ -375,7 +375,7 @@ def test_calibration_runs_a_safe_compressed_scheme_where_dense_clearly_loses(lin
 def test_calibration_candidates_follow_the_candidates(kwargs, labels):
     """Only candidates the user allows calibrate: ``exclude`` and
     ``min_topk_ratio`` hold before the first plan too."""
-    from hvd_compress.auto.planner import provisional_candidates
+    from hvd_compress.auto.provisional import provisional_candidates
     auto = hvd_compress.Auto(**kwargs)
     assert [c.label for c in provisional_candidates(auto.candidates)] == labels
 

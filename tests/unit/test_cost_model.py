@@ -121,21 +121,23 @@ def test_shared_host_is_no_sharing_unless_the_ranks_outnumber_the_cores():
 
 
 def test_machine_of_counts_the_ranks_that_share_a_kernel():
+    from hvd_compress import host
     """Ranks on one machine share its kernel whatever host names Horovod sees
     (containers, network namespaces): the most crowded kernel sets the
     sharing, never fewer ranks than ``local_size``."""
     a, b = 11, 22
-    four_on_one = cm.machine_of([a, a, a, a], 1, 2)  # 4 emulated hosts, local_size 1 each, 2 cores
+    four_on_one = host.machine_of([a, a, a, a], 1, 2)  # 4 emulated hosts, local_size 1 each, 2 cores
     assert (four_on_one.cpus, four_on_one.ranks_per_host) == (2, 4)
-    assert cm.machine_of([a, b, a, b], 1, 2) is cm.LINK_ONLY  # 2 ranks a machine, 2 cores each
-    assert cm.machine_of([a, a, a, b], 1, 2).ranks_per_host == 3  # the busiest machine
-    assert cm.machine_of([a, b], 3, 2).ranks_per_host == 3  # Horovod's count where it is larger
-    assert cm.machine_of([], 1, None) is cm.LINK_ONLY
+    assert host.machine_of([a, b, a, b], 1, 2) is cm.LINK_ONLY  # 2 ranks a machine, 2 cores each
+    assert host.machine_of([a, a, a, b], 1, 2).ranks_per_host == 3  # the busiest machine
+    assert host.machine_of([a, b], 3, 2).ranks_per_host == 3  # Horovod's count where it is larger
+    assert host.machine_of([], 1, None) is cm.LINK_ONLY
 
 
 def test_kernel_id_is_stable_in_a_process_and_an_integer():
-    assert cm.kernel_id() == cm.kernel_id() and 0 <= cm.kernel_id() < 2 ** 63
-    assert cm.usable_cpus() >= 1
+    from hvd_compress import host
+    assert host.kernel_id() == host.kernel_id() and 0 <= host.kernel_id() < 2 ** 63
+    assert host.usable_cpus() >= 1
 
 
 def test_each_distinct_phase_of_a_step_waits_for_a_core_once():
