@@ -29,8 +29,8 @@ both factors.)  On top of the link:
 * **the collective's own CPU work** -- Gloo sums and copies on the CPU: a
   cost per byte received, one constant for fp32 sums, one for fp16 sums
   (x86 CPUs have no native half-precision arithmetic) and one for the copies
-  of gathered bytes (:class:`Machine`).  On GPUs with NCCL this is zero to
-  first order;
+  of gathered bytes (:class:`Machine`), zero to first order on GPUs with
+  NCCL; and :data:`ENTRY_S` per collective a tensor enters (any device);
 * **Horovod's cycle** -- a collective waits for the background thread's next
   cycle (``HOROVOD_CYCLE_TIME``, 1 ms by default), once per dependent round of
   a step: two-phase and PowerSGD issue a second round after the first
@@ -42,11 +42,12 @@ both factors.)  On top of the link:
   step, the allreduce latency is paid once per fusion buffer, not once per
   tensor (:func:`step_cost`).  Horovod fuses tensors of one dtype: the fp32
   allreduces with the allgather schemes' fp32 placeholders, the half-precision
-  payloads among themselves; it fuses the allgathers of a cycle too, and the
+  payloads among themselves; it fuses the allgathers of a cycle too, the
   two-phase transport sends one alltoall and one allgather for all the
-  tensors of a round, so their latency is also paid once per step (per
-  tensor, :attr:`TensorCost.marginal_s` keeps it: a tensor alone on its
-  transport pays it in full);
+  tensors of a round, and PowerSGD launches a step's Q rounds together, so
+  those rounds' latency is also paid once per step (per tensor,
+  :attr:`TensorCost.marginal_s` keeps it: a tensor alone on its transport
+  pays it in full; :mod:`hvd_compress.step_plan` chooses for the step);
 * **ranks sharing a host's cores** (:class:`Machine`) -- where ``R`` ranks
   share ``C`` cores (the emulated cluster), CPU work takes ``max(1, R/C)``
   times as long, and each distinct phase of collectives (:func:`phases`)
@@ -55,10 +56,8 @@ both factors.)  On top of the link:
 * no overlap with the backward pass: an upper bound of the communication
   share of a step.
 
-:func:`tensor_cost` gives one tensor's cost; ``Auto`` and ``advise`` compare
-schemes per tensor by :attr:`TensorCost.marginal_s` (the cost less the
-allreduce latency that fusion shares); :func:`step_cost` sums a step's
-tensors with fusion and the cycle.
+:func:`tensor_cost` gives one tensor's cost, :func:`step_cost` a step's
+(fusion, cycle); ``Auto`` and ``advise`` choose by the step's.
 """
 from __future__ import annotations
 
@@ -78,6 +77,12 @@ class Link:
     """A link: per-step latency (s) and bandwidth (bytes/s) of one rank."""
     latency_s: float
     bytes_per_s: float
+
+#: a tensor's cost per collective it enters, besides its bytes: Horovod's
+#: enqueue, negotiation and completion of one entry (median 16 us, 10-77 us,
+#: 200 small tensors at a time on 2 ranks: ``scripts/collective_entry_cost.py``,
+#: docs/results/collective_entry_cost.json); it keeps a tiny tensor dense
+ENTRY_S = 16e-6
 
 
 @dataclass(frozen=True)
@@ -110,6 +115,8 @@ class Machine:
     #: per runnable task beyond one a core (:data:`CORE_WAIT_S`); applies
     #: only with ``cpus``
     core_wait_s: float = 0.0
+    #: CPU seconds per collective a tensor enters (:func:`phases`), :data:`ENTRY_S`
+    entry_s: float = ENTRY_S
 
     def ranks_sharing(self, workers) -> int:
         return int(self.ranks_per_host or workers)
@@ -130,9 +137,9 @@ class Machine:
         return self.core_wait_s * max(0.0, runnable / self.cpus - 1.0)
 
 
-#: the link alone: what ``Auto`` uses on a host whose ranks have cores of
-#: their own, whose link is fitted to allreduces it times (the fit already
-#: holds the collective's CPU cost and the cycle)
+#: the link and each collective entry: what ``Auto`` uses on a host whose ranks
+#: have cores of their own, whose link is fitted to allreduces it times (the fit
+#: already holds the collective's CPU cost and the cycle)
 LINK_ONLY = Machine()
 
 #: a phase's wait for a core per runnable task beyond one a core (``Machine.core_wait_s``):
@@ -265,12 +272,14 @@ class TensorCost:
     fusable_bytes: float = 0.0
     #: the dtype of the fusable part: Horovod fuses tensors of one dtype only
     fusion_dtype: str = "float32"
-    #: the latency of the tensor's allgather or two-phase rounds, which a step
-    #: shares across its tensors (Horovod fuses the allgathers of a cycle; the
-    #: two-phase transport sends one alltoall and one allgather for every
-    #: tensor of a round): counted in full per tensor, once per step by
-    #: :func:`step_cost`
-    gather_latency_s: float = 0.0
+    #: the latency of the tensor's rounds beyond its allreduce part (the
+    #: allgathers, two-phase's alltoall and allgather, PowerSGD's P and Q),
+    #: which a step shares across its tensors of one transport (Horovod fuses
+    #: the collectives of one kind in a cycle; the two-phase transport sends
+    #: one alltoall and one allgather for every tensor of a round; PowerSGD
+    #: launches a step's Q rounds together): counted in full per tensor, once
+    #: per step by :func:`step_cost`
+    shared_latency_s: float = 0.0
     #: the phases of collectives the tensor takes part in (:func:`phases`)
     phases: Tuple[str, ...] = ()
     #: the wait for a core of the phases beyond the first (ranks sharing
@@ -295,6 +304,14 @@ class TensorCost:
         which a per-tensor choice cannot count on)."""
         return self.total_s - (self.fusable_latency_s if self.fusion_dtype == "float32" else 0.0)
 
+    @property
+    def own_s(self) -> float:
+        """What only this tensor costs: the total less everything a step pays
+        once per phase whoever takes part (the latencies fusion shares, the
+        extra round's cycle, the waits for a core); :func:`hvd_compress.step_plan.plan_step`
+        adds those back per step."""
+        return self.total_s - self.fusable_latency_s - self.shared_latency_s - self.rounds_s - self.wait_s
+
 
 def tensor_cost(transport, payload, workers, link: Link, machine: Machine = LINK_ONLY, encode_s=0.0,
                 decode_s=0.0, codec_s=None, extra_allgathers=0, half=False) -> TensorCost:
@@ -308,12 +325,13 @@ def tensor_cost(transport, payload, workers, link: Link, machine: Machine = LINK
     # placeholders share fp32 buffers, half-precision payloads their own
     dtype = "float16" if half and transport == "allreduce" else "float32"
     gather = 0.0
-    if transport in ("allgather", "two_phase") and workers > 1:
+    if transport != "allreduce" and workers > 1:
         gather = (latency_steps(transport, workers, extra_allgathers) - 2 * (workers - 1)) * link.latency_s
     kinds = phases(transport, extra_allgathers, dtype == "float16") if workers > 1 else ()
     per_phase = machine.phase_wait_s(workers)
     return TensorCost(transport, float(payload), wire, link_s, codec,
-                      collective_cpu_seconds(transport, payload, workers, machine, half),
+                      collective_cpu_seconds(transport, payload, workers, machine, half)
+                      + len(kinds) * machine.entry_s * machine.cpu_share(workers),
                       extra_rounds * machine.cycle_s, fusable,
                       float(payload) if transport == "allreduce" else 4.0, dtype, gather,
                       kinds, max(0, len(kinds) - 1) * per_phase, per_phase)
@@ -340,7 +358,7 @@ def step_cost(costs: Iterable[TensorCost], machine: Machine = LINK_ONLY) -> Step
     """Sum of :func:`tensor_cost` over a step's tensors.  Fusion: the
     allreduce parts (tensors and placeholders) of one dtype share fusion
     buffers of ``machine.fusion_bytes``, so their latency is paid once per
-    buffer, and so do the allgathers, and the two-phase rounds; the
+    buffer, and so do the allgathers, two-phase's and PowerSGD's rounds; the
     step waits one cycle of Horovod's per dependent round (two where any
     tensor travels two-phase or by PowerSGD: the tensors' second rounds
     share a cycle); where ranks share cores, each distinct phase of
@@ -349,12 +367,12 @@ def step_cost(costs: Iterable[TensorCost], machine: Machine = LINK_ONLY) -> Step
     if not costs:
         return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, [])
     saved = 0.0
-    for transport in ("allgather", "two_phase"):
-        group = [c for c in costs if c.transport == transport and c.gather_latency_s > 0]
+    for transport in ("allgather", "two_phase", "powersgd"):
+        group = [c for c in costs if c.transport == transport and c.shared_latency_s > 0]
         if group and machine.fusion_bytes > 0:
             buffers = max(1, math.ceil(sum(c.payload_bytes for c in group) / machine.fusion_bytes))
-            saved += max(0.0, sum(c.gather_latency_s for c in group)
-                         - buffers * max(c.gather_latency_s for c in group))
+            saved += max(0.0, sum(c.shared_latency_s for c in group)
+                         - buffers * max(c.shared_latency_s for c in group))
     for dtype in sorted({c.fusion_dtype for c in costs}):
         fusable = [c for c in costs if c.fusable_latency_s > 0 and c.fusion_dtype == dtype]
         if fusable and machine.fusion_bytes > 0:
@@ -369,16 +387,6 @@ def step_cost(costs: Iterable[TensorCost], machine: Machine = LINK_ONLY) -> Step
     wait = len(kinds) * max(c.phase_wait_s for c in costs)
     return StepCost(link_s - saved + codec + coll + cycle + wait, sum(c.wire_bytes for c in costs),
                     sum(c.payload_bytes for c in costs), link_s - saved, codec, coll, cycle, saved, costs, wait)
-
-
-def gpu_codec_seconds(numel, passes, bytes_per_element=4.0, memory_bytes_per_s=2.0e12, launches=0,
-                      launch_s=5e-6) -> float:
-    """Seconds a memory-bound GPU kernel sequence takes on ``numel`` elements:
-    ``passes`` full reads or writes of the fp32 tensor at ``memory_bytes_per_s``
-    plus ``launches`` kernel launches.  The projection's assumption for encode
-    and decode on GPUs (stated with the passes per scheme in
-    ``scripts/scale_projection.py``)."""
-    return passes * bytes_per_element * numel / memory_bytes_per_s + launches * launch_s
 
 
 def fit_constant(xs, ys) -> Optional[float]:

@@ -118,7 +118,7 @@ def main(argv=None):
         return 0
     import torch
     torch.set_num_threads(1)
-    from hvd_compress.auto.planner import EARLY_PROBE_NUMELS
+    from hvd_compress.auto.probe import EARLY_PROBE_NUMELS
     from hvd_compress.auto.provisional import PROVISIONAL_CODEC_S_PER_ELEMENT, provisional_choice
     from hvd_compress.auto.planner import Link, comm_time, default_candidates, predict_comm
     tensors = mlp_tensors(_count(args.params))

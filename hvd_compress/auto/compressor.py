@@ -12,15 +12,14 @@ Life of an ``Auto``:
    (``calibrate_compressed=False``: all dense).
 2. **Decide** at the first ``compress`` of the next step, on every rank:
    time blocking allreduces of ``probe_numels`` elements
-   (:func:`hvd_compress.auto.planner.probe_numels_for`; fit of latency and
+   (:func:`hvd_compress.auto.probe.probe_numels_for`; fit of latency and
    bandwidth, :func:`hvd_compress.auto.planner.fit_link`) and each candidate's
    error feedback + encode + decode on every distinct tensor shape (``none``:
-   0, not timed); average the measurements over ranks (one allreduce); rank 0 plans
-   (:func:`hvd_compress.auto.planner.plan`) and broadcasts candidate indices in sorted
-   key order (one broadcast); every rank allgathers a hash of the plan it is
-   about to apply and raises
-   :class:`~hvd_compress.auto.planner.PlanMismatchError` on every rank where
-   they differ -- an error, never a hang.
+   0, not timed); average the measurements over ranks (one allreduce); rank 0
+   plans the step (:func:`hvd_compress.auto.planner.plan`) and broadcasts
+   candidate indices in sorted key order; every rank allgathers a hash of
+   the plan it is about to apply and raises
+   :class:`~hvd_compress.auto.planner.PlanMismatchError` where they differ.
 3. **Re-check** every ``recheck_every`` steps: re-probe the link (the codec
    costs are kept) and adopt rank 0's new plan where it is predicted more
    than ``replan_threshold`` faster than the plan in force.
@@ -47,8 +46,9 @@ import threading
 import time
 
 from . import saved_plan
-from .planner import (DEFAULT_PROBE_NUMELS, EARLY_PROBE_NUMELS, NONE_LABEL, check_codec_costs, choice_as,
-                      codec_table, default_candidates, fit_link, format_plan, plan, probe_numels_for, propose)
+from .planner import (NONE_LABEL, check_codec_costs, choice_as, codec_table, default_candidates, fit_link,
+                      format_plan, plan, propose)
+from .probe import DEFAULT_PROBE_NUMELS, EARLY_PROBE_NUMELS, probe_numels_for
 from .provisional import provisional_candidates, provisional_choice
 from ..compressor import Compressor, Phase
 from ..cost_model import LINK_ONLY
@@ -75,7 +75,7 @@ class Auto(Compressor):
         replan_threshold: a re-check adopts a new plan only if it is predicted
             this much faster than the plan in force.
         probe_numels: fp32 allreduce sizes timed to fit the link, capped by
-            :func:`hvd_compress.auto.planner.probe_numels_for`.
+            :func:`hvd_compress.auto.probe.probe_numels_for`.
         exclude: labels of candidates to leave out (``("FP16",)`` where a
             half-precision sum would overflow; ``"none"`` always stays; a
             scheme's label also leaves out its ``"/two_phase"`` candidate).
@@ -301,7 +301,7 @@ class Auto(Compressor):
                 self._adapters["torch"].fold_owned_chunks(rank, size)
 
     def probe_sizes(self, size):
-        """The sizes a check times (:func:`hvd_compress.auto.planner.probe_numels_for`)
+        """The sizes a check times (:func:`hvd_compress.auto.probe.probe_numels_for`)
         on the link known so far: the last fit, else the early probe's; both
         averaged over ranks, so every rank probes the same sizes."""
         return probe_numels_for(self.probe_numels, self.link or self.early_link, size)

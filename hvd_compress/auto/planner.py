@@ -34,7 +34,8 @@ import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
-from ..cost_model import LINK_ONLY, Link, comm_time, tensor_cost
+from ..cost_model import LINK_ONLY, Link, step_cost, tensor_cost
+from ..step_plan import plan_step
 from ..schemes.base import Scheme, check_range
 
 NONE_LABEL = "none"
@@ -241,7 +242,10 @@ def plan(tensors: Dict[str, tuple], workers: int, link: Link, candidates: List[C
          codec_s: Dict[str, Dict[str, float]], rules=(), min_gain=0.1, machine=LINK_ONLY) -> Dict[str, Choice]:
     """``{key: Choice}`` for ``tensors = {key: (numel, shape)}``.  The first
     matching :class:`~hvd_compress.Rule` pins a tensor (label ``"rule <i>"``);
-    the others get :func:`choose`."""
+    the others take the step's cheapest plan
+    (:func:`hvd_compress.step_plan.plan_step`: rounds a step's tensors share
+    are charged once).  A choice's ``predicted_s`` is the tensor's cost with
+    its rounds in full."""
     check_range("workers", workers, 1, None, kind=int)
     check_range("min_gain", min_gain, 0.0, 1.0, hi_open=True)
     if not candidates or candidates[0].label != NONE_LABEL:
@@ -249,31 +253,55 @@ def plan(tensors: Dict[str, tuple], workers: int, link: Link, candidates: List[C
                          f"{[c.label for c in candidates]}")
     if not isinstance(link, Link) or not link.bytes_per_s > 0 or link.latency_s < 0:
         raise ValueError(f"link must be a Link with bytes_per_s > 0 and latency_s >= 0; got {link!r}")
-    out = {}
+    out, free = {}, []
     for key in sorted(tensors):
         numel, shape = tensors[key]
         pinned = next((i for i, rule in enumerate(rules) if rule.matches(key, numel, tuple(shape))), None)
         if pinned is not None:
             out[key] = Choice(f"rule {pinned}", math.nan, math.nan, None)
+        else:
+            free.append(key)
+    options = [tensor_options(*tensors[k], workers, link, candidates, codec_s.get(k, {}), machine) for k in free]
+    labels = plan_step(options, machine, min_gain, NONE_LABEL, [c.label for c in candidates])
+    for key, opts, label in zip(free, options, labels):
+        out[key] = Choice(label, opts[label].marginal_s, opts[NONE_LABEL].marginal_s, opts[label].payload_bytes)
+    return out
+
+
+def tensor_options(numel, shape, workers, link, candidates, codec_s, machine=LINK_ONLY):
+    """``{label: TensorCost}`` of the candidates that may carry one tensor:
+    ``none`` always, a compressed one where it applies, its payload does not
+    depend on the data, and ``codec_s[label]`` (its measured error feedback +
+    encode + decode seconds) is a finite number >= 0."""
+    out = {NONE_LABEL: predict_cost(candidates[0].scheme, numel, shape, workers, link, codec_s=codec_s.get(
+        NONE_LABEL, 0.0), machine=machine)}
+    for cand in candidates[1:]:
+        cost = codec_s.get(cand.label)
+        if cost is None or not math.isfinite(cost) or cost < 0 or not applies(cand, shape):
             continue
-        out[key] = choose(numel, shape, workers, link, candidates, codec_s.get(key, {}), min_gain, machine)
+        got = predict_cost(cand.scheme, numel, shape, workers, link, cand.transport, cost, machine)
+        if got is not None:
+            out[cand.label] = got
     return out
 
 
 def predicted_total(choices: Dict[str, Choice], tensors, workers, link, candidates, codec_s,
                     machine=LINK_ONLY) -> float:
     """Seconds per step of a plan's choices under ``link`` (pinned tensors
-    excluded): how a re-check compares the plan in force with a new one."""
+    excluded; :func:`hvd_compress.cost_model.step_cost`): how a re-check
+    compares the plan in force with a new one."""
     by_label = {c.label: c for c in candidates}
-    total = 0.0
+    costs = []
     for key, choice in choices.items():
         cand = by_label.get(choice.label)
         if cand is None or key not in tensors:
             continue
         numel, shape = tensors[key]
-        _, comm = predict_comm(cand.scheme, numel, shape, workers, link, cand.transport, machine)
-        total += comm + codec_s.get(key, {}).get(cand.label, 0.0)
-    return total
+        cost = predict_cost(cand.scheme, numel, shape, workers, link, cand.transport,
+                            codec_s.get(key, {}).get(cand.label, 0.0), machine)
+        if cost is not None:
+            costs.append(cost)
+    return step_cost(costs, machine).seconds
 
 
 def format_plan(choices: Dict[str, Choice], tensors, link: Optional[Link] = None, step_s=None, codec_s=None) -> str:
@@ -343,37 +371,3 @@ def choice_as(choice, label, numel, shape, workers, link, candidates, codec_s, m
                                                        NONE_LABEL: codec_s.get(NONE_LABEL, 0.0)}, min_gain=0.0,
                  machine=machine)
     return Choice(label, got.predicted_s if got.label == label else float("nan"), got.none_s, None)
-
-#: the allreduces timed at the first ``compress`` to choose how to calibrate:
-#: 4 KB and 1 MB, so that the larger one's time is mostly bandwidth on a slow
-#: link (84 ms at 100 Mbit/s, above the milliseconds a loaded machine adds to
-#: any collective) and costs little on a fast one
-EARLY_PROBE_NUMELS = (1 << 10, 1 << 18)
-#: the allreduce sizes a decision times, before :func:`probe_numels_for` caps them
-DEFAULT_PROBE_NUMELS = (1 << 10, 1 << 16, 1 << 20)
-#: a check's probe sizes are capped at what the link known so far (the early
-#: probe's fit, or the last decision's) moves in this many seconds per
-#: allreduce: on a slow link the largest default size alone would cost seconds
-PROBE_BUDGET_S = 0.1
-
-
-def probe_numels_for(numels, link, workers):
-    """The sizes a check times: ``numels``, each capped at what ``link`` moves
-    in :data:`PROBE_BUDGET_S`; all of them as given where nothing is known
-    (``link`` None or of infinite bandwidth) or the cap would leave fewer
-    than two distinct sizes (then the two smallest).
-
-    The cap never leaves the largest probe's bytes less time than the link's
-    latency steps take: bytes hidden under the latency (and its noise on a
-    loaded machine) show no slope, and the fit would read an infinite
-    bandwidth.  A check on a high-latency link may therefore spend up to
-    twice the latency steps, more than the budget."""
-    sizes = tuple(sorted(set(numels)))
-    if link is None or workers < 2 or not math.isfinite(link.bytes_per_s):
-        return sizes
-    hops = 2.0 * (workers - 1)
-    latency_steps_s = hops * link.latency_s
-    byte_seconds = max(PROBE_BUDGET_S - latency_steps_s, latency_steps_s)
-    cap = byte_seconds * link.bytes_per_s * workers / hops / 4
-    capped = tuple(sorted({min(n, max(1, int(cap))) for n in sizes}))
-    return capped if len(capped) >= 2 else sizes[:2]

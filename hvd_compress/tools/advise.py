@@ -47,6 +47,7 @@ from .bench.report import human_bytes, human_count, human_seconds
 from .bench.specs import HOROVOD_SPECS, parse_spec, payload_nbytes, split_specs
 from .. import cost_model
 from ..cost_model import GPU_NCCL, Link, Machine
+from ..step_plan import plan_step
 from .units import parse_count, parse_rate
 
 #: the encode/decode costs ``advise`` uses by default: a packaged copy of
@@ -356,8 +357,7 @@ def advise(layers, workers, bandwidth, latency=DEFAULT_LATENCY_S, overhead: Opti
     for s in schemes:
         adv.totals[s] = {"payload_bytes": 0.0, "wire_bytes": 0.0, "comm_s": 0.0, "overhead_s": 0.0,
                          "total_s": 0.0, "measured": s not in adv.unmeasured}
-    chosen = []
-    nones = []
+    layer_preds = []
     for layer in layers:
         name, n = layer[0], layer[1]
         shape = layer[2] if len(layer) > 2 else None
@@ -376,26 +376,12 @@ def advise(layers, workers, bandwidth, latency=DEFAULT_LATENCY_S, overhead: Opti
             t["payload_bytes"] += p.payload_bytes
             t["wire_bytes"] += p.wire_bytes
             t["overhead_s"] += p.overhead_s or 0.0
-        base = preds["none"].marginal_s
-        ranked = sorted((p for p in preds.values() if p.total_s is not None), key=lambda p: p.marginal_s)
-        best = ranked[0] if ranked else preds["none"]
-        gain = 1.0 - best.marginal_s / base if base > 0 else 0.0
-        if best.spec != "none" and gain >= min_gain:
-            choice, why = best.spec, f"saves {100 * gain:.0f}% of this tensor's time"
-        else:
-            choice = "none"
-            if len(ranked) <= 1:
-                why = "no alternative with a measured encode/decode cost"
-            elif best.spec == "none":
-                why = "compression does not pay: every scheme is slower than plain allreduce here"
-            else:
-                why = (f"compression does not pay: the best ({best.spec}) saves only {100 * gain:.0f}% "
-                       f"(< {100 * min_gain:.0f}%)")
-        adv.per_layer.append({"name": name, "numel": n, "choice": choice, "why": why,
-                              "none_s": base, "best": best.spec, "best_s": best.marginal_s,
-                              "choice_s": preds[choice].marginal_s, "predictions": preds})
-        chosen.append(preds[choice].cost)
-        nones.append(preds["none"].cost)
+        layer_preds.append((name, n, preds))
+    options = [{s: p.cost for s, p in preds.items() if p.total_s is not None} for _, _, preds in layer_preds]
+    for (name, n, preds), choice in zip(layer_preds, plan_step(options, machine, min_gain, "none", schemes)):
+        adv.per_layer.append(_layer_advice(name, n, preds, choice, min_gain))
+    chosen = [preds[row["choice"]].cost for (_, _, preds), row in zip(layer_preds, adv.per_layer)]
+    nones = [preds["none"].cost for _, _, preds in layer_preds]
     for s, cs in costs.items():
         if len(cs) == len(adv.layers):
             step = cost_model.step_cost(cs, machine)
@@ -408,6 +394,27 @@ def advise(layers, workers, bandwidth, latency=DEFAULT_LATENCY_S, overhead: Opti
     adv.plan_total_s = cost_model.step_cost(chosen, machine).seconds
     adv.none_total_s = cost_model.step_cost(nones, machine).seconds
     return adv
+
+
+def _layer_advice(name, numel, preds, choice, min_gain) -> dict:
+    """One layer's row: the step plan's choice and why, next to the best
+    scheme for the tensor alone (its rounds charged in full)."""
+    base = preds["none"].marginal_s
+    ranked = sorted((p for p in preds.values() if p.total_s is not None), key=lambda p: p.marginal_s)
+    best = ranked[0] if ranked else preds["none"]
+    if choice != "none":
+        own = 1.0 - preds[choice].cost.own_s / preds["none"].cost.own_s if preds["none"].cost.own_s > 0 else 0.0
+        why = f"saves {100 * own:.0f}% of this tensor's own time (rounds shared with the step's other tensors)"
+    elif len(ranked) <= 1:
+        why = "no alternative with a measured encode/decode cost"
+    elif best.spec == "none":
+        why = "compression does not pay: every scheme is slower than plain allreduce here"
+    else:
+        gain = 1.0 - best.marginal_s / base if base > 0 else 0.0
+        why = (f"compression does not pay: alone, the best ({best.spec}) would save {100 * gain:.0f}% (the margin "
+               f"is {100 * min_gain:.0f}%); the step, its shared rounds counted once, is faster without it")
+    return {"name": name, "numel": numel, "choice": choice, "why": why, "none_s": base, "best": best.spec,
+            "best_s": best.marginal_s, "choice_s": preds[choice].marginal_s, "predictions": preds}
 
 
 # ----------------------------------------------------------------------------- reports

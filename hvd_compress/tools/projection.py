@@ -32,7 +32,7 @@ mixed precision, batch 256 a GPU: 0.104 s a step); the transformers from
 GPT 1.3B: 8 sequences of 2048 tokens a GPU).
 
 **Encode/decode on a GPU**: memory-bound kernels, ``passes x 4 bytes x n /
-memory bandwidth`` (:func:`hvd_compress.cost_model.gpu_codec_seconds`) at
+memory bandwidth`` (:func:`gpu_codec_seconds`) at
 1.5 TB/s (75% of an A100 80GB's 2.0 TB/s) plus 5 us a kernel launch; the
 passes per scheme (reads and writes of an fp32-sized tensor, error feedback
 included) are :data:`GPU_PASSES`.
@@ -42,7 +42,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
-from ..cost_model import gpu_codec_seconds
+
+def gpu_codec_seconds(numel, passes, bytes_per_element=4.0, memory_bytes_per_s=2.0e12, launches=0,
+                      launch_s=5e-6) -> float:
+    """Seconds a memory-bound GPU kernel sequence takes on ``numel`` elements:
+    ``passes`` full reads or writes of the fp32 tensor at ``memory_bytes_per_s``
+    plus ``launches`` kernel launches.  The projection's assumption for encode
+    and decode on GPUs (stated with the passes per scheme in
+    ``scripts/scale_projection.py``)."""
+    return passes * bytes_per_element * numel / memory_bytes_per_s + launches * launch_s
+
 
 GPU_MEMORY_BYTES_PER_S = 1.5e12
 A100_BF16_FLOPS = 312e12

@@ -152,12 +152,13 @@ def test_advise_validate_reports_error(tmp_path):
                  "compute_s": 0.1, "comm_s_measured": t, "payload_bytes_per_step": pb,
                  "wire_bytes_per_step": pb * 1.05}
                 for s, t, pb in (("none", 5.5, 64e6), ("TopK(0.01)", 0.5, 0.8e6))]
-    v = adv.validate(e2e_rows, ov, latency=0.0, machine=cost_model.LINK_ONLY)
+    v = adv.validate(e2e_rows, ov, latency=0.0, machine=cost_model.Machine(entry_s=0.0))
     assert [r["scheme"] for r in v] == ["none", "TopK(0.01)"]
     none = v[0]
     assert none["predicted_s"] == pytest.approx(64e6 / (95e6 / 8))
     # the machine's collective cost: per byte received (2 (N-1)/N x 64 MB at N = 2), and one cycle a step
-    gloo = adv.validate(e2e_rows, ov, latency=0.0, machine=cost_model.Machine(reduce_s_per_byte=1e-9, cycle_s=1e-3))
+    gloo = adv.validate(e2e_rows, ov, latency=0.0,
+                        machine=cost_model.Machine(reduce_s_per_byte=1e-9, cycle_s=1e-3, entry_s=0.0))
     assert gloo[0]["predicted_s"] == pytest.approx(64e6 / (95e6 / 8) + 64e6 * 1e-9 + 1e-3)
     assert none["error"] == pytest.approx((none["predicted_s"] - 5.5) / 5.5)
     text = adv.format_validation(v)

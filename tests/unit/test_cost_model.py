@@ -9,8 +9,11 @@ import pytest
 
 from hvd_compress import cost_model as cm
 from hvd_compress.cost_model import Link, Machine
+from hvd_compress.tools.projection import gpu_codec_seconds
 
 MB = 1e6
+#: the hand-computed cases leave out the cost per collective entry (tested on its own)
+NO_ENTRY = Machine(entry_s=0.0)
 
 
 @pytest.mark.parametrize("transport, wire", [("allreduce", 1500.0), ("allgather", 3000.0), ("two_phase", 1500.0),
@@ -55,7 +58,7 @@ def test_the_collectives_own_cpu_cost_per_byte_received():
 
 
 def test_tensor_cost_adds_link_codec_collective_and_the_extra_round():
-    m = Machine(gather_s_per_byte=1e-9, cycle_s=2e-3)
+    m = Machine(gather_s_per_byte=1e-9, cycle_s=2e-3, entry_s=0.0)
     link = Link(1e-4, 10 * MB)
     c = cm.tensor_cost("two_phase", 1 * MB, 4, link, m, encode_s=0.01, decode_s=0.02)
     assert c.wire_bytes == 1.5 * MB
@@ -71,7 +74,7 @@ def test_tensor_cost_adds_link_codec_collective_and_the_extra_round():
 
 def test_step_cost_fuses_the_allreduce_latency_and_waits_one_cycle():
     link = Link(1e-3, 1 * MB)
-    costs = [cm.tensor_cost("allreduce", 100, 2, link) for _ in range(3)]
+    costs = [cm.tensor_cost("allreduce", 100, 2, link, NO_ENTRY) for _ in range(3)]
     # each: 2 (N-1) = 2 latency steps (2 ms) + 100 B at 1 MB/s
     assert costs[0].total_s == pytest.approx(2e-3 + 100 / MB)
     fused = cm.step_cost(costs, Machine(cycle_s=1e-3))
@@ -84,18 +87,24 @@ def test_step_cost_fuses_the_allreduce_latency_and_waits_one_cycle():
     assert cm.step_cost([], Machine()).seconds == 0.0
 
 
-def test_step_cost_shares_the_allgather_and_two_phase_latency_across_tensors():
+def test_step_cost_shares_the_allgather_two_phase_and_powersgd_latency_across_tensors():
     link = Link(1e-3, 1 * MB)
     # N = 4: an allgather's own 3 latency steps and its placeholder's 6; two-phase 3 + 3 and 6
     gathers = [cm.tensor_cost("allgather", 100, 4, link) for _ in range(3)]
-    assert gathers[0].gather_latency_s == pytest.approx(3e-3)
+    assert gathers[0].shared_latency_s == pytest.approx(3e-3)
     step = cm.step_cost(gathers, Machine())
     assert step.fusion_saved_s == pytest.approx(2 * 3e-3 + 2 * 6e-3)  # each shared once, not three times
     phases = [cm.tensor_cost("two_phase", 100, 4, link) for _ in range(2)]
-    assert phases[0].gather_latency_s == pytest.approx(6e-3)
+    assert phases[0].shared_latency_s == pytest.approx(6e-3)
     assert cm.step_cost(phases, Machine()).fusion_saved_s == pytest.approx(6e-3 + 6e-3)
+    # PowerSGD: its P and Q rounds (2 x 6 latency steps) once per step
+    lowrank = [cm.tensor_cost("powersgd", 100, 4, link) for _ in range(3)]
+    assert lowrank[0].shared_latency_s == pytest.approx(12e-3)
+    assert cm.step_cost(lowrank, Machine()).fusion_saved_s == pytest.approx(2 * 12e-3 + 2 * 6e-3)
     # per tensor the allgather latency stays: a tensor alone on its transport pays it
     assert gathers[0].marginal_s == pytest.approx(gathers[0].total_s - 6e-3)
+    # its own cost leaves out everything a step pays once
+    assert gathers[0].own_s == pytest.approx(gathers[0].total_s - 9e-3)
 
 
 def test_ranks_sharing_cores_stretch_cpu_work_and_wait_per_phase():
@@ -142,7 +151,7 @@ def test_kernel_id_is_stable_in_a_process_and_an_integer():
 
 def test_each_distinct_phase_of_a_step_waits_for_a_core_once():
     link = Link(0.0, 1 * MB)
-    m = Machine(cpus=1, core_wait_s=1e-3)  # 4 ranks on 1 core: 3 ms a phase
+    m = Machine(cpus=1, core_wait_s=1e-3, entry_s=0.0)  # 4 ranks on 1 core: 3 ms a phase
     assert cm.phases("allgather", 1) == ("allreduce:float32", "allgather", "allgather:lengths")
     assert cm.phases("allreduce", half=True) == ("allreduce:float16",)
     topk = [cm.tensor_cost("allgather", 100, 4, link, m, extra_allgathers=1) for _ in range(3)]
@@ -160,7 +169,7 @@ def test_each_distinct_phase_of_a_step_waits_for_a_core_once():
 
 def test_gpu_codec_is_passes_times_bytes_over_memory_bandwidth():
     # 1e9 elements, 2 passes of 4 bytes, 2 TB/s: 4 ms, + 3 launches of 5 us
-    assert cm.gpu_codec_seconds(1e9, 2, memory_bytes_per_s=2e12, launches=3) == pytest.approx(4e-3 + 15e-6)
+    assert gpu_codec_seconds(1e9, 2, memory_bytes_per_s=2e12, launches=3) == pytest.approx(4e-3 + 15e-6)
 
 
 def test_fit_constant_is_a_slope_through_the_origin():
@@ -220,17 +229,17 @@ def test_the_planner_charges_the_extra_phases_on_a_host_whose_ranks_share_cores(
     numel, shape = 64 * 512, (64, 512)
     cands = [c for c in default_candidates(topk_ratios=(0.01,), powersgd_rank=None, fp16=False, int8=False)]
     codec = {c.label: 1e-9 * numel for c in cands[1:]}
-    shared = cm.shared_host(2, 1, core_wait_s=0.2)  # one task beyond one a core: 0.2 s a phase
-    assert choose(numel, shape, 3, link, cands, codec).label != "none"
+    shared = cm.shared_host(2, 1, NO_ENTRY, core_wait_s=0.2)  # one task beyond one a core: 0.2 s a phase
+    assert choose(numel, shape, 3, link, cands, codec, machine=NO_ENTRY).label != "none"
     assert choose(numel, shape, 3, link, cands, codec, machine=shared).label == "none"
-    _, alone = predict_comm(cands[1].scheme, numel, shape, 3, link)
+    _, alone = predict_comm(cands[1].scheme, numel, shape, 3, link, machine=NO_ENTRY)
     _, sharing = predict_comm(cands[1].scheme, numel, shape, 3, link, machine=shared)
     assert sharing - alone == pytest.approx(0.2)
-    _, alone = predict_comm(cands[2].scheme, numel, shape, 3, link, "two_phase")
+    _, alone = predict_comm(cands[2].scheme, numel, shape, 3, link, "two_phase", NO_ENTRY)
     _, sharing = predict_comm(cands[2].scheme, numel, shape, 3, link, "two_phase", shared)
     assert sharing - alone == pytest.approx(2 * 0.2)
     assert predict_comm(cands[0].scheme, numel, shape, 3, link, machine=shared)[1] == \
-        pytest.approx(predict_comm(cands[0].scheme, numel, shape, 3, link)[1])
+        pytest.approx(predict_comm(cands[0].scheme, numel, shape, 3, link, machine=NO_ENTRY)[1])
 
 
 def test_advise_gives_a_measured_row_the_machine_it_ran_on():
@@ -289,3 +298,21 @@ def test_advise_predicts_an_auto_row_from_the_plan_it_printed():
              for n, sh, s in advise.auto_plan_tensors(text)]
     assert known and step.seconds == pytest.approx(cm.step_cost(parts).seconds + 0.03)
     assert advise.auto_plan_tensors("Auto: calibrating (3 steps before the first plan)") is None
+
+
+def test_each_collective_a_tensor_enters_costs_an_entry():
+    """ENTRY_S per collective a tensor enters (its phases), as CPU work: a
+    dense tensor one, allgather Top-K with its lengths three, two-phase and
+    PowerSGD three (the placeholder and two rounds)."""
+    link = Link(0.0, 1 * MB)
+    m = Machine(entry_s=1e-3)
+    for transport, extra, entries in (("allreduce", 0, 1), ("allgather", 0, 2), ("allgather", 1, 3),
+                                      ("two_phase", 0, 3), ("powersgd", 0, 3)):
+        with_entries = cm.tensor_cost(transport, 100, 4, link, m, extra_allgathers=extra)
+        without = cm.tensor_cost(transport, 100, 4, link, NO_ENTRY, extra_allgathers=extra)
+        assert with_entries.collective_s - without.collective_s == pytest.approx(entries * 1e-3), transport
+    # ranks sharing cores: CPU work, so it takes max(1, R/C) times as long
+    shared = cm.shared_host(4, 2, m)
+    assert cm.tensor_cost("allreduce", 100, 4, link, shared).collective_s == pytest.approx(2e-3)
+    assert cm.tensor_cost("allreduce", 100, 1, link, m).collective_s == 0.0  # one rank: no collective
+    assert Machine().entry_s == cm.ENTRY_S > 0

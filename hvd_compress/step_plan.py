@@ -1,0 +1,91 @@
+"""Which candidate each tensor takes so that the *step* is fastest, by the one
+cost model (:mod:`hvd_compress.cost_model`); ``Auto``'s planner and
+``hvd-compress advise`` both choose here.
+
+Why not tensor by tensor: Horovod fuses a step's collectives of one kind
+(the fp32 allreduces, the allgathers, two-phase's rounds, PowerSGD's P and Q
+rounds), so a transport's rounds cost their latency and their wait for a
+core once per step, however many tensors use them.  Charged to each tensor
+(:attr:`~hvd_compress.cost_model.TensorCost.marginal_s`), PowerSGD's two
+extra rounds on a model of ``M`` matrices look ``M`` times as dear as they
+are; where latency dominates (many ranks, ranks sharing cores) the
+tensor-by-tensor choice then prefers a scheme with fewer rounds and more
+bytes.  Here each tensor is charged only what is its own
+(:attr:`~hvd_compress.cost_model.TensorCost.own_s`), and each set of
+transports a step may use is scored whole by
+:func:`~hvd_compress.cost_model.step_cost`.
+
+The search is exact over the candidates that matter: every subset of the
+candidates that win some tensor (by their own cost, or charged their rounds
+in full), each tensor taking the cheapest of the subset, the subset whose
+step is cheapest winning (ties: the fewer candidates).  ``min_gain`` keeps
+each tensor's margin: a compressed candidate is taken only where its own
+cost is at least that fraction below ``none``'s, so that a plan never
+compresses a tensor for a predicted gain inside the model's error.
+"""
+from __future__ import annotations
+
+from itertools import combinations
+from typing import Dict, List, Sequence
+
+from .cost_model import LINK_ONLY, Machine, TensorCost, step_cost
+
+#: at most this many candidates (besides ``none``) enter the subset search
+#: (2**8 step evaluations); beyond it, those that win the most tensors
+MAX_SEARCHED = 8
+
+
+def _cheapest(options: Dict[str, TensorCost], allowed, none_label, keep) -> str:
+    """The label of ``allowed`` with the least own cost; a compressed one only
+    where it is below ``keep`` x ``none``'s own cost."""
+    base = options[none_label].own_s
+    best, best_s = none_label, base
+    for label in allowed:
+        cost = options.get(label)
+        if cost is None or label == none_label:
+            continue
+        if cost.own_s <= base * keep and cost.own_s < best_s:
+            best, best_s = label, cost.own_s
+    return best
+
+
+def _searched(options: Sequence[Dict[str, TensorCost]], order, none_label, keep) -> List[str]:
+    """The candidates worth a subset: each one that wins some tensor by its own
+    cost or by its cost with its rounds in full, in ``order``."""
+    wins: Dict[str, int] = {}
+    for opts in options:
+        for label in (_cheapest(opts, order, none_label, keep),
+                      min(opts, key=lambda k: (opts[k].marginal_s, order.index(k) if k in order else 0))):
+            if label != none_label:
+                wins[label] = wins.get(label, 0) + 1
+    ranked = sorted(wins, key=lambda k: (-wins[k], order.index(k) if k in order else len(order)))
+    kept = set(ranked[:MAX_SEARCHED])
+    return [k for k in order if k in kept]
+
+
+def plan_step(options: Sequence[Dict[str, TensorCost]], machine: Machine = LINK_ONLY, min_gain=0.1,
+              none_label="none", order: Sequence[str] = ()) -> List[str]:
+    """One label per tensor (``options[i]``: ``{label: TensorCost}`` of the
+    candidates that may carry tensor ``i``, ``none_label`` among them) whose
+    step has the least :func:`~hvd_compress.cost_model.step_cost` on
+    ``machine``.  ``order``: the candidates' order, for ties (default: as
+    they first appear)."""
+    if not 0.0 <= min_gain < 1.0:
+        raise ValueError(f"min_gain must be in [0, 1); got {min_gain!r}")
+    for i, opts in enumerate(options):
+        if none_label not in opts:
+            raise ValueError(f"options[{i}] lacks the {none_label!r} candidate; it has {sorted(opts)}")
+    order = list(order) or list(dict.fromkeys(k for opts in options for k in opts))
+    keep = 1.0 - min_gain
+    searched = _searched(options, order, none_label, keep)
+    best_labels = [none_label] * len(options)
+    best_s = step_cost([opts[none_label] for opts in options], machine).seconds
+    for size in range(1, len(searched) + 1):
+        for subset in combinations(searched, size):
+            labels = [_cheapest(opts, subset, none_label, keep) for opts in options]
+            if set(labels) != set(subset) | ({none_label} & set(labels)):
+                continue  # a candidate of the subset won nothing: a smaller subset holds this plan
+            seconds = step_cost([opts[k] for opts, k in zip(options, labels)], machine).seconds
+            if seconds < best_s * (1.0 - 1e-12):
+                best_labels, best_s = labels, seconds
+    return best_labels
