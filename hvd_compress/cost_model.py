@@ -50,9 +50,10 @@ both factors.)  On top of the link:
   pays it in full; :mod:`hvd_compress.step_plan` chooses for the step);
 * **ranks sharing a host's cores** (:class:`Machine`) -- where ``R`` ranks
   share ``C`` cores (the emulated cluster), CPU work takes ``max(1, R/C)``
-  times as long, and each distinct phase of collectives (:func:`phases`)
-  waits ``core_wait_s x max(0, (R + L)/C - 1)`` for every rank's turn on a
-  core (``L``: runnable tasks of other work).  Default: no sharing, no wait;
+  times as long, and each ring step (each latency step above) waits
+  ``core_wait_s x max(0, (R + L)/C - 1)`` for the next rank's turn on a core
+  (``L``: runnable tasks of other work): the wait adds to the link's
+  latency, and is shared as it is.  Default: no sharing, no wait;
 * no overlap with the backward pass: an upper bound of the communication
   share of a step.
 
@@ -111,9 +112,8 @@ class Machine:
     #: runnable tasks of other work on the host (its load average without
     #: the ranks): they take turns on the cores too
     background_load: float = 0.0
-    #: seconds a phase of collectives waits for every rank's turn on a core,
-    #: per runnable task beyond one a core (:data:`CORE_WAIT_S`); applies
-    #: only with ``cpus``
+    #: seconds a ring step waits for the next rank's turn on a core, per
+    #: runnable task beyond one a core (:data:`CORE_WAIT_S`); only with ``cpus``
     core_wait_s: float = 0.0
     #: CPU seconds per collective a tensor enters (:func:`phases`), :data:`ENTRY_S`
     entry_s: float = ENTRY_S
@@ -126,9 +126,9 @@ class Machine:
         ``max(1, R / C)``."""
         return 1.0 if not self.cpus else max(1.0, self.ranks_sharing(workers) / self.cpus)
 
-    def phase_wait_s(self, workers) -> float:
-        """The wait of one dependent phase of collectives for every rank's
-        turn on a core: ``core_wait_s`` per runnable task beyond one a core,
+    def step_wait_s(self, workers) -> float:
+        """The wait of one ring step for the next rank's turn on a core:
+        ``core_wait_s`` per runnable task beyond one a core,
         ``core_wait_s x max(0, (R + L) / C - 1)`` (0 without ``cpus``: a rank
         that has a core to itself runs when its data arrives)."""
         if not self.cpus or workers <= 1:
@@ -142,10 +142,10 @@ class Machine:
 #: already holds the collective's CPU cost and the cycle)
 LINK_ONLY = Machine()
 
-#: a phase's wait for a core per runnable task beyond one a core (``Machine.core_wait_s``):
+#: a ring step's wait for a core per runnable task beyond one a core (``Machine.core_wait_s``):
 #: fitted once to the bench scale rows at N <= 4 (emulated hosts sharing 2
 #: cores): ``.venv/bin/python scripts/scale_model_check.py --fit``
-CORE_WAIT_S = 2.6e-3
+CORE_WAIT_S = 0.56e-3
 
 
 def shared_host(ranks_per_host, cpus, base: "Machine" = LINK_ONLY, background_load=0.0,
@@ -282,16 +282,14 @@ class TensorCost:
     shared_latency_s: float = 0.0
     #: the phases of collectives the tensor takes part in (:func:`phases`)
     phases: Tuple[str, ...] = ()
-    #: the wait for a core of the phases beyond the first (ranks sharing
-    #: cores: :meth:`Machine.phase_wait_s`); a step pays each distinct phase
-    #: once (:func:`step_cost`)
+    #: of ``link_s``, the ring steps' waits for a core (:meth:`Machine.step_wait_s`)
     wait_s: float = 0.0
-    #: one phase's wait on the machine (:meth:`Machine.phase_wait_s`)
-    phase_wait_s: float = 0.0
+    #: the share of each latency step that is the wait for a core
+    wait_share: float = 0.0
 
     @property
     def total_s(self) -> float:
-        return self.link_s + self.codec_s + self.collective_s + self.rounds_s + self.wait_s
+        return self.link_s + self.codec_s + self.collective_s + self.rounds_s
 
     @property
     def marginal_s(self) -> float:
@@ -307,16 +305,18 @@ class TensorCost:
     @property
     def own_s(self) -> float:
         """What only this tensor costs: the total less everything a step pays
-        once per phase whoever takes part (the latencies fusion shares, the
-        extra round's cycle, the waits for a core); :func:`hvd_compress.step_plan.plan_step`
-        adds those back per step."""
-        return self.total_s - self.fusable_latency_s - self.shared_latency_s - self.rounds_s - self.wait_s
+        once per phase whoever takes part (the latencies fusion shares, with
+        their waits for a core, and the extra round's cycle);
+        :func:`hvd_compress.step_plan.plan_step` adds those back per step."""
+        return self.total_s - self.fusable_latency_s - self.shared_latency_s - self.rounds_s
 
 
 def tensor_cost(transport, payload, workers, link: Link, machine: Machine = LINK_ONLY, encode_s=0.0,
                 decode_s=0.0, codec_s=None, extra_allgathers=0, half=False) -> TensorCost:
     """One tensor's cost.  ``codec_s`` (seconds, as measured for this
     transport) replaces ``encode_s``/``decode_s`` where given."""
+    waited = machine.step_wait_s(workers)
+    link = Link(link.latency_s + waited, link.bytes_per_s)  # a ring step waits for the next rank's core
     wire, link_s = comm_time(transport, payload, workers, link.bytes_per_s, link.latency_s, extra_allgathers)
     codec = codec_seconds(transport, encode_s, decode_s, workers) if codec_s is None else float(codec_s)
     extra_rounds = rounds(transport) - 1 if workers > 1 else 0
@@ -328,13 +328,13 @@ def tensor_cost(transport, payload, workers, link: Link, machine: Machine = LINK
     if transport != "allreduce" and workers > 1:
         gather = (latency_steps(transport, workers, extra_allgathers) - 2 * (workers - 1)) * link.latency_s
     kinds = phases(transport, extra_allgathers, dtype == "float16") if workers > 1 else ()
-    per_phase = machine.phase_wait_s(workers)
+    share = waited / link.latency_s if link.latency_s > 0 else 0.0
     return TensorCost(transport, float(payload), wire, link_s, codec,
                       collective_cpu_seconds(transport, payload, workers, machine, half)
                       + len(kinds) * machine.entry_s * machine.cpu_share(workers),
                       extra_rounds * machine.cycle_s, fusable,
                       float(payload) if transport == "allreduce" else 4.0, dtype, gather,
-                      kinds, max(0, len(kinds) - 1) * per_phase, per_phase)
+                      kinds, latency_steps(transport, workers, extra_allgathers) * waited, share)
 
 
 @dataclass(frozen=True)
@@ -350,7 +350,8 @@ class StepCost:
     cycle_s: float
     fusion_saved_s: float
     tensors: List[TensorCost] = field(default_factory=list)
-    #: ranks sharing cores: every distinct phase's wait for a core, once
+    #: ranks sharing cores: of ``seconds``, the ring steps' waits for a core
+    #: (shared by fusion as the latency is; ``link_s`` is without them)
     wait_s: float = 0.0
 
 
@@ -361,8 +362,8 @@ def step_cost(costs: Iterable[TensorCost], machine: Machine = LINK_ONLY) -> Step
     buffer, and so do the allgathers, two-phase's and PowerSGD's rounds; the
     step waits one cycle of Horovod's per dependent round (two where any
     tensor travels two-phase or by PowerSGD: the tensors' second rounds
-    share a cycle); where ranks share cores, each distinct phase of
-    collectives (:func:`phases`) waits for a core once."""
+    share a cycle); where ranks share cores, the ring steps' waits for a core
+    are in the latency, and shared with it."""
     costs = list(costs)
     if not costs:
         return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, [])
@@ -383,10 +384,10 @@ def step_cost(costs: Iterable[TensorCost], machine: Machine = LINK_ONLY) -> Step
     link_s = sum(c.link_s for c in costs)
     codec = sum(c.codec_s for c in costs)
     coll = sum(c.collective_s for c in costs)
-    kinds = {k for c in costs for k in c.phases}
-    wait = len(kinds) * max(c.phase_wait_s for c in costs)
-    return StepCost(link_s - saved + codec + coll + cycle + wait, sum(c.wire_bytes for c in costs),
-                    sum(c.payload_bytes for c in costs), link_s - saved, codec, coll, cycle, saved, costs, wait)
+    wait = sum(c.wait_s for c in costs) - saved * max(c.wait_share for c in costs)
+    return StepCost(link_s - saved + codec + coll + cycle, sum(c.wire_bytes for c in costs),
+                    sum(c.payload_bytes for c in costs), link_s - saved - wait, codec, coll, cycle, saved, costs,
+                    wait)
 
 
 def fit_constant(xs, ys) -> Optional[float]:

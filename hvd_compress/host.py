@@ -41,7 +41,8 @@ def machine_of(kernel_ids, local_size, cpus) -> Machine:
     (a collective gathers them): the most ranks that share one kernel (never
     fewer than Horovod's ``local_size``) sharing ``cpus`` cores
     (:func:`hvd_compress.cost_model.shared_host`).  A ring waits for its slowest member, so the most
-    crowded machine sets the pace."""
+    crowded machine sets the pace.  No wait for a core is added: ``Auto`` fits the link to
+    allreduces timed on those shared cores, so its latency per ring step already holds it."""
     from collections import Counter
     busiest = max(Counter(int(i) for i in kernel_ids).values(), default=1)
-    return shared_host(max(int(local_size or 1), busiest), cpus)
+    return shared_host(max(int(local_size or 1), busiest), cpus, core_wait_s=0.0)

@@ -18,8 +18,8 @@ global constants, fitted once by ``--fit`` to the unshaped-link rows of e2e.json
 tensor fusion, and the row's machine (:func:`hvd_compress.tools.advise.row_machine`:
 all ``workers`` ranks shared the row's ``cpus`` cores with ``loadavg_1m_before``
 runnable tasks of other work): CPU work times ``max(1, ranks / cores)``, and
-each distinct phase of collectives waiting ``CORE_WAIT_S x max(0, (ranks +
-load) / cores - 1)`` for every rank's turn on a core (``cost_model.CORE_WAIT_S``: one global
+each ring step waiting ``CORE_WAIT_S x max(0, (ranks + load) / cores - 1)``
+for the next rank's turn on a core (``cost_model.CORE_WAIT_S``: one global
 constant, fitted once by ``--fit`` to the bench scale rows at N <= 4; the report
 also gives the error on the rows each fit held out).  Error = (predicted -
 measured) / measured.  Nothing is fitted per row.  Each row also shows how far
@@ -98,7 +98,7 @@ def check_time_rows(rows, source, overhead, machine=None):
                  # the machine the model was given for this row: cores, ranks sharing them, other work
                  "machine": {"cpus": ran_on.cpus, "ranks_per_host": ran_on.ranks_sharing(r["workers"]),
                              "background_load": ran_on.background_load, "core_wait_s": ran_on.core_wait_s,
-                             "phase_wait_s": ran_on.phase_wait_s(r["workers"])},
+                             "step_wait_s": ran_on.step_wait_s(r["workers"])},
                  "pass_spread": pass_spread(r)}
         if step is None:
             entry.update(predicted_s=None, error=None, why="the model cannot predict this row (no plan/scheme)")
@@ -231,11 +231,11 @@ def report(time_rows, byte_rows, machine, held=None):
              f"fp32 sum {machine.reduce_s_per_byte * 1e9:.2f} ns/B, fp16 sum {machine.reduce_half_s_per_byte * 1e9:.2f}"
              f" ns/B, gather copies {machine.gather_s_per_byte * 1e9:.2f} ns/B received, cycle "
              f"{machine.cycle_s * 1e3:g} ms (advise.CPU_GLOO, fitted by `--fit` to e2e.json's unshaped rows); "
-             f"a phase's wait for a core {machine.core_wait_s * 1e3:.2f} ms per runnable task beyond one a core "
+             f"a ring step's wait for a core {machine.core_wait_s * 1e3:.2f} ms per runnable task beyond one a core "
              f"(cost_model.CORE_WAIT_S, fitted by `--fit` to the bench scale rows at N <= 4). Each row's machine: "
              f"its `cpus` cores shared by its `workers` ranks, with `loadavg_1m_before` runnable tasks of other "
-             f"work (the `wait` column: each distinct phase of collectives waits CORE_WAIT_S x max(0, (ranks + load) / "
-             f"cores - 1); the CPU work of the collective and bench micro's codec costs take max(1, ranks / cores) "
+             f"work (the `wait` column: each ring step waits CORE_WAIT_S x max(0, (ranks + load) / "
+             f"cores - 1), shared by fusion as the latency is; the CPU work of the collective and bench micro's codec costs take max(1, ranks / cores) "
              f"times as long).", ""]
     if held:
         lines += ["## Held out", "", "The core wait fitted on one part of the rows, the error on the rest "

@@ -107,17 +107,17 @@ def test_step_cost_shares_the_allgather_two_phase_and_powersgd_latency_across_te
     assert gathers[0].own_s == pytest.approx(gathers[0].total_s - 9e-3)
 
 
-def test_ranks_sharing_cores_stretch_cpu_work_and_wait_per_phase():
+def test_ranks_sharing_cores_stretch_cpu_work_and_wait_per_ring_step():
     # no cores named: every rank has its own, no sharing, no wait (the projection, advise's CLI, Auto's default)
-    assert Machine(core_wait_s=1.0).cpu_share(8) == 1.0 and Machine(core_wait_s=1.0).phase_wait_s(8) == 0.0
+    assert Machine(core_wait_s=1.0).cpu_share(8) == 1.0 and Machine(core_wait_s=1.0).step_wait_s(8) == 0.0
     m = Machine(cpus=2, core_wait_s=1e-3)
     assert m.cpu_share(8) == 4.0 and m.cpu_share(2) == 1.0
     # 8 ranks + 4 tasks of other work on 2 cores: 5 runnable tasks beyond one a core
-    assert Machine(cpus=2, background_load=4.0, core_wait_s=1e-3).phase_wait_s(8) == pytest.approx(5e-3)
-    assert m.phase_wait_s(2) == 0.0 and m.phase_wait_s(1) == 0.0  # a core each: no wait
+    assert Machine(cpus=2, background_load=4.0, core_wait_s=1e-3).step_wait_s(8) == pytest.approx(5e-3)
+    assert m.step_wait_s(2) == 0.0 and m.step_wait_s(1) == 0.0  # a core each: no wait
     # ranks_per_host: 2 of the 16 workers on each 1-core host
     h = Machine(cpus=1, ranks_per_host=2, core_wait_s=1e-3)
-    assert h.cpu_share(16) == 2.0 and h.phase_wait_s(16) == pytest.approx(1e-3)
+    assert h.cpu_share(16) == 2.0 and h.step_wait_s(16) == pytest.approx(1e-3)
 
 
 def test_shared_host_is_no_sharing_unless_the_ranks_outnumber_the_cores():
@@ -125,7 +125,7 @@ def test_shared_host_is_no_sharing_unless_the_ranks_outnumber_the_cores():
     assert cm.shared_host(None, 2) is cm.LINK_ONLY and cm.shared_host(4, None) is cm.LINK_ONLY
     m = cm.shared_host(8, 2)
     assert (m.cpus, m.ranks_per_host, m.core_wait_s) == (2, 8, cm.CORE_WAIT_S)
-    assert m.phase_wait_s(8) == pytest.approx(3 * cm.CORE_WAIT_S)
+    assert m.step_wait_s(8) == pytest.approx(3 * cm.CORE_WAIT_S)
     assert cm.shared_host(3, 2, base=cm.GPU_NCCL).cycle_s == cm.GPU_NCCL.cycle_s
 
 
@@ -137,6 +137,7 @@ def test_machine_of_counts_the_ranks_that_share_a_kernel():
     a, b = 11, 22
     four_on_one = host.machine_of([a, a, a, a], 1, 2)  # 4 emulated hosts, local_size 1 each, 2 cores
     assert (four_on_one.cpus, four_on_one.ranks_per_host) == (2, 4)
+    assert four_on_one.core_wait_s == 0.0  # Auto's link fit, timed on the shared cores, holds the waits
     assert host.machine_of([a, b, a, b], 1, 2) is cm.LINK_ONLY  # 2 ranks a machine, 2 cores each
     assert host.machine_of([a, a, a, b], 1, 2).ranks_per_host == 3  # the busiest machine
     assert host.machine_of([a, b], 3, 2).ranks_per_host == 3  # Horovod's count where it is larger
@@ -149,20 +150,21 @@ def test_kernel_id_is_stable_in_a_process_and_an_integer():
     assert host.usable_cpus() >= 1
 
 
-def test_each_distinct_phase_of_a_step_waits_for_a_core_once():
+def test_each_ring_step_waits_for_a_core_and_fusion_shares_the_wait():
     link = Link(0.0, 1 * MB)
-    m = Machine(cpus=1, core_wait_s=1e-3, entry_s=0.0)  # 4 ranks on 1 core: 3 ms a phase
+    m = Machine(cpus=1, core_wait_s=1e-3, entry_s=0.0)  # 4 ranks on 1 core: 3 ms a ring step
     assert cm.phases("allgather", 1) == ("allreduce:float32", "allgather", "allgather:lengths")
     assert cm.phases("allreduce", half=True) == ("allreduce:float16",)
     topk = [cm.tensor_cost("allgather", 100, 4, link, m, extra_allgathers=1) for _ in range(3)]
     none = cm.tensor_cost("allreduce", 100, 4, link, m)
-    # per tensor: the phases beyond the allreduce's (the conservative side for a per-tensor choice)
-    assert topk[0].wait_s == pytest.approx(2 * 3e-3) and none.wait_s == 0.0
-    assert topk[0].total_s == pytest.approx(topk[0].link_s + 2 * 3e-3)
+    # per tensor: every latency step (allgather 3 + lengths 3 + placeholder 6; allreduce 6)
+    assert topk[0].wait_s == pytest.approx(12 * 3e-3) and none.wait_s == pytest.approx(6 * 3e-3)
+    assert topk[0].link_s == pytest.approx(topk[0].wire_bytes / MB + 12 * 3e-3)
     step = cm.step_cost(topk + [none], m)
-    assert step.wait_s == pytest.approx(3 * 3e-3)  # fp32 allreduce, allgather, lengths: once each
-    assert step.seconds == pytest.approx(step.link_s + 3 * 3e-3)
-    assert cm.step_cost([none], m).wait_s == pytest.approx(3e-3)
+    # fused: one allreduce ring (6 steps) and one gather of each kind (3 + 3 steps)
+    assert step.wait_s == pytest.approx(12 * 3e-3)
+    assert step.seconds == pytest.approx(step.link_s + step.wait_s)
+    assert cm.step_cost([none], m).wait_s == pytest.approx(6 * 3e-3)
     alone = [cm.tensor_cost("allgather", 100, 4, link, Machine(), extra_allgathers=1) for _ in range(3)]
     assert cm.step_cost(alone, Machine()).wait_s == 0.0 and alone[0].wait_s == 0.0
 
@@ -219,27 +221,25 @@ def test_the_planner_chooses_the_transport_by_the_number_of_workers():
     assert choose(numel, shape, 8, link, cands, codec).label == "TopK(0.01)/two_phase"
 
 
-def test_the_planner_charges_the_extra_phases_on_a_host_whose_ranks_share_cores():
+def test_on_a_host_whose_ranks_share_cores_every_ring_step_waits():
     """TopK(0.01) saves most of a 128 KB tensor's 0.17 s at 1 MB/s on N = 3;
-    where the ranks share a core and each phase of collectives waits 0.2 s,
-    the allgather's phase beyond the allreduce (two-phase: two) costs more
+    where two ranks share a core and each ring step waits 0.2 s for the next
+    rank's turn, the allgather's and two-phase's extra ring steps cost more
     than it saves."""
-    from hvd_compress.auto.planner import choose, default_candidates, predict_comm
+    from hvd_compress.auto.planner import choose, default_candidates, predict_cost
     link = Link(1e-4, 1 * MB)
     numel, shape = 64 * 512, (64, 512)
     cands = [c for c in default_candidates(topk_ratios=(0.01,), powersgd_rank=None, fp16=False, int8=False)]
     codec = {c.label: 1e-9 * numel for c in cands[1:]}
-    shared = cm.shared_host(2, 1, NO_ENTRY, core_wait_s=0.2)  # one task beyond one a core: 0.2 s a phase
+    shared = cm.shared_host(2, 1, NO_ENTRY, core_wait_s=0.2)  # one task beyond one a core: 0.2 s a step
     assert choose(numel, shape, 3, link, cands, codec, machine=NO_ENTRY).label != "none"
     assert choose(numel, shape, 3, link, cands, codec, machine=shared).label == "none"
-    _, alone = predict_comm(cands[1].scheme, numel, shape, 3, link, machine=NO_ENTRY)
-    _, sharing = predict_comm(cands[1].scheme, numel, shape, 3, link, machine=shared)
-    assert sharing - alone == pytest.approx(0.2)
-    _, alone = predict_comm(cands[2].scheme, numel, shape, 3, link, "two_phase", NO_ENTRY)
-    _, sharing = predict_comm(cands[2].scheme, numel, shape, 3, link, "two_phase", shared)
-    assert sharing - alone == pytest.approx(2 * 0.2)
-    assert predict_comm(cands[0].scheme, numel, shape, 3, link, machine=shared)[1] == \
-        pytest.approx(predict_comm(cands[0].scheme, numel, shape, 3, link, machine=NO_ENTRY)[1])
+    for cand in cands:
+        alone = predict_cost(cand.scheme, numel, shape, 3, link, cand.transport, machine=NO_ENTRY)
+        sharing = predict_cost(cand.scheme, numel, shape, 3, link, cand.transport, machine=shared)
+        steps = round((alone.link_s - alone.wire_bytes / link.bytes_per_s) / link.latency_s)
+        assert steps >= 4 and sharing.wait_s == pytest.approx(steps * 0.2), cand.label
+        assert sharing.link_s - alone.link_s == pytest.approx(steps * 0.2), cand.label
 
 
 def test_advise_gives_a_measured_row_the_machine_it_ran_on():
@@ -247,10 +247,10 @@ def test_advise_gives_a_measured_row_the_machine_it_ran_on():
     row = {"workers": 8, "cpus": 2, "loadavg_1m_before": 4.0}
     m = advise.row_machine(row, advise.CPU_GLOO)
     assert (m.cpus, m.ranks_per_host, m.background_load) == (2, 8, 4.0)
-    assert m.phase_wait_s(8) == pytest.approx(5 * cm.CORE_WAIT_S)
+    assert m.step_wait_s(8) == pytest.approx(5 * cm.CORE_WAIT_S)
     assert advise.row_machine(row, cm.LINK_ONLY) is cm.LINK_ONLY
     assert advise.row_machine({"workers": 8}, advise.CPU_GLOO) is advise.CPU_GLOO
-    assert advise.CPU_GLOO.phase_wait_s(8) == 0.0  # the CLI: no sharing unless a row or the caller says so
+    assert advise.CPU_GLOO.step_wait_s(8) == 0.0  # the CLI: no sharing unless a row or the caller says so
 
 
 def test_advise_predicts_through_the_model():
