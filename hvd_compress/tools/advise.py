@@ -605,15 +605,19 @@ def auto_plan_tensors(plan_text):
 def row_machine(row, machine: Machine) -> Machine:
     """``machine`` as a measured row ran it: bench e2e and bench scale run
     every emulated host on the one machine, so all ``workers`` ranks shared
-    its ``cpus`` cores, with ``loadavg_1m_before`` runnable tasks of other work
-    (the load average just before the run) taking turns with them.  Unchanged
+    its ``cpus`` cores, with other work taking turns with them: the tasks
+    runnable right before the launch (``runnable_before``) where the row has
+    them, else the 1-minute load average then (``loadavg_1m_before``, which
+    still carries a launch that just ended).  Unchanged
     where the row does not say, where ``machine`` already names its cores, and
     for :data:`~hvd_compress.cost_model.LINK_ONLY`."""
     from dataclasses import replace
     if not row.get("cpus") or machine.cpus is not None or machine is cost_model.LINK_ONLY:
         return machine
+    load = row.get("runnable_before")
+    load = row.get("loadavg_1m_before") if load is None else load
     return replace(machine, cpus=int(row["cpus"]), ranks_per_host=int(row["workers"]),
-                   background_load=float(row.get("loadavg_1m_before") or 0.0))
+                   background_load=float(load or 0.0))
 
 
 def predict_row(row, overhead: Optional[Overhead], machine: Machine, latency=DEFAULT_LATENCY_S, mbit=None):

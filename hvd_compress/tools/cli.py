@@ -101,6 +101,8 @@ def build_parser():
                     "merged into (default %(default)s)")
     sc.add_argument("--no-merge", action="store_true", help="overwrite --out instead of merging into it")
     sc.add_argument("--png", default=None, help="plot (default: the JSON path with .png)")
+    sc.add_argument("--settle-max-s", type=float, default=60.0, help="before each launch, wait up to this long "
+                    "for other work to stop running (default %(default)s)")
     sc.add_argument("--quiet", action="store_true")
     sc.add_argument("--report", action="store_true", help="run nothing: print --out's rows as the markdown "
                     "table of docs/results/benchmarks.md")
@@ -167,7 +169,7 @@ def _dispatch(args):
                                     params=args.params, steps=args.steps, warmup=args.warmup, passes=args.passes,
                                     compute_steps=args.compute_steps, batch=args.batch, threads=args.threads,
                                     prefix=args.prefix, out_json=args.out, out_png=png, merge=not args.no_merge,
-                                    progress=not args.quiet)
+                                    progress=not args.quiet, settle_max_s=args.settle_max_s)
         except ClusterError as err:
             print(f"hvd-compress bench scale: {err}", file=sys.stderr)
             return 2

@@ -148,3 +148,32 @@ def test_markdown_lists_every_row_and_the_auto_comparison():
     text = S.markdown(S.add_comparisons([row, auto]))
     assert text.count("| 100 Mbit/s | 2 |") == 3  # two rows and the comparison
     assert "| 100 Mbit/s | 2 | Auto() | 2000 | TopK(0.01) | 1750 | 0.88 | 0.50 (0.50-0.50) |" in text
+
+
+def test_runnable_tasks_are_read_now_and_a_launch_waits_for_quiet():
+    """The instantaneous runnable count (not the 1-minute average, which carries
+    the last launch): a busy loop beside the sampler shows as one task."""
+    import threading
+    assert S.runnable_now(0.2) >= 0.0
+    stop = threading.Event()
+
+    def spin():  # threads of this process count as tasks too
+        while not stop.is_set():
+            pass
+    t = threading.Thread(target=spin)
+    t.start()
+    try:
+        busy = S.runnable_now(0.5)
+        runnable, waited = S.settle(max_s=0.0, quiet=-1.0)  # never quiet: gives up at once
+    finally:
+        stop.set()
+        t.join()
+    assert busy >= 0.5 and runnable >= 0.0 and waited < 5.0
+
+
+def test_a_rows_machine_takes_the_tasks_runnable_before_its_launch():
+    from hvd_compress.tools import advise
+    row = {"workers": 8, "cpus": 2, "loadavg_1m_before": 14.9, "runnable_before": 0.2}
+    assert advise.row_machine(row, advise.CPU_GLOO).background_load == pytest.approx(0.2)
+    del row["runnable_before"]
+    assert advise.row_machine(row, advise.CPU_GLOO).background_load == pytest.approx(14.9)

@@ -69,6 +69,11 @@ Run
     ``steps``, ``passes``, ``warmup`` (Auto: plus its calibration steps and the
     step that applies its first plan), ``launch_s``, ``loadavg_1m_before``/
     ``_after`` (the machine is shared: other work competes for its CPUs),
+    ``runnable_before`` (other work runnable right before the launch: the mean
+    of ``/proc/loadavg``'s running count over a second, less the sampler;
+    unlike the 1-minute load average it does not carry the last launch),
+    ``settle_s`` (how long the launch waited for that to fall to
+    :data:`QUIET_RUNNABLE`),
     ``cpus``, ``measured_at`` (UTC), ``command`` (the command line that made
     the row), ``per_rank``, ``auto_plan`` (Auto only).
 """
@@ -98,6 +103,37 @@ DEFAULT_PARAMS = "4M"
 ROW_KEY = ("scheme", "workers", "link_mbit", "model_params", "framework", "model")
 
 
+#: a launch waits (up to ``settle_max_s``) until at most this many other
+#: tasks are runnable, so that one launch's ranks do not run into the next's
+QUIET_RUNNABLE = 0.5
+
+
+def runnable_now(seconds=1.0, interval=0.05):
+    """Tasks runnable on this machine, besides the caller: the mean over
+    ``seconds`` of ``/proc/loadavg``'s running count, less one (the sampler);
+    None where it cannot be read."""
+    samples = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            with open("/proc/loadavg") as f:
+                samples.append(int(f.read().split()[3].split("/")[0]) - 1)
+        except (OSError, ValueError, IndexError):
+            return None
+        time.sleep(interval)
+    return max(0.0, statistics.mean(samples)) if samples else None
+
+
+def settle(max_s=60.0, quiet=QUIET_RUNNABLE):
+    """Wait until at most ``quiet`` other tasks are runnable, or ``max_s``:
+    (runnable, seconds waited)."""
+    t0 = time.monotonic()
+    while True:
+        now = runnable_now()
+        if now is None or now <= quiet or time.monotonic() - t0 >= max_s:
+            return now, time.monotonic() - t0
+
+
 def parse_workers(text):
     if isinstance(text, (list, tuple)):
         values = [int(v) for v in text]
@@ -125,13 +161,14 @@ def expected_wire(transport, payload, n):
 
 
 def build_row(worker_row, *, link_mbit, link_measured_mbit, link_rtt_s, controller, command, launch_s=None,
-              load_before=None, load_after=None, measured_at=None):
+              load_before=None, load_after=None, measured_at=None, runnable_before=None, settle_s=None):
     """A ``scale_measured.json`` row from one scheme's worker row and what the
     driver knows of the link and the run."""
     row = dict(worker_row)
     row.update(link_mbit=link_mbit, link_measured_mbit=link_measured_mbit, link_rtt_s=link_rtt_s,
                controller=controller, command=command, launch_s=launch_s, loadavg_1m_before=load_before,
-               loadavg_1m_after=load_after, cpus=os.cpu_count(), measured_at=measured_at)
+               loadavg_1m_after=load_after, cpus=os.cpu_count(), measured_at=measured_at,
+               runnable_before=runnable_before, settle_s=settle_s)
     compute = row.get("compute_s")
     row["link_s"] = row["median_step_s"] - compute if compute is not None else None
     row["comm_s_measured"] = row["link_s"]  # the name ``advise --validate`` reads
@@ -227,7 +264,8 @@ def measure_rtt_s(cluster, src=1, dst=0, rounds=50, port=5202):
 
 def run(workers=DEFAULT_WORKERS, rates=DEFAULT_RATES, schemes=DEFAULT_SCHEMES, model="mlp", params=DEFAULT_PARAMS,
         steps=4, warmup=2, passes=2, compute_steps=3, batch=32, threads=1, prefix="sb", out_json=None,
-        out_png=None, merge=True, idle_seconds=0.5, run_timeout=1800, progress=True, stream=None, command=None):
+        out_png=None, merge=True, idle_seconds=0.5, run_timeout=1800, progress=True, stream=None, command=None,
+        settle_max_s=60.0):
     """Bring up the cluster, run every (rate, N) with all schemes, tear it down;
     merge the rows into ``out_json``; return the new rows."""
     from ..testing.cluster import Cluster
@@ -268,6 +306,7 @@ def run(workers=DEFAULT_WORKERS, rates=DEFAULT_RATES, schemes=DEFAULT_SCHEMES, m
                        "--threads", str(threads), "--idle-seconds", str(idle_seconds), "--iface", c.iface,
                        "--out", out]
                 argv = c.horovodrun_command(cmd, np=n, controller="gloo", extra=["--start-timeout", "180"])
+                runnable, waited = settle(settle_max_s)
                 load_before, t0 = os.getloadavg()[0], time.monotonic()
                 try:
                     r = c.run(0, argv, env=env, timeout=run_timeout, cwd=str(REPO))
@@ -285,7 +324,8 @@ def run(workers=DEFAULT_WORKERS, rates=DEFAULT_RATES, schemes=DEFAULT_SCHEMES, m
                 launch_s, now = time.monotonic() - t0, datetime.datetime.now(datetime.timezone.utc)
                 new = [build_row(w, link_mbit=rate, link_measured_mbit=goodput, link_rtt_s=rtt, controller="gloo",
                                  command=command, launch_s=launch_s, load_before=load_before,
-                                 load_after=os.getloadavg()[0], measured_at=now.strftime("%Y-%m-%dT%H:%M:%SZ"))
+                                 load_after=os.getloadavg()[0], measured_at=now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                                 runnable_before=runnable, settle_s=waited)
                        for w in got]
                 rows += new
                 prog.step(label, "; ".join(f"{x['scheme']} {human_seconds(x['median_step_s'])}" for x in new))
