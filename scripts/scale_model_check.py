@@ -7,7 +7,8 @@
 
 Rows with a time (``bench scale``: docs/results/scale_measured.json, ``bench
 e2e``: docs/results/e2e.json): measured = the step with Horovod minus the same
-model's purely local step (``link_s`` / ``comm_s_measured``); predicted =
+model's purely local step (bench scale: the median over the launch's compute-only
+steps of every scheme, :func:`with_launch_compute`; bench e2e: ``comm_s_measured``); predicted =
 :func:`hvd_compress.tools.advise.predict_row` -- per tensor the transport's
 latency and bytes at the row's measured TCP goodput (latency per ring step:
 half the measured round trip where the row has one, else 50 us), the codec
@@ -20,7 +21,7 @@ all ``workers`` ranks shared the row's ``cpus`` cores with ``loadavg_1m_before``
 runnable tasks of other work): CPU work times ``max(1, ranks / cores)``, and
 each ring step waiting ``CORE_WAIT_S x max(0, (ranks + load) / cores - 1)``
 for the next rank's turn on a core (``cost_model.CORE_WAIT_S``: one global
-constant, fitted once by ``--fit`` to the bench scale rows at N <= 4; the report
+constant, fitted once by ``--fit`` to every bench scale row; the report
 also gives the error on the rows each fit held out).  Error = (predicted -
 measured) / measured.  Nothing is fitted per row.  Each row also shows how far
 its own two passes disagree (``pass_spread``): the measurement's noise.
@@ -54,9 +55,34 @@ def _load(path):
 
 
 def _measured(row):
+    if row.get("link_s_launch") is not None:
+        return row["link_s_launch"]
     if row.get("link_s") is not None:
         return row["link_s"]
     return row.get("comm_s_measured")
+
+
+def with_launch_compute(rows):
+    """Copies of bench scale rows whose measured time is the step less the
+    compute-only step of the whole launch (``link_s_launch``): the median of
+    every scheme's compute-only steps at that N and link, which run the same
+    model on the same ranks.  One scheme's 9 compute-only steps alone are
+    noisy on shared cores (at N = 4, 1 Gbit/s one scheme's median was 113 ms
+    where the launch's was 62 ms, leaving 4 ms of a 117 ms step to the link)."""
+    pooled = {}
+    for r in rows:
+        pooled.setdefault(_launch(r), []).extend(r.get("compute_s_all") or [])
+    out = []
+    for r in rows:
+        steps = pooled.get(_launch(r))
+        launch = statistics.median(steps) if steps and r.get("median_step_s") is not None else None
+        out.append(dict(r, compute_s_launch=launch,
+                        link_s_launch=None if launch is None else r["median_step_s"] - launch))
+    return out
+
+
+def _launch(row):
+    return row.get("workers"), row.get("link_mbit"), row.get("model_params"), row.get("command")
 
 
 def _overhead(micro, rows):
@@ -190,6 +216,8 @@ def holdout(scale, e2e, overhead, machine=None):
     machine = machine or advise.CPU_GLOO
     splits = {"fit on scale N <= 4, check on scale N = 8": ([r for r in scale if r["workers"] <= 4],
                                                            [r for r in scale if r["workers"] > 4]),
+              "fit on scale N = 8, check on scale N <= 4": ([r for r in scale if r["workers"] > 4],
+                                                           [r for r in scale if r["workers"] <= 4]),
               "fit on e2e.json and scale N = 2, check on scale N = 4, 8":
                   (e2e + [r for r in scale if r["workers"] <= 2], [r for r in scale if r["workers"] > 2])}
     out = {}
@@ -232,7 +260,7 @@ def report(time_rows, byte_rows, machine, held=None):
              f" ns/B, gather copies {machine.gather_s_per_byte * 1e9:.2f} ns/B received, cycle "
              f"{machine.cycle_s * 1e3:g} ms (advise.CPU_GLOO, fitted by `--fit` to e2e.json's unshaped rows); "
              f"a ring step's wait for a core {machine.core_wait_s * 1e3:.2f} ms per runnable task beyond one a core "
-             f"(cost_model.CORE_WAIT_S, fitted by `--fit` to the bench scale rows at N <= 4). Each row's machine: "
+             f"(cost_model.CORE_WAIT_S, fitted by `--fit` to every bench scale row). Each row's machine: "
              f"its `cpus` cores shared by its `workers` ranks, with `loadavg_1m_before` runnable tasks of other "
              f"work (the `wait` column: each ring step waits CORE_WAIT_S x max(0, (ranks + load) / "
              f"cores - 1), shared by fusion as the latency is; the CPU work of the collective and bench micro's codec costs take max(1, ranks / cores) "
@@ -310,18 +338,17 @@ def main(argv=None):
                    help="add predicted_link_s (the model's link_s), predicted_error and predicted_machine (the "
                         "machine the model was given) to every row of the --scale file")
     a = p.parse_args(argv)
-    e2e, scale = _load(a.e2e), _load(a.scale)
+    e2e, scale = _load(a.e2e), with_launch_compute(_load(a.scale))
     if a.ignore_load:  # the model without the other work on the cores (a comparison, not the report)
         e2e, scale = ([dict(r, loadavg_1m_before=0.0) for r in rows] for rows in (e2e, scale))
     overhead = _overhead(a.micro, e2e)
     if a.fit:
         print(json.dumps(fit_machine(e2e, overhead), indent=1))
-        print("core_wait_s fitted on bench scale N <= 4:",
-              fit_core_wait([r for r in scale if r["workers"] <= 4], overhead))
+        print("core_wait_s fitted on every bench scale row:", fit_core_wait(scale, overhead))
     time_rows = check_time_rows(scale, "scale_measured.json", overhead) + check_time_rows(e2e, "e2e.json", overhead)
     if a.also is None:
         a.also = [p for p in (os.path.join(RESULTS, "scale_measured_quiet.json"),) if os.path.exists(p)]
-    also = {os.path.basename(path): _load(path) for path in a.also}
+    also = {os.path.basename(path): with_launch_compute(_load(path)) for path in a.also}
     if a.ignore_load:
         also = {k: [dict(r, loadavg_1m_before=0.0) for r in rows] for k, rows in also.items()}
     for name, rows in also.items():
@@ -347,6 +374,7 @@ def main(argv=None):
         json.dump({"summary": stats, "time_rows": time_rows, "byte_rows": byte_rows}, f, indent=1)
     if a.write_back and scale and not a.ignore_load:
         predicted = iter(check_time_rows(scale, "scale_measured.json", overhead))
+        scale = _load(a.scale)  # as bench scale wrote it
         for r in scale:
             if _measured(r) is None or r.get("framework", "torch") != "torch":
                 continue

@@ -43,13 +43,14 @@ def test_shared_rounds_make_powersgd_win_where_tensor_by_tensor_picks_topk():
             < _step_seconds(one_by_one, MATRICES, 4, SLOW_HIGH_LATENCY, cands, codecs))
 
 
-def test_without_latency_the_step_plan_is_the_tensor_by_tensor_one():
+def test_without_latency_or_margin_the_step_plan_is_the_tensor_by_tensor_one():
     cands = default_candidates()
     link = Link(latency_s=0.0, bytes_per_s=1e9 / 8)
     tensors = dict(MATRICES, bias=(1024, (1024,)), embed=(1 << 22, (4096, 1024)))
     codecs = _codecs(tensors, cands)
-    one_by_one = {k: choose(*tensors[k], 8, link, cands, codecs[k]).label for k in tensors}
-    assert {k: c.label for k, c in plan(tensors, 8, link, cands, codecs).items()} == one_by_one
+    one_by_one = {k: choose(*tensors[k], 8, link, cands, codecs[k], min_gain=0.0).label for k in tensors}
+    assert len(set(one_by_one.values())) > 1  # a mix: the step's margin (min_gain) is off here
+    assert {k: c.label for k, c in plan(tensors, 8, link, cands, codecs, min_gain=0.0).items()} == one_by_one
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -104,3 +105,21 @@ def test_a_tiny_tensor_stays_dense_beside_a_compressed_one():
     tensors = {"w": (1 << 20, (1024, 1024)), "b": (8, (8,))}
     choices = plan(tensors, 4, SLOW_HIGH_LATENCY, cands, _codecs(tensors, cands))
     assert choices["w"].label != "none" and choices["b"].label == "none"
+
+
+def test_each_candidate_a_plan_adds_must_pay_min_gain_of_the_step():
+    """A second transport that makes the step only a little faster is left
+    out: its collectives and cycles are where the model errs most."""
+    link = Link(latency_s=0.0, bytes_per_s=125e6)
+    big_none = tensor_cost("allreduce", 40e6, 4, link)
+    big_lowrank = tensor_cost("powersgd", 0.4e6, 4, link, codec_s=1e-3)
+    small_none = tensor_cost("allreduce", 40e3, 4, link)
+    # the small tensor on an allgather: its own cost well under none's, but the
+    # step gains only a few percent of the PowerSGD plan's time
+    small_gather = tensor_cost("allgather", 400, 4, link, codec_s=1e-4)
+    options = [{"none": big_none, "powersgd": big_lowrank}, {"none": small_none, "topk": small_gather}]
+    alone = step_cost([big_lowrank, small_none]).seconds
+    mixed = step_cost([big_lowrank, small_gather]).seconds
+    assert small_gather.own_s < 0.5 * small_none.own_s and 0.9 * alone < mixed < alone
+    assert plan_step(options, min_gain=0.1) == ["powersgd", "none"]
+    assert plan_step(options, min_gain=0.01) == ["powersgd", "topk"]
