@@ -17,7 +17,7 @@ it, else bench micro's costs times the CPU sharing of the run), the
 collective's own CPU work and Horovod's cycle (``advise.CPU_GLOO``: three
 global constants, fitted once by ``--fit`` to the unshaped-link rows of e2e.json),
 tensor fusion, and the row's machine (:func:`hvd_compress.tools.advise.row_machine`:
-all ``workers`` ranks shared the row's ``cpus`` cores with ``loadavg_1m_before``
+all ``workers`` ranks shared the row's ``cpus`` cores with ``runnable_before`` (else ``loadavg_1m_before``)
 runnable tasks of other work): CPU work times ``max(1, ranks / cores)``, and
 each ring step waiting ``CORE_WAIT_S x max(0, (ranks + load) / cores - 1)``
 for the next rank's turn on a core (``cost_model.CORE_WAIT_S``: one global
@@ -120,7 +120,8 @@ def check_time_rows(rows, source, overhead, machine=None):
                  "model_params": r.get("model_params"), "measured_s": meas,
                  "codec": "row" if r.get("encode_s_per_step") is not None else "bench micro",
                  "measured_wire_rx_bytes": r.get("wire_rx_bytes_per_step"),
-                 "loadavg_1m": r.get("loadavg_1m_before"),
+                 "loadavg_1m": r.get("loadavg_1m_before"), "background_load": advise.row_machine(
+                     r, machine).background_load if r.get("cpus") else None,
                  # the machine the model was given for this row: cores, ranks sharing them, other work
                  "machine": {"cpus": ran_on.cpus, "ranks_per_host": ran_on.ranks_sharing(r["workers"]),
                              "background_load": ran_on.background_load, "core_wait_s": ran_on.core_wait_s,
@@ -261,10 +262,12 @@ def report(time_rows, byte_rows, machine, held=None):
              f"{machine.cycle_s * 1e3:g} ms (advise.CPU_GLOO, fitted by `--fit` to e2e.json's unshaped rows); "
              f"a ring step's wait for a core {machine.core_wait_s * 1e3:.2f} ms per runnable task beyond one a core "
              f"(cost_model.CORE_WAIT_S, fitted by `--fit` to every bench scale row). Each row's machine: "
-             f"its `cpus` cores shared by its `workers` ranks, with `loadavg_1m_before` runnable tasks of other "
-             f"work (the `wait` column: each ring step waits CORE_WAIT_S x max(0, (ranks + load) / "
-             f"cores - 1), shared by fusion as the latency is; the CPU work of the collective and bench micro's codec costs take max(1, ranks / cores) "
-             f"times as long).", ""]
+             f"its `cpus` cores shared by its `workers` ranks, with the tasks of other work runnable before its launch "
+             f"(`runnable_before`, else the 1-minute load average `loadavg_1m_before`; the `load` column) "
+             f"(the `wait` column: each ring step waits CORE_WAIT_S x max(0, (ranks + load) / cores - 1), shared "
+             f"by fusion as the latency is; the CPU work of the collective and bench micro's codec costs take "
+             f"max(1, ranks / cores) times as long). Measured: the step less the launch's compute-only step (the "
+             f"median over every scheme's compute-only steps at that N and link).", ""]
     if held:
         lines += ["## Held out", "", "The core wait fitted on one part of the rows, the error on the rest "
                   "(the CPU constants are fitted to e2e.json's unshaped rows in every case):", "",
@@ -301,7 +304,8 @@ def report(time_rows, byte_rows, machine, held=None):
             link += f" ({r['link_measured_mbit']:.0f})" if r.get("link_measured_mbit") else ""
             err = _pct(r["error"]) if r["error"] is not None else f"- ({r['why']})"
             spread = "-" if r.get("pass_spread") is None else f"{100 * r['pass_spread']:.0f}%"
-            load = "-" if r.get("loadavg_1m") is None else f"{r['loadavg_1m']:.1f}"
+            load = r.get("background_load", r.get("loadavg_1m"))
+            load = "-" if load is None else f"{load:.1f}"
             lines.append(f"| {r['workers']} | {link} | {r['scheme']} | {r['transport']} | {r['codec']} | {load} | "
                          f"{_ms(r['measured_s'])} | {spread} | {_ms(r['predicted_s'])} | "
                          f"{_ms(r.get('predicted_link_s'))} | "
@@ -340,7 +344,7 @@ def main(argv=None):
     a = p.parse_args(argv)
     e2e, scale = _load(a.e2e), with_launch_compute(_load(a.scale))
     if a.ignore_load:  # the model without the other work on the cores (a comparison, not the report)
-        e2e, scale = ([dict(r, loadavg_1m_before=0.0) for r in rows] for rows in (e2e, scale))
+        e2e, scale = ([dict(r, loadavg_1m_before=0.0, runnable_before=0.0) for r in rows] for rows in (e2e, scale))
     overhead = _overhead(a.micro, e2e)
     if a.fit:
         print(json.dumps(fit_machine(e2e, overhead), indent=1))
@@ -350,7 +354,7 @@ def main(argv=None):
         a.also = [p for p in (os.path.join(RESULTS, "scale_measured_quiet.json"),) if os.path.exists(p)]
     also = {os.path.basename(path): with_launch_compute(_load(path)) for path in a.also}
     if a.ignore_load:
-        also = {k: [dict(r, loadavg_1m_before=0.0) for r in rows] for k, rows in also.items()}
+        also = {k: [dict(r, loadavg_1m_before=0.0, runnable_before=0.0) for r in rows] for k, rows in also.items()}
     for name, rows in also.items():
         time_rows += check_time_rows(rows, name, overhead)
     byte_rows = check_byte_rows(_load(a.two_phase))

@@ -65,7 +65,8 @@ class Candidate:
 @dataclass(frozen=True)
 class Choice:
     """A tensor's decision: the candidate (or ``"rule <i>"``), its predicted
-    seconds per step, those of ``none``, and the bytes it hands Horovod."""
+    seconds per step, those of ``none``, and the bytes it hands Horovod
+    (:func:`plan`: with an equal share of what the step pays once)."""
     label: str
     predicted_s: float
     none_s: float
@@ -244,8 +245,10 @@ def plan(tensors: Dict[str, tuple], workers: int, link: Link, candidates: List[C
     matching :class:`~hvd_compress.Rule` pins a tensor (label ``"rule <i>"``);
     the others take the step's cheapest plan
     (:func:`hvd_compress.step_plan.plan_step`: rounds a step's tensors share
-    are charged once).  A choice's ``predicted_s`` is the tensor's cost with
-    its rounds in full."""
+    are charged once).  A choice's ``predicted_s`` (``none_s``) is the
+    tensor's own cost under its choice (under ``none``) plus an equal share
+    of what the step (the all-``none`` step) pays once, so that they add up
+    to the step's :func:`predicted_total`."""
     check_range("workers", workers, 1, None, kind=int)
     check_range("min_gain", min_gain, 0.0, 1.0, hi_open=True)
     if not candidates or candidates[0].label != NONE_LABEL:
@@ -263,9 +266,18 @@ def plan(tensors: Dict[str, tuple], workers: int, link: Link, candidates: List[C
             free.append(key)
     options = [tensor_options(*tensors[k], workers, link, candidates, codec_s.get(k, {}), machine) for k in free]
     labels = plan_step(options, machine, min_gain, NONE_LABEL, [c.label for c in candidates])
+    share, share_none = (_shared_part([o[k] for o, k in zip(options, ks)], machine)
+                         for ks in (labels, [NONE_LABEL] * len(labels)))
     for key, opts, label in zip(free, options, labels):
-        out[key] = Choice(label, opts[label].marginal_s, opts[NONE_LABEL].marginal_s, opts[label].payload_bytes)
+        out[key] = Choice(label, opts[label].own_s + share, opts[NONE_LABEL].own_s + share_none,
+                          opts[label].payload_bytes)
     return out
+
+
+def _shared_part(costs, machine):
+    """Each tensor's equal share of what its step pays once (fused latencies,
+    rounds' cycles): a plan's ``predicted_s`` add up to its step."""
+    return (step_cost(costs, machine).seconds - sum(c.own_s for c in costs)) / len(costs) if costs else 0.0
 
 
 def tensor_options(numel, shape, workers, link, candidates, codec_s, machine=LINK_ONLY):
