@@ -143,9 +143,9 @@ class Machine:
 LINK_ONLY = Machine()
 
 #: a ring step's wait for a core per runnable task beyond one a core (``Machine.core_wait_s``):
-#: fitted once to the bench scale rows at N <= 4 (emulated hosts sharing 2
+#: fitted once to every bench scale row (emulated hosts sharing 2
 #: cores): ``.venv/bin/python scripts/scale_model_check.py --fit``
-CORE_WAIT_S = 0.56e-3
+CORE_WAIT_S = 1.5e-3
 
 
 def shared_host(ranks_per_host, cpus, base: "Machine" = LINK_ONLY, background_load=0.0,

@@ -24,7 +24,7 @@ for the next rank's turn on a core (``cost_model.CORE_WAIT_S``: one global
 constant, fitted once by ``--fit`` to every bench scale row; the report
 also gives the error on the rows each fit held out).  Error = (predicted -
 measured) / measured.  Nothing is fitted per row.  Each row also shows how far
-its own two passes disagree (``pass_spread``): the measurement's noise.
+its own passes disagree (``pass_spread``, slowest against fastest): the measurement's noise.
 
 Rows with bytes only (docs/results/two_phase.json): the wire bytes each rank
 receives, predicted by the same model, against the interface counters.
@@ -92,8 +92,8 @@ def _overhead(micro, rows):
 
 
 def pass_spread(row):
-    """How far the row's own passes disagree: ``|link_s of pass 1 - of pass
-    2| / link_s`` (each pass: the median of its timed steps minus the median
+    """How far the row's own passes disagree: ``(slowest pass - fastest
+    pass) / link_s`` (each pass: the median of its timed steps minus the median
     of its compute-only steps; bench scale keeps both in order in
     ``step_s_all`` and ``compute_s_all``).  None where the row has one pass."""
     steps, comp, passes = row.get("step_s_all"), row.get("compute_s_all"), row.get("passes") or 1
@@ -291,7 +291,7 @@ def report(time_rows, byte_rows, machine, held=None):
             if spreads:
                 agree = [r for r in spreads if r["pass_spread"] <= 0.35]
                 med = statistics.median(r["pass_spread"] for r in spreads)
-                lines.append(f"The measurement itself: a row's two passes differ by a median {100 * med:.0f}% of "
+                lines.append(f"The measurement itself: a row's slowest and fastest passes differ by a median {100 * med:.0f}% of "
                              f"its measured time, by more than 35% in {len(spreads) - len(agree)} of {len(spreads)} "
                              f"rows (`passes differ` column); over the {len(agree)} rows whose passes agree within "
                              f"35%: {_summary_line(summary(agree))}.")
