@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .cost_model import Machine, shared_host
+from .cost_model import CORE_WAIT_S, Link, Machine, shared_host
 
 
 def kernel_id() -> int:
@@ -46,3 +46,18 @@ def machine_of(kernel_ids, local_size, cpus) -> Machine:
     from collections import Counter
     busiest = max(Counter(int(i) for i in kernel_ids).values(), default=1)
     return shared_host(max(int(local_size or 1), busiest), cpus, core_wait_s=0.0)
+
+
+def with_wait_floor(link: Link, machine: Machine, workers: int) -> Link:
+    """``link`` (fitted to allreduces timed on ``machine``) with a latency per
+    ring step of at least the cost model's wait for a core there
+    (:data:`~hvd_compress.cost_model.CORE_WAIT_S` per runnable task beyond one
+    a core).  On ranks sharing cores the probes' times scatter by more than
+    their latency, and a least-squares intercept of 0 would make every extra
+    round look free: measured at N = 4 on 2 cores, a fit of 0 us led Auto to
+    add a two-phase round for three small tensors."""
+    if not machine.cpus:
+        return link
+    from dataclasses import replace
+    floor = replace(machine, core_wait_s=CORE_WAIT_S).step_wait_s(workers)
+    return link if link.latency_s >= floor else Link(floor, link.bytes_per_s)

@@ -13,12 +13,12 @@ Life of an ``Auto``:
 2. **Decide** at the first ``compress`` of the next step, on every rank:
    time blocking allreduces of ``probe_numels`` elements
    (:func:`hvd_compress.auto.probe.probe_numels_for`; fit of latency and
-   bandwidth, :func:`hvd_compress.auto.planner.fit_link`) and each candidate's
+   bandwidth, :func:`hvd_compress.auto.planner.fit_link`, the latency at least the
+   wait for a core where ranks share them, :func:`hvd_compress.host.with_wait_floor`) and each candidate's
    error feedback + encode + decode on every distinct tensor shape (``none``:
-   0, not timed); average the measurements over ranks (one allreduce); rank 0
-   plans the step (:func:`hvd_compress.auto.planner.plan`) and broadcasts
-   candidate indices in sorted key order; every rank allgathers a hash of
-   the plan it is about to apply and raises
+   0, not timed); average them over ranks (one allreduce); rank 0 plans the step
+   (:func:`hvd_compress.auto.planner.plan`) and broadcasts candidate indices in sorted key
+   order; every rank allgathers a hash of the plan it is about to apply and raises
    :class:`~hvd_compress.auto.planner.PlanMismatchError` where they differ.
 3. **Re-check** every ``recheck_every`` steps: re-probe the link (the codec
    costs are kept) and adopt rank 0's new plan where it is predicted more
@@ -26,17 +26,15 @@ Life of an ``Auto``:
 
 Every lossy candidate runs with plain error feedback and one residual per
 tensor that carries across changes of scheme; ``none`` runs without (exactly
-plain Horovod) after one step that sends a left-over residual out in full.
-So ``sum(sent) + residual == sum(gradients)`` holds across re-plans.
-A plan version is a phase, as in :class:`~hvd_compress.Schedule`: its side
-collectives are named ``<key>@<version>``.
+plain Horovod) after one step that sends a left-over residual out in full:
+``sum(sent) + residual == sum(gradients)`` holds across re-plans.  A plan
+version is a phase, as in :class:`~hvd_compress.Schedule` (side collectives ``<key>@<version>``).
 
 **TensorFlow** (:mod:`hvd_compress.auto.tf`) runs the same life inside a
 graph traced once: codecs timed at the first trace, every candidate behind a
 per-tensor mode switch, measurements and agreement in a host callback.
 
-Only the global process set is supported, one framework per ``Auto``
-object, and tensors first seen after calibration are not planned.
+Only the global process set, one framework per ``Auto``; tensors first seen after calibration are not planned.
 """
 from __future__ import annotations
 
@@ -52,6 +50,7 @@ from .probe import DEFAULT_PROBE_NUMELS, EARLY_PROBE_NUMELS, probe_numels_for
 from .provisional import provisional_candidates, provisional_choice
 from ..compressor import Compressor, Phase
 from ..cost_model import LINK_ONLY
+from ..host import with_wait_floor
 from ..memory import ResidualMemory
 from ..schemes.base import check_range
 
@@ -280,6 +279,7 @@ class Auto(Compressor):
         self.link = fit_link([4 * n for n in numels], avg[:len(probes)], size, known)
         host = getattr(cal, "host_machine", None)
         self.machine = host(f"{version}.{start}", ps) if host is not None else LINK_ONLY
+        self.link = with_wait_floor(self.link, self.machine, size)
         if first:
             self.step_s = avg[len(probes)]
             width = len(self.candidates)

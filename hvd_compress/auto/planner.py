@@ -318,7 +318,8 @@ def predicted_total(choices: Dict[str, Choice], tensors, workers, link, candidat
 
 def format_plan(choices: Dict[str, Choice], tensors, link: Optional[Link] = None, step_s=None, codec_s=None) -> str:
     """The table ``Auto.describe()`` prints: each tensor, its choice, the
-    predicted ms of the choice and of ``none``, the measured encode + decode
+    predicted ms of the choice and of ``none`` (:func:`plan`: with an equal
+    share of what the step pays once, so each column adds up to its step), the measured encode + decode
     ms of the choice (``codec_s``: key -> label -> seconds, averaged over
     ranks, as calibration measured it), and the bytes per step."""
     w = max([len(k) for k in choices] + [6])

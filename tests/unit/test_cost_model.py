@@ -316,3 +316,13 @@ def test_each_collective_a_tensor_enters_costs_an_entry():
     assert cm.tensor_cost("allreduce", 100, 4, link, shared).collective_s == pytest.approx(2e-3)
     assert cm.tensor_cost("allreduce", 100, 1, link, m).collective_s == 0.0  # one rank: no collective
     assert Machine().entry_s == cm.ENTRY_S > 0
+
+
+def test_a_link_fitted_on_shared_cores_keeps_at_least_the_wait_for_a_core():
+    from hvd_compress import host
+    shared = cm.shared_host(4, 2, core_wait_s=0.0)  # Auto's host: the fit holds the wait
+    fitted = Link(0.0, 1 * MB)  # the probes' scatter gave an intercept of 0
+    floored = host.with_wait_floor(fitted, shared, 4)
+    assert floored.latency_s == pytest.approx(cm.CORE_WAIT_S) and floored.bytes_per_s == fitted.bytes_per_s
+    assert host.with_wait_floor(Link(1.0, MB), shared, 4).latency_s == 1.0  # a larger fit stands
+    assert host.with_wait_floor(fitted, cm.LINK_ONLY, 4) is fitted  # a core a rank: no floor
