@@ -95,7 +95,10 @@ def test_slow_link_compresses_the_weight_and_fast_link_does_not(monkeypatch):
         assert (plan["net.weight"] != "none") == compressed, auto.describe()
         # the fixed costs, not timings: 1 ns an element (averaged over ranks: rounding only)
         assert auto.codec_s["net.weight"]["Int8"] == pytest.approx(64 * 512 * 1e-9, rel=1e-9), auto.codec_s
-        assert plan["net.bias"] == "none", auto.describe()
+        # the 8-element bias stays dense or joins the collectives the weight pays for, never a
+        # transport of its own: at 1 MB/s its 32 bytes cost about what a collective entry does
+        # (cost_model.ENTRY_S), so the margin decides (2 ranks: it joins; 3: dense)
+        assert plan["net.bias"] in ("none", plan["net.weight"]), auto.describe()
 
 
 def held_residual(auto, name, shape):

@@ -152,22 +152,19 @@ def test_markdown_lists_every_row_and_the_auto_comparison():
 
 def test_runnable_tasks_are_read_now_and_a_launch_waits_for_quiet():
     """The instantaneous runnable count (not the 1-minute average, which carries
-    the last launch): a busy loop beside the sampler shows as one task."""
-    import threading
-    assert S.runnable_now(0.2) >= 0.0
-    stop = threading.Event()
-
-    def spin():  # threads of this process count as tasks too
-        while not stop.is_set():
-            pass
-    t = threading.Thread(target=spin)
-    t.start()
+    the last launch): a busy process beside the sampler shows as a task."""
+    import subprocess
+    import sys
+    idle = S.runnable_now(0.2)
+    assert idle >= 0.0
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        busy = S.runnable_now(0.5)
+        time.sleep(0.2)
+        busy = S.runnable_now(1.0)
         runnable, waited = S.settle(max_s=0.0, quiet=-1.0)  # never quiet: gives up at once
     finally:
-        stop.set()
-        t.join()
+        spin.kill()
+        spin.wait()
     assert busy >= 0.5 and runnable >= 0.0 and waited < 5.0
 
 
