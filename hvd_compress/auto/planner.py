@@ -191,19 +191,14 @@ def choose(numel, shape, workers, link, candidates, codec_s: Dict[str, float], m
     encode + decode seconds; a candidate without a measurement is not
     chosen.  ``none``'s own measured cost counts too (about nothing: Auto
     runs it without error feedback)."""
-    none_payload, none_comm = predict_comm(candidates[0].scheme, numel, shape, workers, link, machine=machine)
-    none_s = none_comm + codec_s.get(NONE_LABEL, 0.0)
-    best = Choice(NONE_LABEL, none_s, none_s, none_payload)
-    for cand in candidates[1:]:
-        cost = codec_s.get(cand.label)
-        if cost is None or not math.isfinite(cost) or cost < 0 or not applies(cand, shape):
-            continue
-        payload, comm = predict_comm(cand.scheme, numel, shape, workers, link, cand.transport, machine)
-        total = comm + cost
-        if total < best.predicted_s:
-            best = Choice(cand.label, total, none_s, payload)
-    if best.label != NONE_LABEL and best.predicted_s > none_s * (1.0 - min_gain):
-        return Choice(NONE_LABEL, none_s, none_s, none_payload)
+    options = tensor_options(numel, shape, workers, link, candidates, codec_s, machine)
+    none = options[NONE_LABEL]
+    best = Choice(NONE_LABEL, none.marginal_s, none.marginal_s, none.payload_bytes)
+    for label, cost in options.items():  # in the candidates' order: the first of equals wins
+        if cost.marginal_s < best.predicted_s:
+            best = Choice(label, cost.marginal_s, none.marginal_s, cost.payload_bytes)
+    if best.label != NONE_LABEL and best.predicted_s > none.marginal_s * (1.0 - min_gain):
+        return Choice(NONE_LABEL, none.marginal_s, none.marginal_s, none.payload_bytes)
     return best
 
 
