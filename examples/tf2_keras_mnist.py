@@ -16,13 +16,13 @@ resolves to the ``tf_keras`` package (Keras 2.21, installed with the
 imports.  Use ``tf.keras`` everywhere (never ``import keras``, which is
 Keras 3) so model, optimizer and Horovod agree.  One gap remains in Horovod
 0.28.1: its Keras *callbacks* module binds ``keras.backend`` (Keras 3)
-directly; ``hvd_compress.horovod_compat.use_tf_keras_in_horovod_callbacks()``
+directly; ``hvd_compress.use_tf_keras_in_horovod_callbacks()``
 points it at tf_keras' backend so ``MetricAverageCallback`` and
 ``LearningRateWarmupCallback`` work.
 
 The hvd_compress part::
 
-    hvd_compress.horovod_compat.use_tf_keras_in_horovod_callbacks()  # before building Horovod's callbacks
+    hvd_compress.use_tf_keras_in_horovod_callbacks()  # before building Horovod's callbacks
     compression = hvd_compress.TopK(0.01)
     opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(...), compression=compression)
     model.fit(..., callbacks=[..., hvd_compress.tools.metrics.KerasCompressionCallback(compression)])
@@ -46,7 +46,7 @@ import tensorflow as tf  # noqa: E402
 import horovod.tensorflow as hvd_tf  # noqa: E402  (collectives with Min/Sum ops)
 import horovod.tensorflow.keras as hvd  # noqa: E402
 
-from hvd_compress.horovod_compat import use_tf_keras_in_horovod_callbacks  # noqa: E402
+from hvd_compress import use_tf_keras_in_horovod_callbacks  # noqa: E402
 from hvd_compress.tools.metrics import CompressionMeter, KerasCompressionCallback  # noqa: E402
 
 

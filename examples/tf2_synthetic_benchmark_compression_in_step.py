@@ -12,7 +12,7 @@ Here that line builds an hvd_compress compressor instead (``--compression``
 and the scheme options as in the other examples).  ``benchmark_step`` is
 traced twice (``first_batch=True``, then ``False``), so two compressors are
 built; the second continues the first one's error feedback (see
-``hvd_compress.tf_state.owner_across_traces``).  Output lines are
+``hvd_compress.adapters.tf_traces.owner_across_traces``).  Output lines are
 Horovod's (``Iter #N: X img/sec per CPU``, ``Img/sec per CPU``, ``Total
 img/sec``), plus one ``Gradients:`` line with the bytes the last step sent.
 

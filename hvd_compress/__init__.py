@@ -12,11 +12,19 @@ Each name builds a :class:`Compressor` around the scheme of the same name in
 the scheme's) and ``seed`` go to the compressor, the rest to the scheme.
 One object serves PyTorch and TensorFlow.
 """
+import sys as _sys
+
 from . import factories as _factories
 from .auto import Auto
 from .compressor import Compressor
-from .memory import DGCMemory, MomentumMemory, ResidualMemory
+from .feedback.memory import DGCMemory, MomentumMemory, ResidualMemory
+from .integration import elastic
+from .integration.horovod_internals import use_tf_keras_in_horovod_callbacks
 from .policy import Policy, Rule, Schedule, recipe
+
+# ``hvd_compress.elastic`` is public (README, docs/guide/elastic.md): ``import
+# hvd_compress.elastic`` finds the module here, as ``import os.path`` finds ``posixpath``.
+_sys.modules[__name__ + ".elastic"] = elastic
 
 __version__ = "0.1.0"
 
@@ -26,4 +34,4 @@ globals().update(_factories.FACTORIES)
 none = _factories.none
 
 __all__ = ["Auto", "Compressor", "DGCMemory", "MomentumMemory", "ResidualMemory", "Policy", "Rule", "Schedule", "recipe",
-           "NoCompression", "none", *[name for name in _factories.FACTORIES if name != "NoCompression"]]
+           "elastic", "use_tf_keras_in_horovod_callbacks", "NoCompression", "none", *[name for name in _factories.FACTORIES if name != "NoCompression"]]

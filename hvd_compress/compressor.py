@@ -31,7 +31,7 @@ the adapters read the parameter's name from the calling Horovod frame
 names every side collective, so they agree on all ranks whatever order the
 hooks fire in.  Where no name can be found (a direct call, Horovod's grouped
 TF path), a fallback key is built from the shape and its occurrence count in
-the step; see :meth:`hvd_compress.adapter.AdapterBase.fallback_key`.
+the step; see :meth:`hvd_compress.adapters.base.AdapterBase.fallback_key`.
 """
 from __future__ import annotations
 
@@ -41,12 +41,12 @@ import types
 from typing import Any, NamedTuple
 
 from .backend import backend_for
-from .memory import ResidualMemory
-from .momentum_check import check_construction, check_optimizer_momentum
-from .naming import stable_hash
+from .feedback.memory import ResidualMemory
+from .feedback.momentum_check import check_construction, check_optimizer_momentum
+from .cross_rank import stable_hash
 from .protocols import Memory as MemoryProtocol
 from .schemes.base import Scheme
-from .stats import CompressionStats
+from .byte_counts import CompressionStats
 
 
 def encode_with_residual(B, scheme, x, residual, encode_context):
@@ -96,7 +96,7 @@ def _check_memory_suits_scheme(scheme, memory):
     was sent.  PowerSGD's rank-r approximation sends every element, so the
     momentum would be discarded at every step and ``momentum=`` silently do
     nothing: refuse it.  DGC's clipping alone (``momentum=0``) is fine."""
-    from .memory import DGCMemory
+    from .feedback.memory import DGCMemory
     if isinstance(memory, DGCMemory) and memory.momentum > 0 and scheme.transport == "powersgd":
         raise ValueError(f"memory=DGCMemory(momentum={memory.momentum}) cannot be used with {scheme!r}: DGC's "
                          f"momentum factor masking resets the momentum wherever an element was sent, and a "
@@ -205,7 +205,7 @@ class Compressor:
         if not B.is_floating(tensor):
             return tensor, None  # integers and bools always pass through
         if B.name == "tensorflow" and self._built_in_tf_trace:
-            from .tf_state import owner_across_traces
+            from .adapters.tf_traces import owner_across_traces
             owner = owner_across_traces(self, tensor)
             if owner is not self:  # a retrace's compressor: the first one's state, its stats
                 self._adapters, self.stats = owner._adapters, owner.stats
@@ -307,22 +307,22 @@ class Compressor:
         """Keep this compressor's ``framework`` state in ``adapter`` from now on
         (an adapter shared with another compressor, or one with other
         collectives, such as a one-rank world); returns ``adapter``."""
-        from .adapter import AdapterBase
+        from .adapters.base import AdapterBase
         if framework not in self.FRAMEWORKS:
             raise ValueError(f"framework must be one of {self.FRAMEWORKS}; got {framework!r}")
         if not isinstance(adapter, AdapterBase):
             raise ValueError(f"adapter must be an hvd_compress framework adapter (a subclass of "
-                             f"hvd_compress.adapter.AdapterBase); got {adapter!r}")
+                             f"hvd_compress.adapters.base.AdapterBase); got {adapter!r}")
         self._adapters[framework] = adapter
         return adapter
 
     def _new_adapter(self, framework):
         """A fresh adapter for ``framework``; subclasses with their own adapters override it."""
         if framework == "torch":
-            from .torch_adapter import TorchAdapter
+            from .adapters.torch_adapter import TorchAdapter
             return TorchAdapter()
         if framework == "tensorflow":
-            from .tf_adapter import TFAdapter
+            from .adapters.tf_adapter import TFAdapter
             return TFAdapter()
         raise ValueError(f"framework must be one of {self.FRAMEWORKS}; got {framework!r}")
 

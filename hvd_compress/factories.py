@@ -14,7 +14,7 @@ from functools import wraps
 
 from . import schemes as _s
 from .compressor import Compressor
-from .memory import DGCMemory, momentum_memory
+from .feedback.memory import DGCMemory, momentum_memory
 
 
 def _factory(scheme_cls):

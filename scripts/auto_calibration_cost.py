@@ -53,7 +53,7 @@ def mlp_tensors(params):
 
 
 def decision_step_seconds(tensors, eager_powersgd):
-    import hvd_compress.kernels.torch_lowrank as tl
+    import hvd_compress.codecs.torch_lowrank as tl
     from hvd_compress.auto import calibration
     from hvd_compress.auto.planner import applies, default_candidates
     real = tl.codec_for

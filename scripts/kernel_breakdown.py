@@ -117,7 +117,7 @@ def breakdown(spec, n, reps):
     xs = [torch.from_numpy(np.random.default_rng(s).standard_normal(n).astype(np.float32)) for s in range(3)]
     grad, dst = torch.empty(n), torch.empty(n)
     timed = TimedLibrary(native.load())
-    import hvd_compress.kernels.torch_cpu as tc
+    import hvd_compress.codecs.torch_fused as tc
     real_load = tc.load
     totals, copies = [], []
     per_call = []

@@ -57,8 +57,8 @@ def torch_rows(n, reps):
     torch.set_num_threads(1)
     from hvd_compress.backend import backend_for
     from hvd_compress.kernels import native
-    from hvd_compress.kernels.torch_cpu import codec_for
-    from hvd_compress.memory import finite_or_zero
+    from hvd_compress.codecs.torch_fused import codec_for
+    from hvd_compress.feedback.memory import finite_or_zero
     from hvd_compress.schemes.base import EncodeContext
     from hvd_compress.schemes.quantization import Int8
 

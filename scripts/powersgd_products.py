@@ -8,7 +8,7 @@ One thread.  Each operation runs between two ``dst.copy_(src)`` of the same
 ``rows x cols`` float32 matrix, and its thread CPU time is divided by the
 mean of theirs (median over ``--reps`` rounds, each round running every
 operation once, so they alternate): the load of other processes
-inflates it less than wall time.  What ``hvd_compress.kernels.torch_lowrank``
+inflates it less than wall time.  What ``hvd_compress.codecs.torch_lowrank``
 chose from, one after the other in one process: the layouts of the two thin products, the outer product by a
 ``gemm`` of inner dimension ``rank`` against ``rank`` multiply-adds over
 cache-sized row blocks, the torch finish it runs where the C kernels are
@@ -37,7 +37,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     import torch
     torch.set_num_threads(1)
-    from hvd_compress.kernels import torch_lowrank as tl
+    from hvd_compress.codecs import torch_lowrank as tl
     n, m, r = args.rows, args.cols, args.rank
     gen = torch.Generator().manual_seed(0)
     src, dst = torch.randn(n, m, generator=gen), torch.empty(n, m)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The one cost model (hvd_compress/cost_model.py) against every measured row.
+"""The one cost model (hvd_compress/costmodel/model.py) against every measured row.
 
     .venv/bin/python scripts/scale_model_check.py            # report -> docs/results/scale_model_check.{md,json}
     .venv/bin/python scripts/scale_model_check.py --fit      # also print the constants fitted (CPU_GLOO, CORE_WAIT_S)
@@ -41,7 +41,7 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from hvd_compress import cost_model  # noqa: E402
+from hvd_compress.costmodel import model as cost_model  # noqa: E402
 from hvd_compress.tools import advise  # noqa: E402
 
 RESULTS = os.path.join(REPO, "docs", "results")

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Does compression pay at 8 to 256 GPUs?  The one cost model
-(hvd_compress/cost_model.py, through ``hvd-compress advise``'s functions)
+(hvd_compress/costmodel/model.py, through ``hvd-compress advise``'s functions)
 projected to real clusters, and checked against Horovod's published scaling.
 
     .venv/bin/python scripts/scale_projection.py     # -> docs/results/scale_projection.{json,png}, prints the tables
@@ -37,7 +37,7 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from hvd_compress.cost_model import GPU_NCCL  # noqa: E402
+from hvd_compress.costmodel.model import GPU_NCCL  # noqa: E402
 from hvd_compress.tools import advise  # noqa: E402
 from hvd_compress.tools.projection import GPU_SCHEMES, MODELS, gpu_codec, resnet_layers, vgg16_layers  # noqa: E402
 

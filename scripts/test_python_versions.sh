@@ -6,7 +6,7 @@
 #                 that exercise what the Python version can change -- reading
 #                 parameter names and keys from Horovod's frames (Python 3.12
 #                 inlines comprehensions, PEP 709): $VERSION_FILES below;
-#   --horovod-only: those Horovod files, with tests/unit/test_horovod_compat.py
+#   --horovod-only: those Horovod files, with tests/unit/test_horovod_internals.py
 #                 as the plain part;
 #   --full:       scripts/run_tests.sh's whole suite, Horovod files at np=2 over
 #                 Gloo (HVDC_CONTROLLERS and NP3_FILES widen it);
@@ -72,7 +72,7 @@ for python in "${PYTHONS[@]}"; do
       case $mode in
         unit) "$venv/bin/python" -m pytest -p no:cacheprovider -ra -q tests/unit;;
         versions|horovod)
-          plain=tests/unit; [ $mode = horovod ] && plain=tests/unit/test_horovod_compat.py
+          plain=tests/unit; [ $mode = horovod ] && plain=tests/unit/test_horovod_internals.py
           PYTHON="$python" HVDC_CONTROLLERS=gloo NP3_FILES="" HVDC_PLAIN_TESTS="$plain" \
             HVDC_HOROVOD_FILES="$VERSION_FILES" HVDC_TEST_OUT="$OUT/py$minor" bash "$REPO/scripts/run_tests.sh";;
         full) PYTHON="$python" HVDC_CONTROLLERS="${HVDC_CONTROLLERS:-gloo}" NP3_FILES="${NP3_FILES:-}" \

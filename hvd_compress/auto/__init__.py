@@ -8,14 +8,14 @@ measured link and encode cost.
   (calibrate, decide, agree on one plan, re-check), for PyTorch and TensorFlow;
 * :mod:`~hvd_compress.auto.calibration`: its PyTorch measurements and
   agreement collectives;
-* :mod:`~hvd_compress.auto.tf`: its TensorFlow side (a per-tensor mode
+* :mod:`~hvd_compress.auto.tf_auto`: its TensorFlow side (a per-tensor mode
   variable, ``tf.switch_case`` over the candidates, a host callback at check
   steps).
 
 The planner's public names are also importable from here
 (``from hvd_compress.auto import plan, fit_link, Link``).
 """
-from ..cost_model import comm_time
+from ..costmodel.model import comm_time
 from .compressor import Auto
 from .planner import (NONE_LABEL, Candidate, Choice, Link, PlanMismatchError, applies, check_codec_costs, choose,
                       default_candidates, fit_link, fixed_codec_seconds, format_plan, plan, predict_comm,

@@ -13,7 +13,7 @@ import time
 import torch
 
 from .planner import PlanMismatchError
-from ..naming import stable_hash
+from ..cross_rank import stable_hash
 from ..schemes.base import EncodeContext
 
 #: repetitions of each probe and codec timing; the minimum is kept (the
@@ -30,8 +30,8 @@ def require_global_process_set():
     """Auto's measurement and agreement collectives run on the global process
     set; an optimizer on a smaller set would leave them waiting for ranks
     that never call them, so refuse it (on every rank of that set)."""
-    from .. import horovod_compat
-    caller = horovod_compat.find_torch_caller()
+    from ..integration import horovod_internals
+    caller = horovod_internals.find_torch_caller()
     ps = caller.process_set if caller.optimizer is not None else None
     if ps is not None and getattr(ps, "process_set_id", 0) != 0:
         raise NotImplementedError(f"hvd_compress.Auto supports the global process set only; this optimizer "
@@ -73,8 +73,8 @@ def _codec_once(B, scheme, x, residual, shape, size, ctx, ws):
     transport = scheme.transport_for(shape)
     if transport == "powersgd":
         return _powersgd_once(scheme, x, residual, shape, size, ws)
-    from ..kernels.torch_cpu import codec_for
-    from ..memory import ResidualMemory
+    from ..codecs.torch_fused import codec_for
+    from ..feedback.memory import ResidualMemory
     codec = codec_for(scheme, None if residual is None else ResidualMemory(), x)
     if codec is not None:
         return _fused_codec_once(codec, transport, x, residual, size, ctx, ws)
@@ -103,10 +103,10 @@ class _Residual:
 
 def _powersgd_once(scheme, x, residual, shape, size, ws):
     """PowerSGD's rounds as the transport runs them in PyTorch
-    (:mod:`hvd_compress.kernels.torch_lowrank`; the eager chain where that is
+    (:mod:`hvd_compress.codecs.torch_lowrank`; the eager chain where that is
     off), with ``size`` identical ranks standing in for the sums."""
-    from ..kernels.torch_lowrank import codec_for
-    from ..memory import ResidualMemory
+    from ..codecs.torch_lowrank import codec_for
+    from ..feedback.memory import ResidualMemory
     memory = None if residual is None else ResidualMemory()
     codec = codec_for(scheme, memory, x)
     n, m = scheme.matrix_shape(shape)
@@ -204,7 +204,7 @@ def measure_codecs(tensors, keys, candidates, size, applies):
     """``[len(keys) x len(candidates)]`` seconds, -1 where a candidate does
     not apply; tensors of equal shape are measured once.  A two-phase
     candidate decodes two tensors' worth (the owner's chunk payloads, then the
-    owned chunks: :func:`hvd_compress.cost_model.codec_seconds`), an
+    owned chunks: :func:`hvd_compress.costmodel.model.codec_seconds`), an
     allgather one ``size`` payloads."""
     by_shape = {}
     rows = []
@@ -266,12 +266,12 @@ def ready():
 
 def host_machine(version, process_set):
     """The host as the cost model sees it: the most ranks sharing one machine's
-    kernel (:func:`hvd_compress.host.machine_of`; one allgather of each
-    rank's :func:`~hvd_compress.host.kernel_id`, named
+    kernel (:func:`hvd_compress.costmodel.machine.machine_of`; one allgather of each
+    rank's :func:`~hvd_compress.costmodel.machine.kernel_id`, named
     ``hvdc.auto.kernel.<version>``) sharing this process's cores;
     ``LINK_ONLY`` where each rank has a core."""
     import horovod.torch as hvd
-    from ..host import kernel_id, machine_of, usable_cpus
+    from ..costmodel.machine import kernel_id, machine_of, usable_cpus
     ids = hvd.allgather(torch.tensor([kernel_id()], dtype=torch.int64), name=f"hvdc.auto.kernel.{version}",
                         process_set=process_set).tolist()
     return machine_of(ids, hvd.local_size(), usable_cpus())

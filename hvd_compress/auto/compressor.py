@@ -14,7 +14,7 @@ Life of an ``Auto``:
    time blocking allreduces of ``probe_numels`` elements
    (:func:`hvd_compress.auto.probe.probe_numels_for`; fit of latency and
    bandwidth, :func:`hvd_compress.auto.planner.fit_link`, the latency at least the
-   wait for a core where ranks share them, :func:`hvd_compress.host.with_wait_floor`) and each candidate's
+   wait for a core where ranks share them, :func:`hvd_compress.costmodel.machine.with_wait_floor`) and each candidate's
    error feedback + encode + decode on every distinct tensor shape (``none``:
    0, not timed); average them over ranks (one allreduce); rank 0 plans the step
    (:func:`hvd_compress.auto.planner.plan`) and broadcasts candidate indices in sorted key
@@ -30,7 +30,7 @@ plain Horovod) after one step that sends a left-over residual out in full:
 ``sum(sent) + residual == sum(gradients)`` holds across re-plans.  A plan
 version is a phase, as in :class:`~hvd_compress.Schedule` (side collectives ``<key>@<version>``).
 
-**TensorFlow** (:mod:`hvd_compress.auto.tf`) runs the same life inside a
+**TensorFlow** (:mod:`hvd_compress.auto.tf_auto`) runs the same life inside a
 graph traced once: codecs timed at the first trace, every candidate behind a
 per-tensor mode switch, measurements and agreement in a host callback.
 
@@ -49,9 +49,9 @@ from .planner import (NONE_LABEL, check_codec_costs, choice_as, codec_table, def
 from .probe import DEFAULT_PROBE_NUMELS, EARLY_PROBE_NUMELS, probe_numels_for
 from .provisional import provisional_candidates, provisional_choice
 from ..compressor import Compressor, Phase
-from ..cost_model import LINK_ONLY
-from ..host import with_wait_floor
-from ..memory import ResidualMemory
+from ..costmodel.model import LINK_ONLY
+from ..costmodel.machine import with_wait_floor
+from ..feedback.memory import ResidualMemory
 from ..schemes.base import check_range
 
 
@@ -104,7 +104,7 @@ class Auto(Compressor):
                  min_topk_ratio=0.01, powersgd_rank=4, include_sign=False, min_gain=0.1, replan_threshold=0.1,
                  probe_numels=DEFAULT_PROBE_NUMELS, exclude=(), seed=0, momentum=0.0, nesterov=False,
                  codec_costs=None, calibrate_compressed=True, two_phase=True):
-        from ..memory import MomentumMemory, momentum_memory
+        from ..feedback.memory import MomentumMemory, momentum_memory
         from ..policy import Rule
         from ..schemes import NoCompression
         self.rules = list(rules)
@@ -175,7 +175,7 @@ class Auto(Compressor):
         if not self._process_set_checked:
             self._process_set_checked = True
             if name == "tensorflow":
-                from .tf import require_global_process_set as require_global_tf
+                from .tf_auto import require_global_process_set as require_global_tf
                 require_global_tf(tensor)
             else:
                 from .calibration import require_global_process_set
@@ -189,7 +189,7 @@ class Auto(Compressor):
         shape = tuple(int(d) for d in shape)
         self.tensors.setdefault(key, (int(numel), shape))
         if self._framework == "tensorflow":  # traced: the mode is chosen when the step runs
-            from .tf import modes
+            from .tf_auto import modes
             return modes(self)
         calls = self._calls[key] = self._calls.get(key, 0) + 1
         if calls == 1 and not self.history and key not in self.provisional:
@@ -356,7 +356,7 @@ class Auto(Compressor):
     def _sync_tf(self):
         """TF: take up a plan restored into the checkpointed variable."""
         if "tensorflow" in self.adapters:
-            from .tf import sync_plan
+            from .tf_auto import sync_plan
             sync_plan(self)
 
     def state_dict(self):
@@ -373,7 +373,7 @@ class Auto(Compressor):
         if saved is not None:
             saved_plan.load_plan(self, saved)
         if "tensorflow" in self.adapters:
-            from .tf import publish_plan
+            from .tf_auto import publish_plan
             publish_plan(self)
 
     def reset_state(self):
@@ -392,7 +392,7 @@ class Auto(Compressor):
 
     def _new_adapter(self, framework):
         if framework == "tensorflow":
-            from .tf import AutoTFAdapter
+            from .tf_auto import AutoTFAdapter
             return AutoTFAdapter()
         return super()._new_adapter(framework)
 

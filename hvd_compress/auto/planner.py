@@ -3,7 +3,7 @@ transport with the least predicted time, and never a compressed one that
 does not beat a plain allreduce by a margin.
 
 Pure Python (no framework import): the measurements come in as numbers.
-The predictions come from the one cost model, :mod:`hvd_compress.cost_model`
+The predictions come from the one cost model, :mod:`hvd_compress.costmodel.model`
 (the one ``hvd-compress advise`` uses and ``scripts/scale_model_check.py``
 checks against measurements):
 
@@ -11,8 +11,8 @@ checks against measurements):
   ``t = 2 (N-1) latency + 2 (N-1)/N x bytes / bandwidth`` (Horovod's ring
   allreduce; Patarasuk & Yuan, JPDC 2009) to allreduces Auto times.  The fit
   holds the collective's own CPU cost and Horovod's cycle, so Auto uses the
-  model with :data:`hvd_compress.cost_model.LINK_ONLY`, or ``machine``
-  (:func:`hvd_compress.cost_model.shared_host`: ranks sharing cores);
+  model with :data:`hvd_compress.costmodel.model.LINK_ONLY`, or ``machine``
+  (:func:`hvd_compress.costmodel.model.shared_host`: ranks sharing cores);
 * **transport** -- per candidate: allreduce, allgather (every rank receives
   ``(N-1) x payload``), two-phase (about ``2 x payload`` whatever ``N``, one
   more round) or PowerSGD's rounds; a scheme that can travel both ways is two
@@ -34,8 +34,8 @@ import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
-from ..cost_model import LINK_ONLY, Link, step_cost, tensor_cost
-from ..step_plan import plan_step
+from ..costmodel.model import LINK_ONLY, Link, step_cost, tensor_cost
+from ..costmodel.step_plan import plan_step
 from ..schemes.base import Scheme, check_range
 
 NONE_LABEL = "none"
@@ -160,7 +160,7 @@ def model_payload(scheme: Scheme, numel: int, shape, workers: int, transport="al
 
 def predict_cost(scheme: Scheme, numel: int, shape, workers: int, link: Link, transport="allgather",
                  codec_s=0.0, machine=LINK_ONLY):
-    """The cost model's :class:`~hvd_compress.cost_model.TensorCost` of one
+    """The cost model's :class:`~hvd_compress.costmodel.model.TensorCost` of one
     tensor under ``scheme`` and ``transport``, or None where the payload
     depends on the data."""
     payload = model_payload(scheme, numel, shape, workers, transport)
@@ -176,7 +176,7 @@ def predict_cost(scheme: Scheme, numel: int, shape, workers: int, link: Link, tr
 def predict_comm(scheme: Scheme, numel: int, shape, workers: int, link: Link, transport="allgather",
                  machine=LINK_ONLY):
     """(payload bytes, seconds) one tensor under ``scheme`` adds to a step's
-    communication (:attr:`hvd_compress.cost_model.TensorCost.marginal_s`: the
+    communication (:attr:`hvd_compress.costmodel.model.TensorCost.marginal_s`: the
     allreduce latency that tensor fusion shares is left out); payload None
     (and seconds inf) where the bytes depend on the data; ``machine``: the host."""
     cost = predict_cost(scheme, numel, shape, workers, link, transport, machine=machine)
@@ -239,7 +239,7 @@ def plan(tensors: Dict[str, tuple], workers: int, link: Link, candidates: List[C
     """``{key: Choice}`` for ``tensors = {key: (numel, shape)}``.  The first
     matching :class:`~hvd_compress.Rule` pins a tensor (label ``"rule <i>"``);
     the others take the step's cheapest plan
-    (:func:`hvd_compress.step_plan.plan_step`: rounds a step's tensors share
+    (:func:`hvd_compress.costmodel.step_plan.plan_step`: rounds a step's tensors share
     are charged once).  A choice's ``predicted_s`` (``none_s``) is the
     tensor's own cost under its choice (under ``none``) plus an equal share
     of what the step (the all-``none`` step) pays once, so that they add up
@@ -295,7 +295,7 @@ def tensor_options(numel, shape, workers, link, candidates, codec_s, machine=LIN
 def predicted_total(choices: Dict[str, Choice], tensors, workers, link, candidates, codec_s,
                     machine=LINK_ONLY) -> float:
     """Seconds per step of a plan's choices under ``link`` (pinned tensors
-    excluded; :func:`hvd_compress.cost_model.step_cost`): how a re-check
+    excluded; :func:`hvd_compress.costmodel.model.step_cost`): how a re-check
     compares the plan in force with a new one."""
     by_label = {c.label: c for c in candidates}
     costs = []

@@ -1,11 +1,11 @@
 """What both backends share: the dtype names, integer helpers, and the
-sampled top-k plan (:func:`hvd_compress.kernels.plan.sampled_topk_plan`, the
+sampled top-k plan (:func:`hvd_compress.kernels.topk_plan.sampled_topk_plan`, the
 one place the eager and the fused Top-K take their plans from)."""
 from __future__ import annotations
 
 import math
 
-from ..kernels.plan import sampled_topk_plan  # noqa: F401 -- the backends' Top-K plan
+from ..kernels.topk_plan import sampled_topk_plan  # noqa: F401 -- the backends' Top-K plan
 
 DTYPES = ("float16", "bfloat16", "float32", "float64",
           "int8", "uint8", "int16", "int32", "int64", "bool")

@@ -25,7 +25,7 @@ class HalfDtype(enum.IntEnum):
 
 
 class IndexCode(enum.IntEnum):
-    """``enum hvdc_index_code``: the index codes of :mod:`hvd_compress.coding`."""
+    """``enum hvdc_index_code``: the index codes of :mod:`hvd_compress.schemes.bit_coding`."""
     RAW = 0
     BITMAP = 1
     ELIAS_FANO = 2

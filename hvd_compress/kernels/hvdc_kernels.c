@@ -53,7 +53,7 @@ static double compensate_l1(const float *x, float *r, i64 n, int want_l1) {
     return l1;
 }
 
-/* ---- momentum-aware error feedback (hvd_compress.memory.MomentumMemory) ---- */
+/* ---- momentum-aware error feedback (hvd_compress.feedback.memory.MomentumMemory) ---- */
 
 /* u = m u + x (kept only where finite); d = u, or x + m u with nesterov,
  * written into d (which may be x itself): the tensor whose acc = d + r every
@@ -67,7 +67,7 @@ void hvdc_momentum(const float *x, float *u, i64 n, float m, int nesterov, float
     }
 }
 
-/* ---- PowerSGD's passes over M (hvd_compress/kernels/torch_lowrank.py) ---- */
+/* ---- PowerSGD's passes over M (hvd_compress/codecs/torch_lowrank.py) ---- */
 
 /* M is n x m row-major, the Q's r x m row-major (Q^T contiguous), a P element (i, k) at
  * p[i * p_row + k * p_col] (the QR's column-major P and the row-major P as sent alike).
@@ -808,7 +808,7 @@ static inline float sent_residual(float v, int sent) {
 }
 
 /* The index code of k ascending, distinct indices of [0, n) (hvdc_index_encode's, in
- * hvd_compress.coding's layout) written a chunk at a time, so that a selection can pack
+ * hvd_compress.schemes.bit_coding's layout) written a chunk at a time, so that a selection can pack
  * the indices it keeps as it keeps them.  Raw: int32; the bitmap's or Elias-Fano's high
  * parts: a bit set per index; Elias-Fano's low parts eight at a time where low <= 8 (eight
  * fill exactly `low` bytes: no bit writer's state through every step), else or'ed in at
@@ -1117,7 +1117,7 @@ void hvdc_clear_sent(float *acc, const i64 *idx, i64 k, const i64 *cand, const f
     for (i64 j = 0; j < k; j++) acc[idx[j]] = 0.0f;
 }
 
-/* ---- index codes (hvd_compress.coding): raw int32, bitmap, Elias-Fano ---- */
+/* ---- index codes (hvd_compress.schemes.bit_coding): raw int32, bitmap, Elias-Fano ---- */
 
 /* idx ascending and distinct; out holds the code's byte count (zeroed here) */
 void hvdc_index_encode(const i64 *idx, i64 k, i64 n, enum hvdc_index_code code, int low, uint8_t *out,

@@ -11,7 +11,7 @@
  * feedback: the input x is compressed as it is).  With r, the compensated gradient
  * acc = x + r is written into r first (in place), and r ends as the new residual
  * acc - sent.  Bit streams are little-endian: bit j of byte i is element 8 i + j, as
- * hvd_compress.coding.pack_bits writes them.  A decode over nr ranks sums them in rank
+ * hvd_compress.schemes.bit_coding.pack_bits writes them.  A decode over nr ranks sums them in rank
  * order and, where `scaled` is nonzero, multiplies the sum by s.
  *
  * Keep to one declaration per line group ending in ");" and to the types below
@@ -41,7 +41,7 @@ enum hvdc_half_dtype {
     HVDC_HALF_BF16 = 1  /* bfloat16, round half to even, every NaN 0x7FC0 */
 };
 
-/* the index codes of hvd_compress.coding (INDEX_CODES, in this order) */
+/* the index codes of hvd_compress.schemes.bit_coding (INDEX_CODES, in this order) */
 enum hvdc_index_code {
     HVDC_CODE_RAW = 0,       /* int32 indices */
     HVDC_CODE_BITMAP = 1,    /* one bit per element */

@@ -1,5 +1,5 @@
 // TensorFlow custom ops over hvdc_kernels.c (the same C kernels the torch
-// codecs call through ctypes), for hvd_compress.kernels.tf_cpu.
+// codecs call through ctypes), for hvd_compress.codecs.tf_fused.
 //
 // The encode ops take the error-feedback residual as a resource (the
 // tf.Variable the TF adapter keeps) and update it in place under the

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..backend import ceil_div
-from ..coding import pack_bits, unpack_bits
+from .bit_coding import pack_bits, unpack_bits
 from .base import Scheme, check_range, register
 
 

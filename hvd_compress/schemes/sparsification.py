@@ -2,14 +2,14 @@
 
 Each sparsifier can hand its kept values to a quantizer (``values=Int8()``):
 Top-K, then INT8 on the kept values, sends 1 byte per kept value instead of 4,
-next to its index (about 1.1-4 bytes, see :mod:`hvd_compress.coding`).  The payload then holds the
+next to its index (about 1.1-4 bytes, see :mod:`hvd_compress.schemes.bit_coding`).  The payload then holds the
 indices plus the quantizer's parts for the values, prefixed ``v.``.
 """
 from __future__ import annotations
 
 import math
 
-from ..coding import INDEX_CODES, choose_index_code, decode_indices, encode_indices, index_code_nbytes
+from .bit_coding import INDEX_CODES, choose_index_code, decode_indices, encode_indices, index_code_nbytes
 from .base import Scheme, check_range, register
 
 
@@ -114,7 +114,7 @@ class TopK(_Sparsifier):
     with Memory", NeurIPS 2018.  Payload: k values (or the ``values``
     quantizer's parts) + the k indices in the smallest of raw int32, bitmap
     and Elias-Fano codes for this tensor's size (``index_coding="auto"``; see
-    :mod:`hvd_compress.coding`) -- about 1.1 bytes an index at 1%.
+    :mod:`hvd_compress.schemes.bit_coding`) -- about 1.1 bytes an index at 1%.
 
     Tuning: 0.01 with error feedback matches dense accuracy on most CNNs/MLPs
     after a short dense warmup; below 0.001 use :class:`DGC` with its
@@ -228,7 +228,7 @@ class DGC(_Sparsifier):
     0.105% of 100k).  The paper's second, exact Top-K over the kept elements is
     not done.  DGC's momentum correction, clipping and
     momentum-factor masking are training-side features (see
-    :class:`hvd_compress.memory.DGCMemory`).
+    :class:`hvd_compress.feedback.memory.DGCMemory`).
     """
     variable_parts = property(_variable_parts)
 

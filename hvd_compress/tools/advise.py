@@ -1,5 +1,5 @@
 """``hvd-compress advise``: whether compression pays, from the one cost model
-(:mod:`hvd_compress.cost_model`, the model ``Auto`` plans with) checked
+(:mod:`hvd_compress.costmodel.model`, the model ``Auto`` plans with) checked
 against measurements.
 
 The usual back-of-envelope model of communication time is *bytes / bandwidth +
@@ -18,13 +18,13 @@ model but counts what actually moves and what compression costs:
   measured on the machine at hand, interpolated in the tensor size (piecewise
   linear in ``n``; below the smallest size, the line through the two smallest
   sizes, which keeps the fixed per-call cost), counted as the transport runs
-  it (:func:`hvd_compress.cost_model.codec_seconds`);
+  it (:func:`hvd_compress.costmodel.model.codec_seconds`);
 * **the collective's own CPU cost and Horovod's cycle** -- the
-  :class:`~hvd_compress.cost_model.Machine` constants of the machine
+  :class:`~hvd_compress.costmodel.model.Machine` constants of the machine
   (:data:`CPU_GLOO`, fitted once to bench e2e rows; ``--machine gpu`` for
   NCCL on GPUs);
 * **per step** the tensors summed with tensor fusion
-  (:func:`hvd_compress.cost_model.step_cost`); no overlap with the backward
+  (:func:`hvd_compress.costmodel.model.step_cost`); no overlap with the backward
   pass is assumed (an upper bound of the communication share of a step).
 
 A scheme is recommended for a tensor only if it beats plain allreduce by at
@@ -45,9 +45,9 @@ from typing import Dict, List, Optional
 
 from .bench.report import human_bytes, human_count, human_seconds
 from .bench.specs import HOROVOD_SPECS, parse_spec, payload_nbytes, split_specs
-from .. import cost_model
-from ..cost_model import GPU_NCCL, Link, Machine
-from ..step_plan import plan_step
+from ..costmodel import model as cost_model
+from ..costmodel.model import GPU_NCCL, Link, Machine
+from ..costmodel.step_plan import plan_step
 from .units import parse_count, parse_rate
 
 #: the encode/decode costs ``advise`` uses by default: a packaged copy of
@@ -64,7 +64,7 @@ TWO_PHASE_SUFFIX = "/two_phase"
 #: the unshaped-link rows of docs/results/e2e.json (measured comm minus the
 #: link's latency and bytes / bandwidth, the codec and the cycle):
 #: ``.venv/bin/python scripts/scale_model_check.py --fit``.  ``core_wait_s``:
-#: :data:`hvd_compress.cost_model.CORE_WAIT_S`.  Where a row's ranks shared
+#: :data:`hvd_compress.costmodel.model.CORE_WAIT_S`.  Where a row's ranks shared
 #: the machine's cores, :func:`predict_row` describes that sharing
 #: (:func:`row_machine`); without it (the CLI) no sharing applies.
 CPU_GLOO = Machine(reduce_s_per_byte=2.02e-9, reduce_half_s_per_byte=6.87e-9, gather_s_per_byte=2.73e-9,
@@ -229,7 +229,7 @@ def two_phase_variants(specs):
             if s not in HOROVOD_SPECS and TWO_PHASE_SUFFIX not in s and supports_two_phase(parse_spec(s).scheme)]
 
 
-#: the link part of the one model (hvd_compress.cost_model)
+#: the link part of the one model (hvd_compress.costmodel.model)
 comm_time = cost_model.comm_time
 
 
@@ -337,7 +337,7 @@ class Advice:
 def advise(layers, workers, bandwidth, latency=DEFAULT_LATENCY_S, overhead: Optional[Overhead] = None,
            schemes=None, min_gain=0.1, machine: Machine = cost_model.LINK_ONLY, codec_of=None) -> Advice:
     """Predict every scheme (and transport) on every tensor and pick one per
-    tensor; whole-model totals by :func:`hvd_compress.cost_model.step_cost`
+    tensor; whole-model totals by :func:`hvd_compress.costmodel.model.step_cost`
     (tensor fusion, Horovod's cycle).  ``codec_of(spec, numel)``: ``(encode_s,
     decode_s)`` instead of ``overhead``'s (None: unknown)."""
     if schemes is None:
@@ -610,7 +610,7 @@ def row_machine(row, machine: Machine) -> Machine:
     them, else the 1-minute load average then (``loadavg_1m_before``, which
     still carries a launch that just ended).  Unchanged
     where the row does not say, where ``machine`` already names its cores, and
-    for :data:`~hvd_compress.cost_model.LINK_ONLY`."""
+    for :data:`~hvd_compress.costmodel.model.LINK_ONLY`."""
     from dataclasses import replace
     if not row.get("cpus") or machine.cpus is not None or machine is cost_model.LINK_ONLY:
         return machine
@@ -621,7 +621,7 @@ def row_machine(row, machine: Machine) -> Machine:
 
 
 def predict_row(row, overhead: Optional[Overhead], machine: Machine, latency=DEFAULT_LATENCY_S, mbit=None):
-    """The cost model's :class:`~hvd_compress.cost_model.StepCost` for a
+    """The cost model's :class:`~hvd_compress.costmodel.model.StepCost` for a
     measured row (bench e2e or bench scale: ``scheme``, ``transport``,
     ``workers``, ``layer_numels``/``layer_shapes`` or ``model_params``, the
     link in Mbit/s; Horovod's cycle time and fusion threshold where the row
@@ -735,7 +735,7 @@ def validate(e2e_rows, overhead: Overhead, latency=DEFAULT_LATENCY_S, use_measur
 def format_validation(rows, micro_path=None, e2e_path=None, latency=DEFAULT_LATENCY_S) -> str:
     lines = ["# advise: predicted vs measured communication time", "",
              f"Measured = bench e2e `median_step_s - compute_s` ({e2e_path or 'e2e JSON'}); predicted = "
-             f"the one cost model (hvd_compress/cost_model.py: ring allreduce 2(N-1)/N x payload, allgather "
+             f"the one cost model (hvd_compress/model.py: ring allreduce 2(N-1)/N x payload, allgather "
              f"(N-1) x payload, latency {latency * 1e6:g} us per ring step, encode/decode from "
              f"{micro_path or 'bench micro'} with decode x N for allgather schemes, the collective's own CPU "
              f"cost and Horovod's cycle from advise.CPU_GLOO, each row's ranks sharing its cores with its load "

@@ -1,5 +1,5 @@
 """Real models on real clusters, by the one cost model
-(:mod:`hvd_compress.cost_model`): the tensors of a few published
+(:mod:`hvd_compress.costmodel.model`): the tensors of a few published
 architectures, their compute per step on a GPU, and the encode/decode cost of
 each scheme on a GPU from its memory traffic.  ``hvd-compress advise --model``
 and ``scripts/scale_projection.py`` use these; nothing is downloaded, every

@@ -8,7 +8,7 @@ from .allgather import AllgatherTransport
 from .allreduce import AllreduceTransport
 from .base import Call, Pending, Transport, TwoRoundPending
 from .lowrank import LowRankTransport
-from .resolved import ResolvedPending, ResolvedTransport
+from .already_reduced import ResolvedPending, ResolvedTransport
 from .two_phase import TwoPhaseTransport, choose_two_phase
 
 ALLREDUCE = AllreduceTransport()

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..naming import collective_name
+from ..cross_rank import collective_name
 from .base import (Pending, Transport, encode_context, encode_with_feedback, fused_codec, local_and_wire, op_scale,
                    pending_fields, placeholder, split_per_rank, to_gradient)
 

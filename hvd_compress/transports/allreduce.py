@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from ..naming import collective_name
+from ..cross_rank import collective_name
 from .base import (Pending, Transport, encode_context, encode_with_feedback, fused_codec, local_and_wire,
                    pending_fields, to_gradient)
 

@@ -4,7 +4,7 @@ has arrived; the gradient is ``orth(P) Q^T``.  Both factors are sums, so they
 travel by allreduce, and error feedback keeps what the rank-r approximation
 left out, through the memory like every other transport.
 
-Where the adapter has one (PyTorch, :mod:`hvd_compress.kernels.torch_lowrank`),
+Where the adapter has one (PyTorch, :mod:`hvd_compress.codecs.torch_lowrank`),
 a codec runs the three steps in preallocated buffers with the residual
 updated in place; elsewhere (TensorFlow, ``HVDC_KERNELS=0``) the scheme's
 eager ``first_round`` / ``second_round`` / ``finish`` run.  The payloads are
@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..naming import collective_name, stable_hash
+from ..cross_rank import collective_name, stable_hash
 from .base import TwoRoundPending, Transport, compensate, op_scale, pending_fields, to_gradient, update
 
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..backend import ceil_div
-from ..naming import collective_name, stable_hash
-from ..memory import ResidualMemory
+from ..cross_rank import collective_name, stable_hash
+from ..feedback.memory import ResidualMemory
 from ..schemes.base import EncodeContext
-from ..state import OWNED_CHUNK_RESIDUAL, RESIDUAL
+from ..adapters.param_state import OWNED_CHUNK_RESIDUAL, RESIDUAL
 from .base import (TwoRoundPending, Transport, compensate, op_scale, pending_fields, placeholder, split_per_rank,
                    to_gradient, update)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hvd_compress import cost_model
+from hvd_compress.costmodel import model as cost_model
 from hvd_compress.tools import advise as adv
 from hvd_compress.tools.bench import micro
 from hvd_compress.tools.bench.specs import parse_spec, payload_nbytes, split_specs

@@ -5,7 +5,7 @@ codec costs given to ``Auto(codec_costs=...)`` instead of timed, so a test
 decides everything the planner sees and its outcome does not depend on how
 fast the machine runs at that moment."""
 from hvd_compress.auto import comm_time, default_candidates
-from hvd_compress.cost_model import LINK_ONLY
+from hvd_compress.costmodel.model import LINK_ONLY
 
 #: 1 ns an element for every lossy candidate, none free.  With the tests'
 #: 64x512 weight (32768 elements, 128 KB) and links: on the fast link
@@ -18,7 +18,7 @@ CODEC_COSTS = {c.label: 1e-9 for c in default_candidates()[1:]}
 
 def links(sequence, monkeypatch, module, size):
     """Make the i-th link probe of ``module`` (``hvd_compress.auto.calibration`` or
-    ``hvd_compress.auto.tf``) report the i-th link of ``sequence`` (the last one after) for
+    ``hvd_compress.auto.tf_auto``) report the i-th link of ``sequence`` (the last one after) for
     a world of ``size`` ranks; returns the list of probed plan versions."""
     calls = []
 

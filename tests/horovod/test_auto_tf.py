@@ -6,7 +6,7 @@ runs it with Gloo and MPI at 2 processes, with Gloo at 3): the stock ``hvd.Distr
 
 Every rank runs every test in the same order and issues the same
 collectives before it asserts anything.  Where a test needs a given link, the
-link probe (``hvd_compress.auto.tf.probe_link``) is replaced by timings computed from the
+link probe (``hvd_compress.auto.tf_auto.probe_link``) is replaced by timings computed from the
 cost model, identically on every rank, and the codec costs are fixed
 (``Auto(codec_costs=auto_links.CODEC_COSTS)``), so no decision a test checks
 depends on how fast this machine runs; the first test alone measures
@@ -29,9 +29,9 @@ import horovod.tensorflow as hvd  # noqa: E402
 import horovod.tensorflow.keras as hvdk  # noqa: E402
 
 import hvd_compress  # noqa: E402
-from hvd_compress.auto import tf as auto_tf  # noqa: E402
+from hvd_compress.auto import tf_auto as auto_tf  # noqa: E402
 from hvd_compress.auto import Link  # noqa: E402
-from hvd_compress.naming import stable_hash  # noqa: E402
+from hvd_compress.cross_rank import stable_hash  # noqa: E402
 
 import auto_links  # noqa: E402
 from auto_links import CODEC_COSTS  # noqa: E402

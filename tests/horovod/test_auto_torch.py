@@ -20,7 +20,7 @@ import horovod.torch as hvd
 import hvd_compress
 from hvd_compress.auto import calibration as auto_calibration
 from hvd_compress.auto import Link, PlanMismatchError
-from hvd_compress.naming import stable_hash
+from hvd_compress.cross_rank import stable_hash
 
 import auto_links
 from auto_links import CODEC_COSTS
@@ -104,7 +104,7 @@ def test_slow_link_compresses_the_weight_and_fast_link_does_not(monkeypatch):
 def held_residual(auto, name, shape):
     """This rank's residual of a tensor, a two-phase owner's stage-2 residual
     folded in at its chunk (zeros where none is kept)."""
-    from hvd_compress.torch_adapter import folded_residual
+    from hvd_compress.adapters.torch_adapter import folded_residual
     state = auto.adapter_for("torch").params.of(name)
     if state.residual is None:  # none keeps no residual until a lossy scheme has run
         return torch.zeros(shape)

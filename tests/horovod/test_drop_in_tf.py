@@ -18,7 +18,7 @@ Runs under ``horovodrun -np 2`` with Gloo and MPI (scripts/run_tests.sh).
    change a single bit of the result, and the compressor keeps one residual
    per variable.
 3. **Horovod's own Keras callbacks** in a ``model.fit`` with a compressor,
-   after ``hvd_compress.horovod_compat.use_tf_keras_in_horovod_callbacks()``
+   after ``hvd_compress.integration.horovod_internals.use_tf_keras_in_horovod_callbacks()``
    (Horovod 0.28.1's callbacks bind Keras 3's backend otherwise):
    ``BroadcastGlobalVariablesCallback`` makes rank-specific starting weights
    equal, ``MetricAverageCallback`` reports the mean of the ranks' losses,
@@ -248,7 +248,7 @@ def test_horovod_keras_callbacks_in_model_fit():
     import tf_keras
     from horovod.tensorflow.keras import callbacks as hvd_callbacks
 
-    from hvd_compress.horovod_compat import TFKerasBackendForHorovod, use_tf_keras_in_horovod_callbacks
+    from hvd_compress.integration.horovod_internals import TFKerasBackendForHorovod, use_tf_keras_in_horovod_callbacks
 
     use_tf_keras_in_horovod_callbacks()
     for module in (hvdk, hvd_callbacks):

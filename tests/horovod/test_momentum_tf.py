@@ -29,7 +29,7 @@ import horovod.tensorflow.keras as hvdk  # noqa: E402
 from tf_linear_training import mlp, mse_tape_step  # noqa: E402
 
 import hvd_compress as hc  # noqa: E402
-from hvd_compress.momentum_check import RecipeWarning  # noqa: E402
+from hvd_compress.feedback.momentum_check import RecipeWarning  # noqa: E402
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()

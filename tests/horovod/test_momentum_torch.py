@@ -23,7 +23,7 @@ import torch
 import horovod.torch as hvd
 
 import hvd_compress as hc
-from hvd_compress.momentum_check import RecipeWarning
+from hvd_compress.feedback.momentum_check import RecipeWarning
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()

@@ -63,8 +63,8 @@ from tf_linear_training import LinearTraining, dataset, flat_weights, linear_mod
 
 import hvd_compress  # noqa: E402
 from hvd_compress.backend import backend_for  # noqa: E402
-from hvd_compress.naming import collective_name, stable_hash  # noqa: E402
-from hvd_compress.tf_adapter import TFAdapter  # noqa: E402
+from hvd_compress.cross_rank import collective_name, stable_hash  # noqa: E402
+from hvd_compress.adapters.tf_adapter import TFAdapter  # noqa: E402
 
 _WORLD = world_size_from_env()
 SUBSET = hvd.ProcessSet(list(range(_WORLD - 1))) if _WORLD >= 2 else None  # [0] at np=2, [0, 1] at np=3

@@ -311,7 +311,7 @@ def test_large_fixed_payload_swapped_exactly(monkeypatch):
     """With HVDC_PAIR_SWAP_MIN_BYTES set, ``TorchAdapter.allgather_fixed`` gives hvd.allgather's bytes
     exactly (odd byte lengths, -0.0 and NaN payloads included) and moves a payload of that size by a
     reduce-scatter (a PairSwap handle); smaller ones, and any with it unset, by the allgather."""
-    from hvd_compress.torch_adapter import PairSwap, TorchAdapter
+    from hvd_compress.adapters.torch_adapter import PairSwap, TorchAdapter
     adapter = TorchAdapter()
     gen = torch.Generator().manual_seed(1234 + RANK)
     odd = torch.randint(0, 256, (SWAP_AT + 3,), dtype=torch.uint8, generator=gen)

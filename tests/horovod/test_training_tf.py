@@ -44,8 +44,8 @@ from tf_linear_training import mlp, mse_tape_step  # noqa: E402
 
 import hvd_compress as hc  # noqa: E402
 from hvd_compress import Policy, Rule, Schedule  # noqa: E402
-from hvd_compress.naming import stable_hash  # noqa: E402
-from hvd_compress.tf_adapter import TFAdapter  # noqa: E402
+from hvd_compress.cross_rank import stable_hash  # noqa: E402
+from hvd_compress.adapters.tf_adapter import TFAdapter  # noqa: E402
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()

@@ -34,8 +34,8 @@ from compression_cases import simulate as ref_simulate
 
 import hvd_compress as hc
 from hvd_compress import Policy, Rule, Schedule
-from hvd_compress.naming import stable_hash
-from hvd_compress.torch_adapter import TorchAdapter
+from hvd_compress.cross_rank import stable_hash
+from hvd_compress.adapters.torch_adapter import TorchAdapter
 from torch_params import Params
 
 hvd.init()

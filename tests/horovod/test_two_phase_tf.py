@@ -42,9 +42,9 @@ import two_phase_reference as tpr  # noqa: E402  (tests/two_phase_reference.py)
 
 import hvd_compress  # noqa: E402
 from hvd_compress.compressor import Compressor  # noqa: E402
-from hvd_compress.naming import stable_hash  # noqa: E402
+from hvd_compress.cross_rank import stable_hash  # noqa: E402
 from hvd_compress.schemes import DGC, Int8, RandomK, Threshold, TopK  # noqa: E402
-from hvd_compress.tf_adapter import TFAdapter  # noqa: E402
+from hvd_compress.adapters.tf_adapter import TFAdapter  # noqa: E402
 
 
 def _world_size_from_env():

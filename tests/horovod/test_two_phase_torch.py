@@ -34,9 +34,9 @@ import two_phase_reference as tpr  # noqa: E402  (tests/two_phase_reference.py)
 
 import hvd_compress  # noqa: E402
 from hvd_compress.compressor import Compressor  # noqa: E402
-from hvd_compress.naming import stable_hash  # noqa: E402
+from hvd_compress.cross_rank import stable_hash  # noqa: E402
 from hvd_compress.schemes import DGC, FP16, Int8, PowerSGD, RandomK, Threshold, TopK  # noqa: E402
-from hvd_compress.torch_adapter import TorchAdapter  # noqa: E402
+from hvd_compress.adapters.torch_adapter import TorchAdapter  # noqa: E402
 from torch_params import Params  # noqa: E402
 
 

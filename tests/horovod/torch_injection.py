@@ -11,8 +11,8 @@ from compression_cases import G, assert_matches, check_indices
 from compression_cases import simulate as ref_simulate
 
 from hvd_compress.backend import backend_for
-from hvd_compress.naming import stable_hash
-from hvd_compress.torch_adapter import TorchAdapter
+from hvd_compress.cross_rank import stable_hash
+from hvd_compress.adapters.torch_adapter import TorchAdapter
 from torch_params import Params
 
 TB = backend_for(torch.zeros(0))

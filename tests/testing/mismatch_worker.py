@@ -34,7 +34,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import hvd_compress  # noqa: E402
 from hvd_compress import Policy, Rule  # noqa: E402
-from hvd_compress.fingerprint import ConfigMismatchError  # noqa: E402
+from hvd_compress.integration.fingerprint import ConfigMismatchError  # noqa: E402
 
 KINDS = ["same", "scheme", "ratio", "seed", "error_feedback", "policy", "params", "shapes"]
 

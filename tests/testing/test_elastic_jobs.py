@@ -189,7 +189,7 @@ import torch
 import horovod.torch as hvd
 import hvd_compress
 import hvd_compress.elastic
-from hvd_compress.fingerprint import ConfigMismatchError
+from hvd_compress.integration.fingerprint import ConfigMismatchError
 
 from hvd_compress.compressor import ElasticNotRegistered
 

@@ -11,7 +11,7 @@ shows up as a failed test, never as a stuck test run.
 
 What the user sees:
 
-* torch -- ``hvd_compress.fingerprint.ConfigMismatchError`` (a ``ValueError``)
+* torch -- ``hvd_compress.integration.fingerprint.ConfigMismatchError`` (a ``ValueError``)
   from ``loss.backward()`` (the first gradient hook compresses), on every rank;
 * TF -- the ``tf.function`` that calls ``DistributedGradientTape.gradient`` raises
   while it is traced (TF wraps the exception in autograph's ``StagingError``); its

@@ -189,7 +189,7 @@ def test_files_of_a_framework_horovod_was_built_without_are_skipped_and_reported
 # pytest's faulthandler prints for a test past its timeout, then wait.
 HANG_DUMP = ("[0]<stderr>:Timeout (0:10:00)!\n"
              "[0]<stderr>:Thread 0x00007f0000000001 (most recent call first):\n"
-             '[0]<stderr>:  File "/venv/lib/python3.11/site-packages/hvd_compress/auto/tf.py", line 305 in decide_for\n'
+             '[0]<stderr>:  File "/venv/lib/python3.11/site-packages/hvd_compress/auto/tf_auto.py", line 305 in decide_for\n'
              '[0]<stderr>:  File "tests/horovod/test_smoke_tf.py", line 12 in test_waits\n')
 FAKE_HANGING_HOROVODRUN = f"""#!/usr/bin/env bash
 np=0; file=; xml=; dump=

@@ -8,8 +8,8 @@ horovod/tensorflow/__init__.py (``allreduce``, ``grouped_allreduce``,
 ``_make_cached_allreduce_grads_fn``) and horovod/_keras/__init__.py
 (``_allreduce``).
 
-tests/unit/test_horovod_compat.py loads this file under the module name
-``horovod.tensorflow`` (what :func:`hvd_compress.horovod_compat.find_tf_caller`
+tests/unit/test_horovod_internals.py loads this file under the module name
+``horovod.tensorflow`` (what :func:`hvd_compress.integration.horovod_internals.find_tf_caller`
 matches frames by), so the frame readers see the very frames that this
 Python makes for Horovod's comprehensions: a frame of their own up to 3.11,
 inlined into the function's frame from 3.12 on (PEP 709).

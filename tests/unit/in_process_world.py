@@ -3,8 +3,8 @@ list exchanges, for tests that drive the library's transports end to end
 without Horovod (the same paths run under horovodrun in tests/horovod/)."""
 import torch
 
-from hvd_compress.adapter import CallerInfo
-from hvd_compress.torch_adapter import TorchAdapter
+from hvd_compress.adapters.base import CallerInfo
+from hvd_compress.adapters.torch_adapter import TorchAdapter
 
 
 class World:

@@ -201,7 +201,7 @@ def test_tensorflow_plan_is_a_run_time_mode_switch():
     """In TF the traced graph holds every mode; the mode variable picks one
     per step: none, the one-step flush, each lossy candidate with feedback."""
     pytest.importorskip("tensorflow")
-    from hvd_compress.auto import tf as auto_tf
+    from hvd_compress.auto import tf_auto as auto_tf
     auto = hvd_compress.Auto(exclude=("FP16",))
     auto._framework = "tensorflow"
     phases = auto.plan_for("w", 4096, (64, 64))
@@ -218,7 +218,7 @@ def test_tensorflow_plan_is_a_run_time_mode_switch():
 
 def test_tensorflow_check_steps():
     tf = pytest.importorskip("tensorflow")
-    from hvd_compress.auto.tf import is_check_step
+    from hvd_compress.auto.tf_auto import is_check_step
 
     def checks(cal, every):
         return [s for s in range(1, 15) if bool(is_check_step(tf.constant(s, tf.int64), cal, every))]
@@ -228,7 +228,7 @@ def test_tensorflow_check_steps():
 def test_tensorflow_codec_timing():
     """In-graph cost per tensor, call overhead subtracted: finite, non-negative, None where not timed."""
     pytest.importorskip("tensorflow")
-    from hvd_compress.auto import tf as auto_tf
+    from hvd_compress.auto import tf_auto as auto_tf
     from hvd_compress.schemes import NoCompression, PowerSGD, TopK
     got = auto_tf.codec_seconds([NoCompression(), None, TopK(0.1), PowerSGD(2)], 4096, (64, 64), 2)
     assert got[0] == 0.0 and got[1] is None and all(0.0 <= t < 1.0 for t in got[2:]), got
@@ -267,14 +267,14 @@ def test_phases_carry_the_residual_and_flush_it_once():
 def test_auto_refuses_a_process_set_other_than_the_global_one(monkeypatch):
     from types import SimpleNamespace
 
-    from hvd_compress import horovod_compat
+    from hvd_compress.integration import horovod_internals
     from hvd_compress.auto import calibration
 
     def caller_on(ps_id):
         return lambda: SimpleNamespace(optimizer=object(), process_set=SimpleNamespace(process_set_id=ps_id))
-    monkeypatch.setattr(horovod_compat, "find_torch_caller", caller_on(0))
+    monkeypatch.setattr(horovod_internals, "find_torch_caller", caller_on(0))
     calibration.require_global_process_set()
-    monkeypatch.setattr(horovod_compat, "find_torch_caller", caller_on(3))
+    monkeypatch.setattr(horovod_internals, "find_torch_caller", caller_on(3))
     with pytest.raises(NotImplementedError, match="global process set"):
         calibration.require_global_process_set()
 
@@ -472,7 +472,7 @@ def test_powersgd_is_timed_as_the_transport_runs_it(kernels, monkeypatch):
     """PowerSGD's codec cost is timed through the torch codec the transport
     uses (the eager chain with HVDC_KERNELS=0), once per shape."""
     from hvd_compress.auto import calibration
-    from hvd_compress.kernels import torch_lowrank
+    from hvd_compress.codecs import torch_lowrank
     from hvd_compress.schemes import PowerSGD
     monkeypatch.setenv("HVDC_KERNELS", kernels)
     calls = []

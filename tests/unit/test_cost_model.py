@@ -1,4 +1,4 @@
-"""The one cost model (hvd_compress/cost_model.py) against hand-computed
+"""The one cost model (hvd_compress/costmodel/model.py) against hand-computed
 cases, and the two users that must go through it: Auto's planner and
 ``hvd-compress advise``."""
 from __future__ import annotations
@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from hvd_compress import cost_model as cm
-from hvd_compress.cost_model import Link, Machine
+from hvd_compress.costmodel import model as cm
+from hvd_compress.costmodel.model import Link, Machine
 from hvd_compress.tools.projection import gpu_codec_seconds
 
 MB = 1e6
@@ -130,24 +130,24 @@ def test_shared_host_is_no_sharing_unless_the_ranks_outnumber_the_cores():
 
 
 def test_machine_of_counts_the_ranks_that_share_a_kernel():
-    from hvd_compress import host
+    from hvd_compress.costmodel import machine
     """Ranks on one machine share its kernel whatever host names Horovod sees
     (containers, network namespaces): the most crowded kernel sets the
     sharing, never fewer ranks than ``local_size``."""
     a, b = 11, 22
-    four_on_one = host.machine_of([a, a, a, a], 1, 2)  # 4 emulated hosts, local_size 1 each, 2 cores
+    four_on_one = machine.machine_of([a, a, a, a], 1, 2)  # 4 emulated hosts, local_size 1 each, 2 cores
     assert (four_on_one.cpus, four_on_one.ranks_per_host) == (2, 4)
     assert four_on_one.core_wait_s == 0.0  # Auto's link fit, timed on the shared cores, holds the waits
-    assert host.machine_of([a, b, a, b], 1, 2) is cm.LINK_ONLY  # 2 ranks a machine, 2 cores each
-    assert host.machine_of([a, a, a, b], 1, 2).ranks_per_host == 3  # the busiest machine
-    assert host.machine_of([a, b], 3, 2).ranks_per_host == 3  # Horovod's count where it is larger
-    assert host.machine_of([], 1, None) is cm.LINK_ONLY
+    assert machine.machine_of([a, b, a, b], 1, 2) is cm.LINK_ONLY  # 2 ranks a machine, 2 cores each
+    assert machine.machine_of([a, a, a, b], 1, 2).ranks_per_host == 3  # the busiest machine
+    assert machine.machine_of([a, b], 3, 2).ranks_per_host == 3  # Horovod's count where it is larger
+    assert machine.machine_of([], 1, None) is cm.LINK_ONLY
 
 
 def test_kernel_id_is_stable_in_a_process_and_an_integer():
-    from hvd_compress import host
-    assert host.kernel_id() == host.kernel_id() and 0 <= host.kernel_id() < 2 ** 63
-    assert host.usable_cpus() >= 1
+    from hvd_compress.costmodel import machine
+    assert machine.kernel_id() == machine.kernel_id() and 0 <= machine.kernel_id() < 2 ** 63
+    assert machine.usable_cpus() >= 1
 
 
 def test_each_ring_step_waits_for_a_core_and_fusion_shares_the_wait():
@@ -319,10 +319,10 @@ def test_each_collective_a_tensor_enters_costs_an_entry():
 
 
 def test_a_link_fitted_on_shared_cores_keeps_at_least_the_wait_for_a_core():
-    from hvd_compress import host
+    from hvd_compress.costmodel import machine
     shared = cm.shared_host(4, 2, core_wait_s=0.0)  # Auto's host: the fit holds the wait
     fitted = Link(0.0, 1 * MB)  # the probes' scatter gave an intercept of 0
-    floored = host.with_wait_floor(fitted, shared, 4)
+    floored = machine.with_wait_floor(fitted, shared, 4)
     assert floored.latency_s == pytest.approx(cm.CORE_WAIT_S) and floored.bytes_per_s == fitted.bytes_per_s
-    assert host.with_wait_floor(Link(1.0, MB), shared, 4).latency_s == 1.0  # a larger fit stands
-    assert host.with_wait_floor(fitted, cm.LINK_ONLY, 4) is fitted  # a core a rank: no floor
+    assert machine.with_wait_floor(Link(1.0, MB), shared, 4).latency_s == 1.0  # a larger fit stands
+    assert machine.with_wait_floor(fitted, cm.LINK_ONLY, 4) is fitted  # a core a rank: no floor

@@ -2,7 +2,7 @@
 docstrings with pdoc and fails on any warning, including a docstring
 cross-reference that points nowhere.  Part of the plain pytest run of
 scripts/run_tests.sh, so CI builds the docs on every run (about 30 s, most of it
-importing TensorFlow for hvd_compress.tf_adapter)."""
+importing TensorFlow for hvd_compress.adapters.tf_adapter)."""
 from __future__ import annotations
 
 import os

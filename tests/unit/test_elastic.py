@@ -12,8 +12,8 @@ import torch
 
 import hvd_compress
 from hvd_compress.elastic import departed_mass
-from hvd_compress.state import OWNED_CHUNK_SUFFIX
-from hvd_compress.torch_adapter import folded_residual
+from hvd_compress.adapters.param_state import OWNED_CHUNK_SUFFIX
+from hvd_compress.adapters.torch_adapter import folded_residual
 from hvd_compress.transports import TwoRoundPending
 from in_process_world import InProcessAdapter, World
 
@@ -146,8 +146,8 @@ def test_tf_adapter_folds_the_owned_chunk_and_drops_its_variable():
     """TensorFlow: the stage-2 residual variable is added into the stage-1 one
     and removed, so the next trace makes one of the new chunk size."""
     tf = pytest.importorskip("tensorflow")
-    from hvd_compress.state import OWNED_CHUNK_RESIDUAL, RESIDUAL
-    from hvd_compress.tf_adapter import TFAdapter, fold_into
+    from hvd_compress.adapters.param_state import OWNED_CHUNK_RESIDUAL, RESIDUAL
+    from hvd_compress.adapters.tf_adapter import TFAdapter, fold_into
     adapter = TFAdapter()
     adapter._memory_variable(RESIDUAL, "w", lambda: tf.constant([1.0, 0, 0, 0, 0]))
     adapter._memory_variable(OWNED_CHUNK_RESIDUAL, "w", lambda: tf.constant([2.0, 3.0]))

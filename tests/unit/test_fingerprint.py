@@ -1,10 +1,10 @@
-"""Unit tests of :mod:`hvd_compress.fingerprint`: the per-rank descriptions
+"""Unit tests of :mod:`hvd_compress.integration.fingerprint`: the per-rank descriptions
 and the error that names what differs (the collective itself is exercised
 under horovodrun in tests/testing/test_mismatch.py)."""
 import pytest
 
 import hvd_compress as hc
-from hvd_compress.fingerprint import ConfigMismatchError, compare, describe_side
+from hvd_compress.integration.fingerprint import ConfigMismatchError, compare, describe_side
 
 PARAMS = [("layer.weight", (32, 16)), ("layer.bias", (32,))]
 
@@ -30,7 +30,7 @@ def test_extra_missing_and_reshaped_parameters_are_named():
 
 
 def test_huge_parameter_lists_travel_as_a_digest_only(monkeypatch):
-    import hvd_compress.fingerprint as fp
+    import hvd_compress.integration.fingerprint as fp
     monkeypatch.setattr(fp, "MAX_LISTED_PARAMS_BYTES", 10)
     blob = describe_side(hc.Int8(), PARAMS, 2)
     assert b"layer.weight" not in blob

@@ -16,8 +16,8 @@ import hvd_compress as hc
 from hvd_compress.backend import backend_for
 from hvd_compress.kernels import native
 from hvd_compress.kernels.constants import Framework
-from hvd_compress.kernels.torch_cpu import _p, _ptrs, codec_for
-from hvd_compress.memory import ResidualMemory, finite_or_zero
+from hvd_compress.codecs.torch_fused import _p, _ptrs, codec_for
+from hvd_compress.feedback.memory import ResidualMemory, finite_or_zero
 from hvd_compress.schemes.base import EncodeContext, SeededDraws
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no C compiler: the fused kernels are not built")
@@ -212,7 +212,7 @@ def test_topk_exact_up_to_ties(case, values):
     again with room), zeros, magnitudes below the smallest normal float (the selection's
     scalar compaction); and the residual the candidate pass writes as if sent is
     put back wherever a candidate is not sent."""
-    from hvd_compress.kernels.plan import fused_topk_plan
+    from hvd_compress.kernels.topk_plan import fused_topk_plan
     n = (1 << 18) + 3
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(n, generator=gen)
@@ -440,8 +440,8 @@ def test_sparse_decode_sum_equals_numpy(code, values):
     payloads: raw indices out of order (-1: the caller sorts), an index outside [0, n)
     or a code with fewer indices than declared (-2)."""
     import ctypes
-    from hvd_compress.coding import _ef_low_bits, index_code_nbytes
-    from hvd_compress.kernels.plan import CODES
+    from hvd_compress.schemes.bit_coding import _ef_low_bits, index_code_nbytes
+    from hvd_compress.kernels.topk_plan import CODES
     lib = native.load()
     rng = np.random.default_rng(3)
     for n, k, nr, scale in ((1, 1, 1, None), (9000, 1000, 3, 0.5), ((1 << 20) + 77, 70_000, 1, 1 / 3),

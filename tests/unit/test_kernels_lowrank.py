@@ -212,7 +212,7 @@ def test_the_torch_codec_runs_the_c_passes(monkeypatch):
     """On the CPU the preallocated torch rounds call the three passes (a spy around the
     library counts the calls), and above the kernels' rank limit none of them."""
     import hvd_compress
-    from hvd_compress.kernels import torch_lowrank as tl
+    from hvd_compress.codecs import torch_lowrank as tl
     from hvd_compress.tools.bench.local import local_compressor
     monkeypatch.setenv("HVDC_KERNELS", "1")
     real, calls = native.load(), []

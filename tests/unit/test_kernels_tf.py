@@ -1,4 +1,4 @@
-"""The fused TensorFlow ops (hvd_compress.kernels.tf_cpu) against the eager TF
+"""The fused TensorFlow ops (hvd_compress.codecs.tf_fused) against the eager TF
 schemes, which are the reference: the same payload bytes, the same residual
 and the same decoded sum, bit for bit, over hypothesis-drawn sizes (0, 1,
 odd, large) and several steps of error feedback, with the encode inside a
@@ -14,8 +14,8 @@ tf = pytest.importorskip("tensorflow")
 import hvd_compress as hc  # noqa: E402
 from hvd_compress.backend import backend_for  # noqa: E402
 from hvd_compress.kernels import tf_native  # noqa: E402
-from hvd_compress.kernels.tf_cpu import codec_for, fused_topk_plan  # noqa: E402
-from hvd_compress.memory import ResidualMemory, finite_or_zero  # noqa: E402
+from hvd_compress.codecs.tf_fused import codec_for, fused_topk_plan  # noqa: E402
+from hvd_compress.feedback.memory import ResidualMemory, finite_or_zero  # noqa: E402
 from hvd_compress.schemes.base import EncodeContext, SeededDraws  # noqa: E402
 
 pytestmark = pytest.mark.skipif(tf_native.load() is None, reason="the TF op library did not build")
@@ -342,7 +342,7 @@ def test_non_finite_values_never_reach_the_residual(name):
 def test_auto_times_what_the_step_runs(scheme, fused, kernels, monkeypatch):
     """Auto's TF codec timing (calibration) runs the fused ops where the
     transports would use them, and the eager scheme code elsewhere."""
-    from hvd_compress.auto import tf as auto_tf
+    from hvd_compress.auto import tf_auto as auto_tf
     from hvd_compress.backend import backend_for
     monkeypatch.setenv("HVDC_KERNELS", kernels)
     n, shape = 64 * 64, (64, 64)

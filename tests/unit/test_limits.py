@@ -4,7 +4,7 @@ What is checked here (torch and TF backends):
 
 * ``hvd_compress.backend.index_dtype`` and the raw index code widen from int32 to
   int64 exactly at 2**31 elements (index 2**31 - 1 is the largest int32);
-* the coded sizes (``hvd_compress.coding.index_code_nbytes``) and the code that
+* the coded sizes (``hvd_compress.schemes.bit_coding.index_code_nbytes``) and the code that
   ``choose_index_code`` picks for a 6.4-billion-element tensor, and
   ``TopK.payload_nbytes`` for it;
 * sorted indices above 2**31 survive the raw and the Elias-Fano codes
@@ -21,7 +21,7 @@ import pytest
 
 import hvd_compress
 from hvd_compress.backend import index_dtype
-from hvd_compress.coding import INDEX_CODES, choose_index_code, decode_indices, encode_indices, index_code_nbytes
+from hvd_compress.schemes.bit_coding import INDEX_CODES, choose_index_code, decode_indices, encode_indices, index_code_nbytes
 from unit_helpers import FRAMEWORKS, framework
 
 

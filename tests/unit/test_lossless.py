@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from hvd_compress.kernels.torch_cpu import codec_for
+from hvd_compress.codecs.torch_fused import codec_for
 from hvd_compress.schemes import lossless as L
 
 zstandard = pytest.importorskip("zstandard")

@@ -1,4 +1,4 @@
-"""Unit tests of the error-feedback memories (:mod:`hvd_compress.memory`)
+"""Unit tests of the error-feedback memories (:mod:`hvd_compress.feedback.memory`)
 against a numpy reference written here from the papers, over several steps,
 in both framework backends.
 
@@ -22,7 +22,7 @@ import pytest
 import hvd_compress as hc
 import reference as ref
 from hvd_compress.compressor import Compressor, encode_with_memory
-from hvd_compress.memory import DGCMemory, ResidualMemory
+from hvd_compress.feedback.memory import DGCMemory, ResidualMemory
 from unit_helpers import FRAMEWORKS, framework, make_ctx
 
 f32 = np.float32
@@ -270,7 +270,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from hypothesis.extra import numpy as hnp  # noqa: E402
 
-from hvd_compress.memory import MomentumMemory, momentum_memory  # noqa: E402
+from hvd_compress.feedback.memory import MomentumMemory, momentum_memory  # noqa: E402
 from hvd_compress.schemes.base import EncodeContext  # noqa: E402
 from unit_helpers import CASE_IDS, CASES, wire  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Unit tests of the recipe warnings (:mod:`hvd_compress.momentum_check`): which
+"""Unit tests of the recipe warnings (:mod:`hvd_compress.feedback.momentum_check`): which
 compressor / optimizer-momentum pairs warn and what the message says, QSGD with
 error feedback at construction, and the readers of the optimizer's momentum.
 The warnings raised from a real Horovod optimizer's frame are tested under
@@ -8,7 +8,7 @@ import warnings
 import pytest
 
 import hvd_compress as hc
-from hvd_compress.momentum_check import RecipeWarning, check_construction, leaf_compressors, momentum_problems
+from hvd_compress.feedback.momentum_check import RecipeWarning, check_construction, leaf_compressors, momentum_problems
 
 
 @pytest.mark.parametrize("make, name", [
@@ -61,7 +61,7 @@ def test_qsgd_with_error_feedback_warns_at_construction():
 
 
 def test_torch_optimizer_momentum_reader():
-    compat = pytest.importorskip("hvd_compress.horovod_compat")
+    compat = pytest.importorskip("hvd_compress.integration.horovod_internals")
     torch = pytest.importorskip("torch")
     p = [torch.nn.Parameter(torch.zeros(2))]
     read = lambda opt: compat.TorchCaller(opt, None).optimizer_momentum()  # noqa: E731
@@ -74,7 +74,7 @@ def test_torch_optimizer_momentum_reader():
 
 
 def test_keras_optimizer_momentum_reader():
-    compat = pytest.importorskip("hvd_compress.horovod_compat")
+    compat = pytest.importorskip("hvd_compress.integration.horovod_internals")
     tf = pytest.importorskip("tensorflow")
     assert compat.keras_optimizer_momentum(tf.keras.optimizers.SGD(0.1, momentum=0.9)) == pytest.approx(0.9)
     assert compat.keras_optimizer_momentum(tf.keras.optimizers.SGD(0.1)) == 0.0

@@ -28,8 +28,8 @@ def test_import_hvd_compress_loads_no_tooling():
     """A fresh interpreter that imports hvd_compress (and its pure-Python core
     modules) has loaded neither the tools nor a test runner."""
     code = ("import json, sys\n"
-            "import hvd_compress, hvd_compress.schemes, hvd_compress.backend, hvd_compress.coding, "
-            "hvd_compress.fingerprint, hvd_compress.policy, hvd_compress.stats, hvd_compress.memory\n"
+            "import hvd_compress, hvd_compress.schemes, hvd_compress.backend, hvd_compress.schemes.bit_coding, "
+            "hvd_compress.integration.fingerprint, hvd_compress.policy, hvd_compress.byte_counts, hvd_compress.feedback.memory\n"
             "print(json.dumps(sorted(sys.modules)))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900,
                          cwd=str(REPO), env={**os.environ, "PYTHONPATH": str(REPO)})

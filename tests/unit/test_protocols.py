@@ -9,7 +9,7 @@ import typing
 
 import pytest
 
-from hvd_compress import memory as memories
+from hvd_compress.feedback import memory as memories
 from hvd_compress import protocols
 from hvd_compress.backend import TensorFlowBackend, TorchBackend
 from hvd_compress.schemes import REGISTRY

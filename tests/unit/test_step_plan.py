@@ -1,4 +1,4 @@
-"""hvd_compress/step_plan.py: the step's plan by the one cost model, with the
+"""hvd_compress/costmodel/step_plan.py: the step's plan by the one cost model, with the
 rounds a step's tensors share charged once, against the tensor-by-tensor
 choice and a brute-force search."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 
 from hvd_compress.auto import Link, default_candidates, plan
 from hvd_compress.auto.planner import choose, tensor_options
-from hvd_compress.cost_model import LINK_ONLY, shared_host, step_cost, tensor_cost
-from hvd_compress.step_plan import plan_step
+from hvd_compress.costmodel.model import LINK_ONLY, shared_host, step_cost, tensor_cost
+from hvd_compress.costmodel.step_plan import plan_step
 
 #: eight 1024 x 1024 matrices: a model whose PowerSGD rounds Horovod fuses
 MATRICES = {f"layer{i}.weight": (1 << 20, (1024, 1024)) for i in range(8)}

@@ -1,4 +1,4 @@
-"""PowerSGD's preallocated torch rounds (hvd_compress/kernels/torch_lowrank.py;
+"""PowerSGD's preallocated torch rounds (hvd_compress/codecs/torch_lowrank.py;
 on the CPU its C passes, tested alone in test_kernels_lowrank.py) against the
 scheme's eager chain (``HVDC_KERNELS=0``), through the real transport and
 torch adapter with ranks emulated in one process (in_process_world): the same
@@ -13,7 +13,7 @@ import torch
 
 import hvd_compress
 from hvd_compress import Compressor, DGCMemory, MomentumMemory, schemes
-from hvd_compress.kernels.torch_lowrank import LowRankCodec
+from hvd_compress.codecs.torch_lowrank import LowRankCodec
 from hvd_compress.transports import TwoRoundPending
 from hvd_compress.transports.lowrank import starting_q
 from in_process_world import InProcessAdapter, World
@@ -161,7 +161,7 @@ def test_row_blocks_cover_every_row(monkeypatch):
     """The torch finish (what runs where the C passes do not: no compiler, a rank
     above their limit): more rows than one CPU block holds, and a last partial
     block; the aggregate equals the eager chain's."""
-    import hvd_compress.kernels.torch_lowrank as tl
+    import hvd_compress.codecs.torch_lowrank as tl
     monkeypatch.setattr(tl, "BLOCK_ELEMENTS", 7 * 16)
     monkeypatch.setattr(tl, "_kernels_for", lambda t, rank: None)
     shape = (45, 16)

@@ -18,8 +18,8 @@ import reference as R
 import two_phase_reference as T
 from in_process_world import InProcessAdapter, World
 import hvd_compress
-from hvd_compress.naming import stable_hash
-from hvd_compress.torch_adapter import TorchAdapter
+from hvd_compress.cross_rank import stable_hash
+from hvd_compress.adapters.torch_adapter import TorchAdapter
 
 SUM_SCHEMES = ["Int8", "Int8-block64", "EFSignSGD", "OneBit", "TopK", "TopK-Int8", "BF16", "QSGD16", "TernGrad"]
 
@@ -164,7 +164,7 @@ def test_library_two_phase_matches_the_reference_in_process(sid, shape, size):
 
 def _kernels_encode(sid, chunk):
     """Whether the torch kernels have a codec for this case's scheme and memory at ``chunk`` elements."""
-    from hvd_compress.kernels.torch_cpu import codec_for
+    from hvd_compress.codecs.torch_fused import codec_for
     comp = T.make_compressor(hvd_compress, sid, transport="two_phase")
     return codec_for(comp.scheme, comp.memory, torch.zeros(chunk)) is not None
 

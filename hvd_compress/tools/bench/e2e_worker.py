@@ -319,7 +319,7 @@ def _breakdown_step(a, hvd, dopt, comp, model, loss_fn, x, y):
     timed steps go to the result as ``breakdown_steps``."""
     import horovod.torch.optimizer as hvd_optimizer
 
-    from ...torch_adapter import TorchAdapter
+    from ...adapters.torch_adapter import TorchAdapter
     clock = a.breakdown_clock = StepBreakdown()
     comp.compress = clock.timed("encode", comp.compress)
     comp.decompress = clock.timed("decompress", comp.decompress)

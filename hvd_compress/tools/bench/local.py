@@ -7,7 +7,7 @@ error feedback (``acc = x + residual``; ``residual = acc - sent``, non-finite
 values dropped), step counters, the private random generators, the payload
 split into parts, the byte statistics, and on the way back the per-rank
 split, ``scheme.aggregate`` / ``decode_reduced`` and the placeholder scaling --
-is the code that runs under Horovod (:class:`hvd_compress.adapter.AdapterBase`).
+is the code that runs under Horovod (:class:`hvd_compress.adapters.base.AdapterBase`).
 
 So ``out, ctx = comp.compress(x); dense = comp.decompress(out, ctx)`` costs
 exactly one rank's encode + error feedback + decode of one payload, minus the
@@ -15,7 +15,7 @@ network.
 """
 from __future__ import annotations
 
-from ...adapter import CallerInfo
+from ...adapters.base import CallerInfo
 
 BENCH_KEY = "bench.weight"
 
@@ -48,9 +48,9 @@ def local_compressor(comp, framework: str):
     """Install a one-rank adapter for ``framework`` ('torch' or 'tensorflow')
     in ``comp`` and return ``comp``."""
     if framework == "torch":
-        from ...torch_adapter import TorchAdapter as base
+        from ...adapters.torch_adapter import TorchAdapter as base
     elif framework in ("tensorflow", "tf"):
-        from ...tf_adapter import TFAdapter as base
+        from ...adapters.tf_adapter import TFAdapter as base
         framework = "tensorflow"
     else:
         raise ValueError(f"unknown framework {framework!r}")

@@ -87,7 +87,7 @@ def transport_of(spec: str) -> str:
 
 def payload_nbytes(spec: str, numel: int):
     """``(bytes, exact)``: bytes one rank hands to Horovod for a tensor of
-    ``numel`` elements, counted like :class:`hvd_compress.stats.CompressionStats`
+    ``numel`` elements, counted like :class:`hvd_compress.byte_counts.CompressionStats`
     (the 4-byte placeholder and the 4-byte length words included).  For
     data-dependent schemes (DGC, Threshold) the estimate assumes the nominal
     ``ratio`` is kept and ``exact`` is False; Threshold without a ratio gives

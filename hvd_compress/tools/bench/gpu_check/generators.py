@@ -20,7 +20,7 @@ def _quantizer_stats(side, scheme, x_np, trials, seed0):
     """Per-element mean/variance of ``sent`` over ``trials`` draws of the
     backend's own generator, the level histogram, and whether decode(encode)
     equals ``sent`` exactly on the device each time."""
-    from ....coding import unpack_bits
+    from ....schemes.bit_coding import unpack_bits
     torch = getattr(side, "torch", None)
     B = side.B
     n = x_np.size

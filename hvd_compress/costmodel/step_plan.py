@@ -1,19 +1,19 @@
 """Which candidate each tensor takes so that the *step* is fastest, by the one
-cost model (:mod:`hvd_compress.cost_model`); ``Auto``'s planner and
+cost model (:mod:`hvd_compress.costmodel.model`); ``Auto``'s planner and
 ``hvd-compress advise`` both choose here.
 
 Why not tensor by tensor: Horovod fuses a step's collectives of one kind
 (the fp32 allreduces, the allgathers, two-phase's rounds, PowerSGD's P and Q
 rounds), so a transport's rounds cost their latency and their wait for a
 core once per step, however many tensors use them.  Charged to each tensor
-(:attr:`~hvd_compress.cost_model.TensorCost.marginal_s`), PowerSGD's two
+(:attr:`~hvd_compress.costmodel.model.TensorCost.marginal_s`), PowerSGD's two
 extra rounds on a model of ``M`` matrices look ``M`` times as dear as they
 are; where latency dominates (many ranks, ranks sharing cores) the
 tensor-by-tensor choice then prefers a scheme with fewer rounds and more
 bytes.  Here each tensor is charged only what is its own
-(:attr:`~hvd_compress.cost_model.TensorCost.own_s`), and each set of
+(:attr:`~hvd_compress.costmodel.model.TensorCost.own_s`), and each set of
 transports a step may use is scored whole by
-:func:`~hvd_compress.cost_model.step_cost`.
+:func:`~hvd_compress.costmodel.model.step_cost`.
 
 The search is exact over the candidates that matter: every subset of the
 candidates that win some tensor (by their own cost, or charged their rounds
@@ -37,7 +37,7 @@ from __future__ import annotations
 from itertools import combinations
 from typing import Dict, List, Sequence
 
-from .cost_model import LINK_ONLY, Machine, TensorCost, step_cost
+from .model import LINK_ONLY, Machine, TensorCost, step_cost
 
 #: at most this many candidates (besides ``none``) enter the subset search
 #: (2**8 step evaluations); beyond it, those that win the most tensors
@@ -76,7 +76,7 @@ def plan_step(options: Sequence[Dict[str, TensorCost]], machine: Machine = LINK_
               none_label="none", order: Sequence[str] = ()) -> List[str]:
     """One label per tensor (``options[i]``: ``{label: TensorCost}`` of the
     candidates that may carry tensor ``i``, ``none_label`` among them) whose
-    step has the least :func:`~hvd_compress.cost_model.step_cost` on
+    step has the least :func:`~hvd_compress.costmodel.model.step_cost` on
     ``machine``.  ``order``: the candidates' order, for ties (default: as
     they first appear)."""
     if not 0.0 <= min_gain < 1.0:

@@ -32,7 +32,7 @@ What is read:
   tf_keras' backend.
 
 What elastic TensorFlow needs of Horovod's internals is in
-:mod:`hvd_compress.horovod_compat_elastic`.
+:mod:`hvd_compress.integration.elastic_internals`.
 """
 from __future__ import annotations
 

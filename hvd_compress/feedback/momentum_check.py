@@ -55,16 +55,16 @@ def optimizer_momentum(framework, tensor):
     """(optimizer class name, its momentum) of the Horovod optimizer that called
     ``compress``, or None where no optimizer is visible (DistributedGradientTape,
     direct ``hvd.allreduce`` calls)."""
-    from . import horovod_compat
+    from ..integration import horovod_internals
     if framework == "torch":
-        caller = horovod_compat.find_torch_caller()
+        caller = horovod_internals.find_torch_caller()
         if caller.optimizer is None:
             return None
         return type(caller.optimizer).__name__, caller.optimizer_momentum()
-    optimizer = horovod_compat.find_keras_optimizer()
+    optimizer = horovod_internals.find_keras_optimizer()
     if optimizer is None:
         return None
-    return type(optimizer).__name__, horovod_compat.keras_optimizer_momentum(optimizer)
+    return type(optimizer).__name__, horovod_internals.keras_optimizer_momentum(optimizer)
 
 
 def momentum_problems(comp, optimizer_name, momentum):

@@ -16,7 +16,7 @@ import math
 
 from .constants import IndexCode, TopKPlan
 
-#: index code name (:data:`hvd_compress.coding.INDEX_CODES`) -> its number in ``hvdc_kernels.h``
+#: index code name (:data:`hvd_compress.schemes.bit_coding.INDEX_CODES`) -> its number in ``hvdc_kernels.h``
 CODES = {"raw": IndexCode.RAW, "bitmap": IndexCode.BITMAP, "elias_fano": IndexCode.ELIAS_FANO}
 
 #: how many magnitudes a Top-K threshold is estimated from, about

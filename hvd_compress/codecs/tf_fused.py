@@ -25,14 +25,14 @@ from __future__ import annotations
 import tensorflow as tf
 
 from ..backend import ceil_div
-from ..coding import _ef_low_bits, index_code_nbytes
-from ..memory import MomentumMemory, ResidualMemory
+from ..schemes.bit_coding import _ef_low_bits, index_code_nbytes
+from ..feedback.memory import MomentumMemory, ResidualMemory
 from ..schemes.casts import BF16, FP16
 from ..schemes.quantization import QSGD, EFSignSGD, Int8, OneBit, SignSGD, TernGrad
 from ..schemes.sparsification import DGC, RandomK, Threshold, TopK, _k_for
-from .constants import SignMode
-from .plan import CODES, fits_fused, fused_topk_plan, fused_topk_sent_rank, fuses_topk
-from .tf_native import load
+from ..kernels.constants import SignMode
+from ..kernels.topk_plan import CODES, fits_fused, fused_topk_plan, fused_topk_sent_rank, fuses_topk
+from ..kernels.tf_native import load
 
 
 def _scale_args(scale):
@@ -311,7 +311,7 @@ class _TimingResidual:
     calibration): every key's residual is one scratch variable."""
 
     def __init__(self, numel):
-        from ..tf_state import state_variable  # made outside every trace: Auto times codecs at a trace
+        from ..adapters.tf_traces import state_variable  # made outside every trace: Auto times codecs at a trace
         self.variable = state_variable(lambda: tf.zeros([numel], tf.float32), tf.float32)
 
     def residual_variable(self, key):

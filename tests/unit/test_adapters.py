@@ -1,7 +1,7 @@
-"""hvd_compress.adapter: the switch of the 2-rank swap (``HVDC_PAIR_SWAP_MIN_BYTES``)."""
+"""hvd_compress.adapters.base: the switch of the 2-rank swap (``HVDC_PAIR_SWAP_MIN_BYTES``)."""
 import pytest
 
-from hvd_compress.adapter import PAIR_SWAP_ENV, pair_swap_min_bytes
+from hvd_compress.adapters.base import PAIR_SWAP_ENV, pair_swap_min_bytes
 
 
 def test_pair_swap_is_off_unless_set(monkeypatch):

@@ -56,10 +56,10 @@ import ctypes
 
 import torch
 
-from ..memory import ResidualMemory
-from . import native
-from .constants import LowRankLimit
-from .native import enabled
+from ..feedback.memory import ResidualMemory
+from ..kernels import native
+from ..kernels.constants import LowRankLimit
+from ..kernels.native import enabled
 
 #: elements of one row block of the CPU finish: 1 MB of float32, half an L2
 #: cache of the machines measured (2 MB), leaving room for the output block

@@ -10,12 +10,12 @@ import math
 import torch
 
 from ..backend import backend_for, ceil_div
-from ..coding import _ef_low_bits, index_code_nbytes
+from ..schemes.bit_coding import _ef_low_bits, index_code_nbytes
 from ..schemes.casts import BF16
 from ..schemes.sparsification import _k_for
-from .constants import NanRule, SentRule, ThresholdRule, TopKPlan
-from .plan import CODES, fused_topk_plan, fused_topk_sent_rank, topk_candidate_room
-from .torch_codec import Codec, _p, _ptrs, _scale_args, buffer, ctx_float, output
+from ..kernels.constants import NanRule, SentRule, ThresholdRule, TopKPlan
+from ..kernels.topk_plan import CODES, fused_topk_plan, fused_topk_sent_rank, topk_candidate_room
+from .torch_base import Codec, _p, _ptrs, _scale_args, buffer, ctx_float, output
 
 
 class SparseCodec(Codec):

@@ -1,5 +1,5 @@
 """What elastic Horovod in TensorFlow needs of Horovod 0.28.1's internals,
-beside :mod:`hvd_compress.horovod_compat` (whose version check covers it):
+beside :mod:`hvd_compress.integration.horovod_internals` (whose version check covers it):
 
 * :func:`retrace_after_reset` drops the traced allreduce functions Horovod
   caches per compression, so a step after a membership change traces
@@ -10,7 +10,7 @@ beside :mod:`hvd_compress.horovod_compat` (whose version check covers it):
 """
 from __future__ import annotations
 
-from . import horovod_compat  # noqa: F401  (its import warns on an untested Horovod)
+from . import horovod_internals  # noqa: F401  (its import warns on an untested Horovod)
 
 
 def retrace_after_reset(compression, state):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .cost_model import CORE_WAIT_S, Link, Machine, shared_host
+from .model import CORE_WAIT_S, Link, Machine, shared_host
 
 
 def kernel_id() -> int:
@@ -18,7 +18,7 @@ def kernel_id() -> int:
     on different hosts (``local_size`` 1 each) but that share one machine's
     cores show the same id; the host name where there is no boot id."""
     import socket
-    from .naming import stable_hash
+    from ..cross_rank import stable_hash
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             return stable_hash("boot", f.read().strip())
@@ -40,7 +40,7 @@ def machine_of(kernel_ids, local_size, cpus) -> Machine:
     """The host as the cost model sees it from every rank's :func:`kernel_id`
     (a collective gathers them): the most ranks that share one kernel (never
     fewer than Horovod's ``local_size``) sharing ``cpus`` cores
-    (:func:`hvd_compress.cost_model.shared_host`).  A ring waits for its slowest member, so the most
+    (:func:`hvd_compress.costmodel.model.shared_host`).  A ring waits for its slowest member, so the most
     crowded machine sets the pace.  No wait for a core is added: ``Auto`` fits the link to
     allreduces timed on those shared cores, so its latency per ring step already holds it."""
     from collections import Counter
@@ -51,7 +51,7 @@ def machine_of(kernel_ids, local_size, cpus) -> Machine:
 def with_wait_floor(link: Link, machine: Machine, workers: int) -> Link:
     """``link`` (fitted to allreduces timed on ``machine``) with a latency per
     ring step of at least the cost model's wait for a core there
-    (:data:`~hvd_compress.cost_model.CORE_WAIT_S` per runnable task beyond one
+    (:data:`~hvd_compress.costmodel.model.CORE_WAIT_S` per runnable task beyond one
     a core).  On ranks sharing cores the probes' times scatter by more than
     their latency, and a least-squares intercept of 0 would make every extra
     round look free: measured at N = 4 on 2 cores, a fit of 0 us led Auto to

@@ -42,10 +42,10 @@ import tensorflow as tf
 from . import saved_plan
 from .planner import NONE_LABEL, PlanMismatchError
 from ..compressor import Phase
-from ..naming import stable_hash
+from ..cross_rank import stable_hash
 from ..schemes.base import EncodeContext
-from ..tf_adapter import TFAdapter, tf_checkpoint_slot
-from ..tf_state import state_variable
+from ..adapters.tf_adapter import TFAdapter, tf_checkpoint_slot
+from ..adapters.tf_traces import state_variable
 from ..transports import RESOLVED, ResolvedPending
 from ..transports.base import pending_fields
 
@@ -90,8 +90,8 @@ def is_check_step(step, calibration_steps, recheck_every):
 
 def require_global_process_set(tensor):
     """As in PyTorch: Auto's collectives run on the global process set."""
-    from .. import horovod_compat
-    ps = horovod_compat.find_tf_caller(tensor).process_set
+    from ..integration import horovod_internals
+    ps = horovod_internals.find_tf_caller(tensor).process_set
     if ps is not None and getattr(ps, "process_set_id", 0) != 0:
         raise NotImplementedError(f"hvd_compress.Auto supports the global process set only; this optimizer "
                                   f"reduces over process set {getattr(ps, 'process_set_id', ps)}: use a fixed "
@@ -102,7 +102,7 @@ def require_global_process_set(tensor):
 def host_machine(version, process_set):
     """As :func:`hvd_compress.auto.calibration.host_machine`, in TensorFlow."""
     import horovod.tensorflow as hvd
-    from ..host import kernel_id, machine_of, usable_cpus
+    from ..costmodel.machine import kernel_id, machine_of, usable_cpus
     ids = hvd.allgather(tf.constant([kernel_id()], tf.int64), name=f"hvdc.auto.kernel.{version}",
                         process_set=process_set, ignore_name_scope=True).numpy().tolist()
     return machine_of(ids, hvd.local_size(), usable_cpus())
@@ -168,10 +168,10 @@ def _codec_once(B, scheme, x, residual, shape, size, ctx, feedback):
 
 def _fused_or_eager_fn(B, scheme, numel, shape, size, feedback):
     """The timing function of what a step runs: the fused TF ops where the
-    transports would use them (hvd_compress.kernels.tf_cpu), else the eager code."""
+    transports would use them (hvd_compress.codecs.tf_fused), else the eager code."""
     from ..kernels import native
     if native.enabled():
-        from ..kernels.tf_cpu import timing_fn
+        from ..codecs.tf_fused import timing_fn
         fn = timing_fn(scheme, feedback, numel, shape, size, INNER)
         if fn is not None:
             return fn

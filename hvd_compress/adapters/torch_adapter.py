@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from . import horovod_compat
-from .adapter import AdapterBase, CallerInfo, pair_swap_min_bytes
-from .backend import backend_for
-from .fingerprint import compare, describe_side
-from .state import RESIDUAL, MemoryView, StepView
+from ..integration import horovod_internals
+from .base import AdapterBase, CallerInfo, pair_swap_min_bytes
+from ..backend import backend_for
+from ..integration.fingerprint import compare, describe_side
+from .param_state import RESIDUAL, MemoryView, StepView
 
 
 class AdasumNotSupported(ValueError):
@@ -67,8 +67,8 @@ class TorchAdapter(AdapterBase):
 
     def caller_info(self, tensor):
         import horovod.torch as hvd
-        caller = horovod_compat.find_torch_caller()
-        if caller.optimizer is not None and horovod_compat.is_adasum(caller.optimizer):
+        caller = horovod_internals.find_torch_caller()
+        if caller.optimizer is not None and horovod_internals.is_adasum(caller.optimizer):
             raise AdasumNotSupported(
                 "hvd_compress does not support op=hvd.Adasum: Adasum compresses parameter deltas, not "
                 "gradients, and its reduction is not a sum; use op=hvd.Average or hvd.Sum")
@@ -79,7 +79,7 @@ class TorchAdapter(AdapterBase):
         key = caller.key
         if key is None:  # an optimizer called, but its parameter was not found: say so
             key = self.fallback_key(tensor, tuple(tensor.shape))
-            horovod_compat.warn_fallback_key(key, "torch")
+            horovod_internals.warn_fallback_key(key, "torch")
         return CallerInfo(key, ps, ps.rank(), ps.size(), caller.params(), owns_input=True)
 
     def check_fingerprint(self, comp, info):
@@ -146,7 +146,7 @@ class TorchAdapter(AdapterBase):
 
     def allgather_fixed(self, tensor, name, process_set, rank, size):
         """Between 2 ranks, where ``HVDC_PAIR_SWAP_MIN_BYTES`` is set
-        (:func:`~hvd_compress.adapter.pair_swap_min_bytes`) and the payload is
+        (:func:`~hvd_compress.adapters.base.pair_swap_min_bytes`) and the payload is
         that large, it travels as a Sum reduce-scatter of a ``[2, n/4]`` int32
         tensor whose row of the peer holds this rank's bytes and whose own row is
         zeros: each rank receives the other's bytes exactly (an integer sum with
@@ -205,15 +205,15 @@ class TorchAdapter(AdapterBase):
             transport.launch_second_rounds([p for p in waiting if p.transport is transport])
 
     def fused_codec(self, scheme, memory, x):
-        from .kernels.torch_cpu import codec_for
+        from ..codecs.torch_fused import codec_for
         return codec_for(scheme, memory, x)
 
     def lowrank_codec(self, scheme, memory, x):
-        from .kernels.torch_lowrank import codec_for
+        from ..codecs.torch_lowrank import codec_for
         return codec_for(scheme, memory, x)
 
     def fused_momentum(self, memory, key, numel, x, ws, out):
-        from .kernels.torch_cpu import apply_momentum
+        from ..codecs.torch_fused import apply_momentum
         return apply_momentum(x, self.get_memory("momentum", key, numel, x), memory, ws, out)
 
     def get_state(self, key, name, init):

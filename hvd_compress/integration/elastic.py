@@ -31,7 +31,7 @@ In a Horovod elastic script, one line after building the state::
   TensorFlow: hvd_compress's traced graph holds the rank and the number of
   ranks, so Horovod's cached allreduce function for this compressor and a
   Keras model's ``train_function`` are dropped and traced again
-  (:func:`hvd_compress.horovod_compat_elastic.retrace_after_reset`); a ``tf.function``
+  (:func:`hvd_compress.integration.elastic_internals.retrace_after_reset`); a ``tf.function``
   of your own around ``DistributedGradientTape`` must be built again in a
   reset callback.
 * ``state.sync()`` broadcasts only what must be equal on every rank: the
@@ -60,7 +60,7 @@ import math
 import os
 import uuid
 
-from .compressor import Compressor
+from ..compressor import Compressor
 
 log = logging.getLogger("hvd_compress.elastic")
 
@@ -77,11 +77,11 @@ def run(func):
     collective whatever its name (Horovod 0.28.1's own swallows the failure of
     a named collective, such as every one hvd_compress issues, and returns as
     if training had finished): see
-    :func:`hvd_compress.horovod_compat_elastic.tf_elastic_run`.  :func:`register` with
+    :func:`hvd_compress.integration.elastic_internals.tf_elastic_run`.  :func:`register` with
     a TensorFlow state makes ``hvd.elastic.run`` this one for the functions
     decorated after it; use ``@hvd_compress.elastic.run`` for one decorated
     before."""
-    from .horovod_compat_elastic import tf_elastic_run
+    from .elastic_internals import tf_elastic_run
     return tf_elastic_run(func)
 
 
@@ -167,7 +167,7 @@ class ElasticCompression:
     def __init__(self, state, compression):
         self.framework = _check_registration(state, compression)
         if self.framework == "tensorflow":
-            from .horovod_compat_elastic import use_tf_elastic_run_in_horovod
+            from .elastic_internals import use_tf_elastic_run_in_horovod
             use_tf_elastic_run_in_horovod()
         self.ops = _HorovodOps("horovod.torch" if self.framework == "torch" else "horovod.tensorflow")
         self.compression = compression
@@ -251,7 +251,7 @@ class ElasticCompression:
         if replan is not None:
             replan()
         if self.framework == "tensorflow":
-            from .horovod_compat_elastic import retrace_after_reset
+            from .elastic_internals import retrace_after_reset
             retrace_after_reset(self.compression, self.state)
         self._world = self.ops.rank_and_size()
 

@@ -8,7 +8,7 @@ their storage (plain tensors in torch, ``tf.Variable`` in TF) and checkpoints.
 """
 from __future__ import annotations
 
-from .schemes.base import check_range
+from ..schemes.base import check_range
 
 
 def finite_or_zero(B, r):

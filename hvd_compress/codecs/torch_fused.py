@@ -17,15 +17,15 @@ import ctypes
 import torch
 
 from ..backend import backend_for, ceil_div
-from ..memory import MomentumMemory, ResidualMemory
+from ..feedback.memory import MomentumMemory, ResidualMemory
 from ..schemes.casts import BF16, FP16
 from ..schemes.lossless import Lossless, native_coder
 from ..schemes.quantization import QSGD, EFSignSGD, Int8, OneBit, SignSGD, TernGrad
 from ..schemes.sparsification import DGC, RandomK, TopK, Threshold, _k_for
-from .constants import Framework, HalfDtype, SignMode
-from .native import load
-from .plan import fits_fused, fuses_topk
-from .torch_codec import Codec, _p, _ptrs, _scale_args, buffer, output
+from ..kernels.constants import Framework, HalfDtype, SignMode
+from ..kernels.native import load
+from ..kernels.topk_plan import fits_fused, fuses_topk
+from .torch_base import Codec, _p, _ptrs, _scale_args, buffer, output
 from .torch_sparse import DGCCodec, ThresholdCodec, TopKCodec
 
 

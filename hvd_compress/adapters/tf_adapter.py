@@ -4,7 +4,7 @@ TF allgather, the variable's name read from Horovod's frames.
 Horovod always traces ``compress`` inside a ``tf.function`` (and inside a
 ``tf.cond`` on the world size), so Python here runs once per trace.  All
 state therefore lives in variables made once per key outside every trace
-(:mod:`hvd_compress.tf_state`: keys that follow the ``tf.Variable``, state
+(:mod:`hvd_compress.adapters.tf_traces`: keys that follow the ``tf.Variable``, state
 that a retrace may add, compressors rebuilt by a retrace) and is updated with
 ``assign`` ops that the outputs depend on; counters are read in the graph, not
 in Python.
@@ -15,14 +15,14 @@ from dataclasses import replace
 
 import tensorflow as tf
 
-from . import horovod_compat
-from .adapter import AdapterBase, CallerInfo, pair_swap_min_bytes
-from .backend import backend_for
-from .fingerprint import compare, describe_side
-from .state import OWNED_CHUNK_RESIDUAL, OWNED_CHUNK_SUFFIX, RESIDUAL
-from .transports import RESOLVED, ResolvedPending
-from .tf_state import VariableKeys, state_variable
-from .transports.base import pending_fields
+from ..integration import horovod_internals
+from .base import AdapterBase, CallerInfo, pair_swap_min_bytes
+from ..backend import backend_for
+from ..integration.fingerprint import compare, describe_side
+from .param_state import OWNED_CHUNK_RESIDUAL, OWNED_CHUNK_SUFFIX, RESIDUAL
+from ..transports import RESOLVED, ResolvedPending
+from .tf_traces import VariableKeys, state_variable
+from ..transports.base import pending_fields
 
 
 class TFAdapter(AdapterBase):
@@ -58,7 +58,7 @@ class TFAdapter(AdapterBase):
 
     def caller_info(self, tensor):
         import horovod.tensorflow as hvd
-        caller = horovod_compat.find_tf_caller(tensor)
+        caller = horovod_internals.find_tf_caller(tensor)
         ps = caller.process_set if caller.process_set is not None else hvd.global_process_set
         if caller.variables is None:
             return CallerInfo(None, ps, ps.rank(), ps.size(), None)
@@ -67,13 +67,13 @@ class TFAdapter(AdapterBase):
         if caller.index is None:
             # Horovod's gradient list was found but not this gradient in it
             key = self.fallback_key(tensor, tuple(tensor.shape.as_list()))
-            horovod_compat.warn_fallback_key(key, "TensorFlow")
+            horovod_internals.warn_fallback_key(key, "TensorFlow")
         else:
             key = keys[caller.index]
         return CallerInfo(key, ps, ps.rank(), ps.size(), params)
 
     def keys_for(self, variables):
-        """The state key of each variable in a list Horovod reduces (:class:`~hvd_compress.tf_state.VariableKeys`)."""
+        """The state key of each variable in a list Horovod reduces (:class:`~hvd_compress.adapters.tf_traces.VariableKeys`)."""
         return self.variable_keys.keys_for(variables)
 
     def key_of(self, variable):
@@ -181,17 +181,17 @@ class TFAdapter(AdapterBase):
         return self.params.of(key).get_memory(RESIDUAL)
 
     def fused_codec(self, scheme, memory, x):
-        from .kernels import native
+        from ..kernels import native
         if not native.enabled():  # HVDC_KERNELS=0: no import of the op library at all
             return None
-        from .kernels.tf_cpu import codec_for
+        from ..codecs.tf_fused import codec_for
         return codec_for(scheme, memory, x, self)
 
     def fused_momentum(self, memory, key, numel, x, ws, out):
         # One op (the torch path's C kernel) updates the velocity variable in
         # place and returns d; as TF ops (u * m + x, the finite check, the
         # assign) the same step cost 5x the codec's own pass (bench micro).
-        from .kernels.tf_native import load
+        from ..kernels.tf_native import load
         u = self._memory_variable("momentum", key, lambda: tf.zeros([numel]))
         return load().hvdc_momentum(x=x, u=u.handle, n=int(numel), m=memory.momentum, nesterov=memory.nesterov)
 
@@ -207,7 +207,7 @@ class TFAdapter(AdapterBase):
         payload's static size is that large, it travels as a Sum reduce-scatter of
         a ``[2, n/4]`` int32 tensor whose row of the peer holds this rank's bytes
         and whose own row is zeros, as in torch
-        (:meth:`hvd_compress.torch_adapter.TorchAdapter.allgather_fixed` says why)."""
+        (:meth:`hvd_compress.adapters.torch_adapter.TorchAdapter.allgather_fixed` says why)."""
         n, at_least = tensor.shape.num_elements(), pair_swap_min_bytes()
         if (size != 2 or at_least is None or n is None or tensor.shape.rank == 0 or tensor.dtype == tf.bool
                 or n * tensor.dtype.size < at_least):

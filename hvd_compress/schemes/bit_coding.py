@@ -23,7 +23,7 @@ only vectorised operations.
 """
 from __future__ import annotations
 
-from .backend import ceil_div
+from ..backend import ceil_div
 
 import math
 

@@ -23,7 +23,7 @@ import weakref
 
 import tensorflow as tf
 
-from . import horovod_compat
+from ..integration import horovod_internals
 
 
 def state_variable(initial_value, dtype, name=None):
@@ -87,7 +87,7 @@ def owner_across_traces(comp, tensor):
     outside any traced function are never merged: one object, one state.
     """
     import horovod.tensorflow as hvd
-    caller = horovod_compat.find_tf_caller(tensor)
+    caller = horovod_internals.find_tf_caller(tensor)
     ps = caller.process_set if caller.process_set is not None else hvd.global_process_set
     variables = caller.variables or []
     scope = (type(comp).__qualname__, comp.fingerprint(), getattr(ps, "process_set_id", None),
@@ -107,7 +107,7 @@ class VariableKeys:
     arrives in later: Horovod filters local variables (``register_local_var``,
     ``register_local_source``) out of the list before its allreduce, and one
     compressor may serve several optimizers and tapes.  Variables seen for the
-    first time get, in list order, :func:`~hvd_compress.horovod_compat.unique_keys` of the
+    first time get, in list order, :func:`~hvd_compress.integration.horovod_internals.unique_keys` of the
     new ones' names (a name once in the list is its own key; every
     ``tf.Variable`` made without ``name=`` is ``Variable:0``, so repeats
     become ``name#k``), and where that key is taken already, ``name#k`` with
@@ -126,7 +126,7 @@ class VariableKeys:
         for v in variables:
             if id(v) not in self._by_id and all(v is not w for w in new):
                 new.append(v)
-        for v, proposed in zip(new, horovod_compat.unique_keys([v.name for v in new])):
+        for v, proposed in zip(new, horovod_internals.unique_keys([v.name for v in new])):
             key, k = proposed, 0
             while key in self._given:
                 key, k = f"{v.name}#{k}", k + 1

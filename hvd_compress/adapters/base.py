@@ -13,11 +13,11 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .naming import stable_hash
-from .schemes.base import SeededDraws
-from .state import StateTable
-from .transports import Call, transport_for
-from .transports.two_phase import choose_two_phase  # noqa: F401  (re-exported)
+from ..cross_rank import stable_hash
+from ..schemes.base import SeededDraws
+from .param_state import StateTable
+from ..transports import Call, transport_for
+from ..transports.two_phase import choose_two_phase  # noqa: F401  (re-exported)
 
 
 #: the environment variable that switches the 2-rank swap on (:func:`pair_swap_min_bytes`)
@@ -116,7 +116,7 @@ class AdapterBase:
 
     def lowrank_codec(self, scheme, memory, x):
         """PowerSGD's rounds in preallocated buffers for this flat tensor
-        (:mod:`hvd_compress.kernels.torch_lowrank`), or None: the scheme's
+        (:mod:`hvd_compress.codecs.torch_lowrank`), or None: the scheme's
         eager rounds run."""
         return None
 

@@ -1,4 +1,4 @@
-"""hvd_compress.tf_state without Horovod: state made during a retrace, and
+"""hvd_compress.adapters.tf_traces without Horovod: state made during a retrace, and
 keys that follow the variable whatever list it comes in.  Under horovodrun,
 tests/horovod/test_drop_in_tf.py runs the same through Horovod's TF paths."""
 import gc
@@ -9,7 +9,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from hvd_compress.tf_state import VariableKeys, state_variable  # noqa: E402
+from hvd_compress.adapters.tf_traces import VariableKeys, state_variable  # noqa: E402
 
 
 def _retraced_step(make):

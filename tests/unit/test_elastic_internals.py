@@ -1,10 +1,10 @@
-"""Unit tests of hvd_compress.horovod_compat_elastic's failure test and TF
+"""Unit tests of hvd_compress.integration.elastic_internals's failure test and TF
 elastic run; the elastic jobs run them for real (tests/testing/test_elastic_jobs.py)."""
 import types
 
 import pytest
 
-from hvd_compress import horovod_compat_elastic
+from hvd_compress.integration import elastic_internals
 
 
 _NAMED_FAILURE = ("Graph execution error:\n\nDetected at node hvdc.named.sum defined at (most recent call last):\n"
@@ -16,10 +16,10 @@ _NAMED_FAILURE = ("Graph execution error:\n\nDetected at node hvdc.named.sum def
 def test_a_named_collective_failure_is_recognised_where_horovods_test_misses_it():
     stock_markers = ("HorovodAllreduce", "HorovodAllgather", "HorovodBroadcast")  # horovod.tensorflow.elastic.run
     assert not any(m in _NAMED_FAILURE for m in stock_markers)  # Horovod 0.28.1 swallows this one
-    assert horovod_compat_elastic.is_tf_collective_failure(types.SimpleNamespace(message=_NAMED_FAILURE))
-    assert horovod_compat_elastic.is_tf_collective_failure(
+    assert elastic_internals.is_tf_collective_failure(types.SimpleNamespace(message=_NAMED_FAILURE))
+    assert elastic_internals.is_tf_collective_failure(
         types.SimpleNamespace(message="[[{{node HorovodAllreduce_grads_0}}]] Connection reset by peer"))
-    assert not horovod_compat_elastic.is_tf_collective_failure(
+    assert not elastic_internals.is_tf_collective_failure(
         types.SimpleNamespace(message="Graph execution error: Detected at node loss/div: Input is not invertible"))
 
 
@@ -47,13 +47,13 @@ def test_tf_elastic_run_turns_a_named_collective_failure_into_a_rollback(monkeyp
     def train(state):
         raise raised["error"]
 
-    assert horovod_compat_elastic.tf_elastic_run(train)(object()) == "restored"
+    assert elastic_internals.tf_elastic_run(train)(object()) == "restored"
     assert isinstance(seen["rolled_back"], HorovodInternalError)
     raised["error"] = tf.errors.UnknownError(None, None, "Detected at node loss/div: not a collective")
     with pytest.raises(tf.errors.UnknownError, match="not a collective"):
-        horovod_compat_elastic.tf_elastic_run(train)(object())
+        elastic_internals.tf_elastic_run(train)(object())
     monkeypatch.setattr(hvd_elastic, "run", hvd_elastic.run)  # restored after the test
     keras_elastic = pytest.importorskip("horovod.tensorflow.keras.elastic")
     monkeypatch.setattr(keras_elastic, "run", keras_elastic.run)
-    horovod_compat_elastic.use_tf_elastic_run_in_horovod()
-    assert hvd_elastic.run is horovod_compat_elastic.tf_elastic_run and keras_elastic.run is horovod_compat_elastic.tf_elastic_run
+    elastic_internals.use_tf_elastic_run_in_horovod()
+    assert hvd_elastic.run is elastic_internals.tf_elastic_run and keras_elastic.run is elastic_internals.tf_elastic_run

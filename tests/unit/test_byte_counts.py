@@ -1,9 +1,9 @@
-"""Unit tests of :mod:`hvd_compress.stats`: what ``per_tensor()`` and ``totals()``
+"""Unit tests of :mod:`hvd_compress.byte_counts`: what ``per_tensor()`` and ``totals()``
 report, for eager callers (one ``record`` per communication) and for graph callers
 (live counters: ``record`` runs per trace, the graph updates variables)."""
 import math
 
-from hvd_compress.stats import CompressionStats
+from hvd_compress.byte_counts import CompressionStats
 
 
 class Live:

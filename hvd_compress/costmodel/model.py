@@ -47,7 +47,7 @@ both factors.)  On top of the link:
   tensors of a round, and PowerSGD launches a step's Q rounds together, so
   those rounds' latency is also paid once per step (per tensor,
   :attr:`TensorCost.marginal_s` keeps it: a tensor alone on its transport
-  pays it in full; :mod:`hvd_compress.step_plan` chooses for the step);
+  pays it in full; :mod:`hvd_compress.costmodel.step_plan` chooses for the step);
 * **ranks sharing a host's cores** (:class:`Machine`) -- where ``R`` ranks
   share ``C`` cores (the emulated cluster), CPU work takes ``max(1, R/C)``
   times as long, and each ring step (each latency step above) waits
@@ -307,7 +307,7 @@ class TensorCost:
         """What only this tensor costs: the total less everything a step pays
         once per phase whoever takes part (the latencies fusion shares, with
         their waits for a core, and the extra round's cycle);
-        :func:`hvd_compress.step_plan.plan_step` adds those back per step."""
+        :func:`hvd_compress.costmodel.step_plan.plan_step` adds those back per step."""
         return self.total_s - self.fusable_latency_s - self.shared_latency_s - self.rounds_s
 
 

@@ -1,4 +1,4 @@
-"""The typed per-parameter state (hvd_compress/state.py) and the torch
+"""The typed per-parameter state (hvd_compress/adapters/param_state.py) and the torch
 checkpoint function over it."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import hvd_compress
-from hvd_compress.state import (OWNED_CHUNK_RESIDUAL, RESIDUAL, MemoryView, ParamState, StateTable, StepView)
-from hvd_compress.torch_adapter import TorchAdapter, torch_load_state_dict, torch_state_dict
+from hvd_compress.adapters.param_state import (OWNED_CHUNK_RESIDUAL, RESIDUAL, MemoryView, ParamState, StateTable, StepView)
+from hvd_compress.adapters.torch_adapter import TorchAdapter, torch_load_state_dict, torch_state_dict
 
 
 def test_param_state_is_a_slotted_dataclass_with_the_documented_fields():
