@@ -45,7 +45,7 @@ class CompressionStats:
 
     def record_lost(self, ranks, tensors, sumsq):
         """Elastic Horovod: ``ranks`` left holding ``tensors`` error-feedback
-        residuals of squared norm ``sumsq`` (see :mod:`hvd_compress.elastic`)."""
+        residuals of squared norm ``sumsq`` (see :mod:`hvd_compress.integration.elastic`)."""
         self._lost["ranks"] += int(ranks)
         self._lost["tensors"] += int(tensors)
         self._lost["sumsq"] += float(sumsq)

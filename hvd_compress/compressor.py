@@ -130,7 +130,7 @@ def _inside_tf_trace():
 
 class ElasticNotRegistered(RuntimeError):
     """An elastic Horovod job uses a compressor that was not registered with
-    its elastic state (:func:`hvd_compress.elastic.register`)."""
+    its elastic state (:func:`hvd_compress.integration.elastic.register`)."""
 
 
 class Compressor:

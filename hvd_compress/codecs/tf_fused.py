@@ -1,5 +1,5 @@
 """Fused codecs for TensorFlow CPU tensors: the ops of ``hvdc_tf_ops.cc``
-(:mod:`.tf_native`), which run the C kernels of ``hvdc_kernels.c`` -- the
+(:mod:`hvd_compress.kernels.tf_native`), which run the C kernels of ``hvdc_kernels.c`` -- the
 same code as the torch codecs -- inside Horovod's traced ``tf.function``.
 
 An encode op takes the gradient and the residual ``tf.Variable``'s handle,

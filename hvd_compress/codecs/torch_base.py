@@ -1,7 +1,7 @@
 """The fused PyTorch CPU codecs' common parts: the base :class:`Codec`, the
 workspace buffers every codec encodes into (allocated once per parameter and
 reused every step) and the ctypes argument helpers.  The codecs are in
-:mod:`.torch_cpu` and :mod:`.torch_sparse`."""
+:mod:`.torch_fused` and :mod:`.torch_sparse`."""
 from __future__ import annotations
 
 import ctypes

@@ -1,5 +1,5 @@
 """Fused codecs for PyTorch CPU tensors: the hot schemes' error feedback,
-encode and decode in one or two passes of :mod:`.native`'s kernels.
+encode and decode in one or two passes of :mod:`hvd_compress.kernels.native`'s kernels.
 
 A codec is chosen per call by :func:`codec_for`; it encodes into buffers
 kept in the parameter's workspace (reused every step, so no fresh 64 MB

@@ -1,7 +1,7 @@
 """Fused PyTorch CPU codecs of the sparse schemes: Top-K (exact selection by
-the plan of :mod:`.plan`) and the select-what-passes family, Threshold and DGC.
+the plan of :mod:`hvd_compress.kernels.topk_plan`) and the select-what-passes family, Threshold and DGC.
 Each sends indices and values with the eager scheme's names, dtypes and bytes;
-:func:`.torch_cpu.codec_for` chooses them."""
+:func:`.torch_fused.codec_for` chooses them."""
 from __future__ import annotations
 
 import ctypes

@@ -2,7 +2,7 @@
 place and framework-free: the sampled Top-K plan, the index codes' numbers and
 the size limits.
 
-:mod:`.torch_cpu`, :mod:`.tf_cpu` and :mod:`hvd_compress.backend` (the eager
+:mod:`hvd_compress.codecs.torch_fused`, :mod:`hvd_compress.codecs.tf_fused` and :mod:`hvd_compress.backend` (the eager
 Top-K of both frameworks) all take them from here.
 
 The sampled Top-K: a threshold taken from a strided sample of the magnitudes

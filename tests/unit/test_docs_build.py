@@ -52,7 +52,7 @@ def test_api_reference_builds_without_warnings(tmp_path):
     assert "build_docs: OK" in r.stdout
     for page in ("index.html", "hvd_compress.html", "hvd_compress/compressor.html",
                  "hvd_compress/schemes/sparsification.html", "hvd_compress/tools/bench/micro.html",
-                 "hvd_compress/tools/bench/gpu_check.html", "hvd_compress/torch_adapter.html"):
+                 "hvd_compress/tools/bench/gpu_check.html", "hvd_compress/adapters/torch_adapter.html"):
         assert (tmp_path / "docs" / page).is_file(), page
     html = (tmp_path / "docs" / "hvd_compress" / "schemes" / "sparsification.html").read_text()
     assert "class TopK" in html or "TopK" in html
