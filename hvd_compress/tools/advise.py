@@ -258,13 +258,6 @@ class Prediction:
         o = self.overhead_s
         return None if o is None else self.comm_s + o
 
-    @property
-    def marginal_s(self):
-        """What the tensor adds to a fused step (the allreduce latency that
-        tensor fusion shares left out): how schemes are compared per tensor."""
-        t = self.total_s
-        return None if t is None else t - self.cost.fusable_latency_s
-
 
 def _payload(spec, numel, workers, transport, payload_fraction, shape=None):
     if shape is not None and transport == "powersgd":
@@ -329,6 +322,9 @@ class Advice:
     totals: Dict[str, dict] = field(default_factory=dict)
     plan_total_s: float = 0.0
     none_total_s: float = 0.0
+    #: of the totals, what the step pays once for all its tensors (:func:`shared_seconds`)
+    plan_shared_s: float = 0.0
+    none_shared_s: float = 0.0
     unmeasured: List[str] = field(default_factory=list)
     min_gain: float = 0.1
     machine: Machine = cost_model.LINK_ONLY
@@ -391,35 +387,74 @@ def advise(layers, workers, bandwidth, latency=DEFAULT_LATENCY_S, overhead: Opti
             t["step"] = step
         else:
             adv.totals.pop(s)
-    adv.plan_total_s = cost_model.step_cost(chosen, machine).seconds
-    adv.none_total_s = cost_model.step_cost(nones, machine).seconds
+    plan, dense = cost_model.step_cost(chosen, machine), cost_model.step_cost(nones, machine)
+    adv.plan_total_s, adv.plan_shared_s = plan.seconds, shared_seconds(plan)
+    adv.none_total_s, adv.none_shared_s = dense.seconds, shared_seconds(dense)
     return adv
 
 
 def _layer_advice(name, numel, preds, choice, min_gain) -> dict:
-    """One layer's row: the step plan's choice and why, next to the best
-    scheme for the tensor alone (its rounds charged in full)."""
-    base = preds["none"].marginal_s
-    ranked = sorted((p for p in preds.values() if p.total_s is not None), key=lambda p: p.marginal_s)
-    best = ranked[0] if ranked else preds["none"]
+    """One layer's row: the step plan's choice and why.  Every time in it is
+    the tensor's own (:attr:`~hvd_compress.cost_model.TensorCost.own_s`, what
+    the plan compares): the rounds a step shares between its tensors are left
+    out of each row and shown once per step (:func:`shared_seconds`)."""
+    own = {spec: p.cost.own_s for spec, p in preds.items() if p.total_s is not None}
+    none_s, choice_s = preds["none"].cost.own_s, preds[choice].cost.own_s
+    best = min(own, key=own.get) if own else "none"
     if choice != "none":
-        own = 1.0 - preds[choice].cost.own_s / preds["none"].cost.own_s if preds["none"].cost.own_s > 0 else 0.0
-        why = f"saves {100 * own:.0f}% of this tensor's own time (rounds shared with the step's other tensors)"
-    elif len(ranked) <= 1:
+        why = f"saves {_saving(choice_s, none_s)}% of this tensor's own time"
+    elif len(own) <= 1:
         why = "no alternative with a measured encode/decode cost"
-    elif best.spec == "none":
-        why = "compression does not pay: every scheme is slower than plain allreduce here"
+    elif best == "none":
+        why = "compression does not pay: every scheme's own time is above plain allreduce's here"
+    elif own[best] > none_s * (1.0 - min_gain):
+        why = (f"compression does not pay: the best ({best}) would save {_saving(own[best], none_s)}% of its own "
+               f"time, under the {100 * min_gain:.0f}% margin")
     else:
-        gain = 1.0 - best.marginal_s / base if base > 0 else 0.0
-        why = (f"compression does not pay: alone, the best ({best.spec}) would save {100 * gain:.0f}% (the margin "
-               f"is {100 * min_gain:.0f}%); the step, its shared rounds counted once, is faster without it")
-    return {"name": name, "numel": numel, "choice": choice, "why": why, "none_s": base, "best": best.spec,
-            "best_s": best.marginal_s, "choice_s": preds[choice].marginal_s, "predictions": preds}
+        why = (f"compression does not pay: the best ({best}) would save {_saving(own[best], none_s)}% of its own "
+               f"time, but the step, with the rounds it adds, would not be {100 * min_gain:.0f}% faster")
+    return {"name": name, "numel": numel, "choice": choice, "why": why, "none_s": none_s, "best": best,
+            "best_s": own.get(best, none_s), "choice_s": choice_s, "predictions": preds}
+
+
+def _saving(seconds, none_s) -> str:
+    return f"{100 * (1.0 - seconds / none_s):.0f}" if none_s > 0 else "0"
+
+
+def shared_seconds(step: cost_model.StepCost) -> float:
+    """What a step pays once whoever takes part: the fused rounds' latency
+    (with their waits for a core) and Horovod's cycles -- the step's time less
+    its tensors' own times."""
+    return step.seconds - sum(c.own_s for c in step.tensors)
 
 
 # ----------------------------------------------------------------------------- reports
 def _ms(s):
     return "n/m" if s is None else human_seconds(s)
+
+
+def _per_tensor_lines(adv: Advice, max_layers) -> List[str]:
+    """The recommendation table, each row in the tensor's own time, then the
+    rounds the step shares between its tensors, once, and the step's total:
+    the rows' times plus the shared line make the total."""
+    out = ["", f"Recommendation per tensor (a scheme must save >= {100 * adv.min_gain:.0f}% of the tensor's own "
+               f"time over plain allreduce; own time: its bytes, codec and collective work, without the rounds "
+               f"it shares with the step's other tensors):", "",
+           "| tensor | elements | choice | own time | none's own time | why |", "|---|---:|---|---:|---:|---|"]
+    for L in adv.per_layer[:max_layers]:
+        out.append(f"| {L['name']} | {human_count(L['numel'])} | **{L['choice']}** | {_ms(L['choice_s'])} | "
+                   f"{_ms(L['none_s'])} | {L['why']} |")
+    if len(adv.per_layer) > max_layers:
+        rest = adv.per_layer[max_layers:]
+        from collections import Counter
+        c = Counter(L["choice"] for L in rest)
+        out.append(f"| ... {len(rest)} more | | {', '.join(f'{k} x{v}' for k, v in c.items())} | "
+                   f"{_ms(sum(L['choice_s'] for L in rest))} | {_ms(sum(L['none_s'] for L in rest))} | |")
+    gain = 1 - adv.plan_total_s / adv.none_total_s if adv.none_total_s else 0.0
+    return out + ["", f"Shared by the step's tensors, once per step (fused rounds' latency, Horovod's cycles): "
+                      f"{_ms(adv.plan_shared_s)} with the plan, {_ms(adv.none_shared_s)} uncompressed.",
+                  f"Per-tensor plan: {_ms(adv.plan_total_s)} per step (own times + shared) vs "
+                  f"{_ms(adv.none_total_s)} uncompressed ({100 * gain:.0f}% saved)."]
 
 
 def format_advice(adv: Advice, max_layers=40) -> str:
@@ -440,20 +475,7 @@ def format_advice(adv: Advice, max_layers=40) -> str:
         sp = f"{none_t / t['total_s']:.2f}x" if t["total_s"] > 0 else "-"
         out.append(f"| {s} | {tr} | {human_bytes(t['payload_bytes'])} | {human_bytes(t['wire_bytes'])} | "
                    f"{_ms(t['comm_s'])} | {ov} | {tot} | {sp} |")
-    out += ["", f"Recommendation per tensor (a scheme must save >= {100 * adv.min_gain:.0f}% "
-                f"over plain allreduce):", "",
-            "| tensor | elements | choice | predicted | none | why |", "|---|---:|---|---:|---:|---|"]
-    for L in adv.per_layer[:max_layers]:
-        out.append(f"| {L['name']} | {human_count(L['numel'])} | **{L['choice']}** | {_ms(L['choice_s'])} | "
-                   f"{_ms(L['none_s'])} | {L['why']} |")
-    if len(adv.per_layer) > max_layers:
-        rest = adv.per_layer[max_layers:]
-        from collections import Counter
-        c = Counter(L["choice"] for L in rest)
-        out.append(f"| ... {len(rest)} more | | {', '.join(f'{k} x{v}' for k, v in c.items())} | | | |")
-    gain = 1 - adv.plan_total_s / adv.none_total_s if adv.none_total_s else 0.0
-    out += ["", f"Per-tensor plan: {_ms(adv.plan_total_s)} per step vs {_ms(adv.none_total_s)} uncompressed "
-                f"({100 * gain:.0f}% saved)."]
+    out += _per_tensor_lines(adv, max_layers)
     if all(L["choice"] == "none" for L in adv.per_layer):
         out.append("**Compression does not pay for this model on this link: use plain allreduce.**")
     if adv.unmeasured:

@@ -134,6 +134,32 @@ def test_advise_recommends_compression_on_a_slow_link_and_none_on_a_fast_one():
     assert "Compression does not pay for this model" in adv.format_advice(fast)
 
 
+def test_advise_rows_and_their_savings_count_the_same_own_time():
+    # BERT-large on 64 GPUs at 10 Gbit/s: PowerSGD's rounds are shared by the step's matrices, so charged to one
+    # small matrix they exceed its dense time; each row and its saving count the tensor's own time only, and the
+    # shared rounds are one line per step
+    from hvd_compress.tools.projection import GPU_SCHEMES, MODELS, gpu_codec
+    layers = MODELS["bert-large"].layers()
+    a = adv.advise(layers, 64, adv.parse_bandwidth("10gbit"), schemes=GPU_SCHEMES, machine=cost_model.GPU_NCCL,
+                   codec_of=gpu_codec)
+    compressed = [L for L in a.per_layer if L["choice"] != "none"]
+    assert any(L["predictions"][L["choice"]].cost.marginal_s > L["predictions"]["none"].cost.marginal_s
+               for L in compressed)  # charged its rounds in full, a chosen tensor would look slower than none
+    for L in a.per_layer:
+        assert L["choice_s"] == L["predictions"][L["choice"]].cost.own_s
+        assert L["none_s"] == L["predictions"]["none"].cost.own_s
+    for L in compressed:
+        assert L["choice_s"] < L["none_s"]
+        assert f"saves {100 * (1 - L['choice_s'] / L['none_s']):.0f}% of this tensor's own time" == L["why"]
+    # the rows plus the shared line make the step
+    assert sum(L["choice_s"] for L in a.per_layer) + a.plan_shared_s == pytest.approx(a.plan_total_s)
+    assert sum(L["none_s"] for L in a.per_layer) + a.none_shared_s == pytest.approx(a.none_total_s)
+    assert a.plan_shared_s > 0
+    text = adv.format_advice(a, max_layers=len(layers))
+    assert text.count("Shared by the step's tensors, once per step") == 1
+    assert f"{adv._ms(a.plan_shared_s)} with the plan" in text
+
+
 def test_advise_overhead_interpolation_and_transports():
     ov = adv.Overhead(_synthetic_micro())
     e, d = ov.encode_decode("TopK(0.01)", 8_000_000)
