@@ -62,6 +62,9 @@ def main(out="docs/results/scheme_table.md"):
     lines.append("`idx(k, n)` is the smallest of raw int32 (4k), bitmap (n/8) and Elias-Fano "
                  "(k(2 + log2(n/k)) bits); allgather schemes add a 4-byte placeholder and 4 bytes per "
                  "variable-length part.  Input: 2^20 standard-normal values (seed 0); Threshold keeps |x| >= 2.5.")
+    lines.append("")
+    lines.append(f"Written by `.venv/bin/python scripts/scheme_table.py`, with the same rows in "
+                 f"`{pathlib.Path(out).with_suffix('.json').name}`.")
     path = pathlib.Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
