@@ -3,6 +3,7 @@
     hvd-compress bench micro [--sizes 1M,16M,64M] [--frameworks torch,tf] [--threads 1] ...
     hvd-compress bench e2e   [--params 16M] [--hosts 2] [--rates none,1000,100] [--schemes ...] ...
     hvd-compress bench scale [--workers 2,4,8] [--rates 100,1000] [--params 4M] [--schemes ...] ...
+    hvd-compress bench breakdown [--schemes "none,TopK(0.01)"] [--rates none,1000,100] [--out ...]
     hvd-compress advise      [--params 110M | --layers sizes.json | --torch-model mod:fn] ...
     hvd-compress advise --worked-example
     hvd-compress advise --validate docs/results/e2e.json
@@ -107,6 +108,13 @@ def build_parser():
     sc.add_argument("--report", action="store_true", help="run nothing: print --out's rows as the markdown "
                     "table of docs/results/benchmarks.md")
 
+    bd = bsub.add_parser("breakdown", help="where a step's time goes per link: clocked parts and Horovod's "
+                         "timeline (root)", description="Each timed step's parts clocked on every rank (forward, "
+                         "backward, encode, waits, decode, update) and Horovod's timeline (negotiation, "
+                         "execution, cycles), per scheme and link, 2 hosts of the emulated cluster.")
+    from .bench.breakdown import add_arguments as breakdown_arguments
+    breakdown_arguments(bd)
+
     a = sub.add_parser("advise", help="predict per-step communication + compression cost; recommend per tensor",
                        description="The bytes / bandwidth + latency cost model with index overhead, "
                        "allreduce vs allgather transports and measured encode/decode costs.")
@@ -118,7 +126,10 @@ def build_parser():
 def main(argv=None):
     _env()
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    import shlex
+    args.command = "hvd-compress " + shlex.join(argv)  # what a result file records as its command
     try:
         return _dispatch(args)
     except ValueError as err:  # bad input: say which parameter and what is allowed, no traceback
@@ -155,6 +166,9 @@ def _dispatch(args):
             print(f"hvd-compress bench e2e: {err}", file=sys.stderr)
             return 2
         return 1 if rows.failures else 0
+    if args.bench == "breakdown":
+        from .bench import breakdown
+        return breakdown.main_args(args, args.command)
     if args.bench == "scale":
         from .bench import scale
         from .testing.cluster import ClusterError

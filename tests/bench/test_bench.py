@@ -255,17 +255,8 @@ def test_e2e_smoke_two_hosts(tmp_path):
     assert "hvdcbt" not in cluster.existing_clusters()
 
 
-def _step_breakdown_script():
-    import importlib.util
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "step_breakdown.py")
-    spec = importlib.util.spec_from_file_location("step_breakdown", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_step_breakdown_reads_horovods_timeline(tmp_path):
-    """scripts/step_breakdown.py: negotiation and execution spans summed by
+    """bench breakdown: negotiation and execution spans summed by
     op, activities by name, cycles counted, from a timeline as Horovod leaves
     it (the array unclosed, a trailing comma)."""
     events = [{"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "w"}},
@@ -284,7 +275,8 @@ def test_step_breakdown_reads_horovods_timeline(tmp_path):
               {"ph": "E", "ts": 2600, "pid": 2}]
     path = tmp_path / "timeline.json"
     path.write_text("[\n" + "".join(json.dumps(e) + ",\n" for e in events))
-    got = _step_breakdown_script().parse_timeline(str(path))
+    from hvd_compress.tools.bench.breakdown import parse_timeline
+    got = parse_timeline(str(path))
     assert got["cycles"] == 2
     assert got["negotiate"] == pytest.approx({"ALLGATHER": 300e-6, "ALLREDUCE": 100e-6})
     assert got["execute"] == pytest.approx({"ALLGATHER": 1100e-6, "ALLREDUCE": 500e-6})

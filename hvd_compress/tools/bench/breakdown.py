@@ -1,7 +1,7 @@
-#!/usr/bin/env python
-"""Where a training step's time goes, measured on the emulated cluster (root).
+"""``hvd-compress bench breakdown``: where a training step's time goes, measured
+on the emulated cluster (root).
 
-    .venv/bin/python scripts/step_breakdown.py [--schemes "none,TopK(0.01)"] [--rates none,1000,100] \
+    sudo .venv/bin/hvd-compress bench breakdown [--schemes "none,TopK(0.01)"] [--rates none,1000,100] \
         [--prefix ac] [--steps 10] [--out docs/results/step_breakdown.json]
 
 For each link and scheme, one ``horovodrun`` launch of ``bench e2e``'s worker
@@ -26,7 +26,6 @@ are.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -34,8 +33,9 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from ..units import parse_count
+from .e2e import REPO, expected_wire, parse_rates
+from .specs import split_specs
 
 #: the clocked parts of a step, in the order they happen
 PARTS = ("forward", "backward", "encode", "wait_allreduce", "wait_gather", "decode", "sync_rest", "update")
@@ -120,52 +120,58 @@ def markdown(rows):
     return "\n".join(lines)
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--schemes", default="TopK(0.01)")
-    ap.add_argument("--rates", default="none,1000,100")
-    ap.add_argument("--prefix", default="hvdsb")
-    ap.add_argument("--params", default="16M")
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args(argv)
-    from hvd_compress.tools.bench.e2e import expected_wire, parse_rates
-    from hvd_compress.tools.bench.specs import split_specs
-    from hvd_compress.tools.testing.cluster import Cluster
-    from hvd_compress.tools.units import parse_count
-    rows, result = [], {"command": "scripts/step_breakdown.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-                        "loadavg_before": os.getloadavg()}
+def add_arguments(p):
+    p.add_argument("--schemes", default="TopK(0.01)", help="comma-separated specs (default %(default)s)")
+    p.add_argument("--rates", default="none,1000,100", help="link rates in Mbit/s, 'none' = unshaped "
+                   "(default %(default)s)")
+    p.add_argument("--prefix", default="hvdsb", help="cluster name prefix (default %(default)s)")
+    p.add_argument("--params", default="16M", help="parameter count of the MLP (default %(default)s)")
+    p.add_argument("--steps", type=int, default=10, help="timed steps (default %(default)s)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--out", default=None, help="JSON of the rows (default: print only)")
+
+
+def _launch(cluster, spec, rate, goodput, args, tmp, index):
+    """One scheme at one link: the worker under horovodrun, its row summarized (None if it failed)."""
+    out, timeline = os.path.join(tmp, f"r{index}.json"), os.path.join(tmp, f"t{index}.json")
+    cmd = [sys.executable, "-m", "hvd_compress.tools.bench.e2e_worker", "--framework", "torch",
+           "--model", "mlp", "--params", str(parse_count(args.params)), "--scheme", spec,
+           "--steps", str(args.steps), "--warmup", str(args.warmup), "--max-seconds", "30",
+           "--iface", cluster.iface, "--breakdown", "--step-timeline", timeline, "--out", out]
     env = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
            "HOROVOD_TIMELINE": "DYNAMIC"}
+    load = os.getloadavg()[0]
+    r = cluster.run(0, cluster.horovodrun_command(cmd, np=2, controller="gloo", slots=1), env=env, timeout=900,
+                    cwd=str(REPO))
+    if r.returncode != 0 or not os.path.exists(out):
+        print(f"{spec} at {rate}: FAILED (exit {r.returncode})\n{(r.stdout or '')[-2000:]}"
+              f"{(r.stderr or '')[-2000:]}", file=sys.stderr)
+        return None
+    with open(out) as f:
+        row = json.load(f)
+    row["link_mbit"] = rate
+    row["expected_wire_bytes_per_step"] = expected_wire(row["transport"], row["payload_bytes_per_step"],
+                                                        row["workers"])
+    time.sleep(0.5)  # the timeline's writer thread flushes on stop
+    s = summarize(row, parse_timeline(timeline) if os.path.exists(timeline) else None, goodput)
+    s["loadavg_1m_before"], s["loadavg_1m_after"] = load, os.getloadavg()[0]
+    return s
+
+
+def main_args(args, command) -> int:
+    """Every scheme at every link, in one cluster; the table printed and, with ``--out``, the JSON."""
+    from ..testing.cluster import Cluster
+    rows, result = [], {"command": command, "loadavg_before": os.getloadavg()}
     with tempfile.TemporaryDirectory(prefix="hvdc_breakdown_") as tmp, Cluster(2, prefix=args.prefix) as c:
         os.chmod(tmp, 0o755)
         for rate in parse_rates(args.rates):
             c.set_rate(rate)
             goodput = c.measure_throughput_mbit(src=1, dst=0, seconds=2.0)
             for spec in split_specs(args.schemes):
-                out, timeline = os.path.join(tmp, f"r{len(rows)}.json"), os.path.join(tmp, f"t{len(rows)}.json")
-                cmd = [sys.executable, "-m", "hvd_compress.tools.bench.e2e_worker", "--framework", "torch",
-                       "--model", "mlp", "--params", str(parse_count(args.params)), "--scheme", spec,
-                       "--steps", str(args.steps), "--warmup", str(args.warmup), "--max-seconds", "30",
-                       "--iface", c.iface, "--breakdown", "--step-timeline", timeline, "--out", out]
-                load = os.getloadavg()[0]
-                r = c.run(0, c.horovodrun_command(cmd, np=2, controller="gloo", slots=1), env=env, timeout=900,
-                          cwd=ROOT)
-                if r.returncode != 0 or not os.path.exists(out):
-                    print(f"{spec} at {rate}: FAILED (exit {r.returncode})\n{(r.stdout or '')[-2000:]}"
-                          f"{(r.stderr or '')[-2000:]}", file=sys.stderr)
-                    continue
-                row = json.load(open(out))
-                row["link_mbit"] = rate
-                row["expected_wire_bytes_per_step"] = expected_wire(row["transport"], row["payload_bytes_per_step"],
-                                                                    row["workers"])
-                time.sleep(0.5)  # the timeline's writer thread flushes on stop
-                tl = parse_timeline(timeline) if os.path.exists(timeline) else None
-                s = summarize(row, tl, goodput)
-                s["loadavg_1m_before"], s["loadavg_1m_after"] = load, os.getloadavg()[0]
-                rows.append(s)
-                print(markdown([s]).splitlines()[-1], flush=True)
+                s = _launch(c, spec, rate, goodput, args, tmp, len(rows))
+                if s is not None:
+                    rows.append(s)
+                    print(markdown([s]).splitlines()[-1], flush=True)
     result["rows"] = rows
     print(markdown(rows))
     if args.out:
@@ -173,7 +179,3 @@ def main(argv=None):
             json.dump(result, f, indent=1)
         print(f"wrote {args.out}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
