@@ -4,6 +4,7 @@
     hvd-compress bench e2e   [--params 16M] [--hosts 2] [--rates none,1000,100] [--schemes ...] ...
     hvd-compress bench scale [--workers 2,4,8] [--rates 100,1000] [--params 4M] [--schemes ...] ...
     hvd-compress bench breakdown [--schemes "none,TopK(0.01)"] [--rates none,1000,100] [--out ...]
+    hvd-compress bench link-change [--recheck-every 10] [--steps 40] [--change-at 10] [--out ...]
     hvd-compress advise      [--params 110M | --layers sizes.json | --torch-model mod:fn] ...
     hvd-compress advise --worked-example
     hvd-compress advise --validate docs/results/e2e.json
@@ -115,6 +116,13 @@ def build_parser():
     from .bench.breakdown import add_arguments as breakdown_arguments
     breakdown_arguments(bd)
 
+    lc = bsub.add_parser("link-change", help="Auto() when the link drops mid-run, against TopK(0.01) (root)",
+                         description="Auto(recheck_every=R), TopK(0.01) and none on 2 hosts of the emulated "
+                         "cluster whose link drops from unshaped to --rate before timed step --change-at; checks "
+                         "that Auto re-checks within R steps and then runs within 1.2x of TopK(0.01).")
+    from .bench.link_change import add_arguments as link_change_arguments
+    link_change_arguments(lc)
+
     a = sub.add_parser("advise", help="predict per-step communication + compression cost; recommend per tensor",
                        description="The bytes / bandwidth + latency cost model with index overhead, "
                        "allreduce vs allgather transports and measured encode/decode costs.")
@@ -169,6 +177,9 @@ def _dispatch(args):
     if args.bench == "breakdown":
         from .bench import breakdown
         return breakdown.main_args(args, args.command)
+    if args.bench == "link-change":
+        from .bench import link_change
+        return link_change.main_args(args, args.command)
     if args.bench == "scale":
         from .bench import scale
         from .testing.cluster import ClusterError

@@ -172,7 +172,7 @@ def _transport(comp):
 
 
 def _wait_for_link_change(a, hvd, barrier):
-    """Rank 0 asks the driver (``scripts/auto_link_change.py``) to reshape the
+    """Rank 0 asks the driver (``hvd-compress bench link-change``) to reshape the
     link by creating ``<link-file>.request``; every rank waits for
     ``<link-file>.done`` (the hosts share the filesystem), then all go on together."""
     barrier()

@@ -1,8 +1,8 @@
-#!/usr/bin/env python
-"""Auto() when the link changes under it: unshaped, then 100 Mbit/s mid-run.
+"""``hvd-compress bench link-change``: Auto() when the link changes under it,
+unshaped, then 100 Mbit/s mid-run (root).
 
-    sudo .venv/bin/python scripts/auto_link_change.py [--recheck-every 10] [--steps 40] [--change-at 10] \
-        [--out docs/results/auto_link_change.json]
+    sudo .venv/bin/hvd-compress bench link-change [--recheck-every 10] [--steps 40] [--change-at 10] \
+        [--out FILE.json]
 
 On the emulated cluster (2 hosts, one rank each; root, like ``bench e2e``),
 each scheme trains the 16M-parameter MLP for ``--steps`` timed steps; before
@@ -11,7 +11,7 @@ hosts' links to ``--rate`` Mbit/s (``tc tbf``), then they go on.  Schemes:
 ``Auto(recheck_every=R)`` and ``TopK(0.01)`` (the best fixed scheme on a slow
 link in ``bench e2e``), with ``none`` for reference.
 
-Auto's targets, checked and written to the JSON:
+Auto's targets, checked, printed and written to the JSON:
 
 * Auto re-checks (and re-plans where the new link calls for it) within its
   re-check period after the change (first re-check step - change step < R;
@@ -21,7 +21,6 @@ Auto's targets, checked and written to the JSON:
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -29,10 +28,8 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from .e2e import REPO
 
 
 def _driver(cluster, link_file, rate, stop):
@@ -46,7 +43,7 @@ def _driver(cluster, link_file, rate, stop):
 
 
 def run_one(cluster, spec, a, tmp):
-    from hvd_compress.tools.bench.micro import ALLOCATORS
+    from .micro import ALLOCATORS
     link_file = os.path.join(tmp, f"link{abs(hash(spec))}")
     out = os.path.join(tmp, f"{abs(hash(spec))}.json")
     cluster.set_rate(None)
@@ -84,41 +81,49 @@ def run_one(cluster, spec, a, tmp):
     return row
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--recheck-every", type=int, default=10)
-    ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--change-at", type=int, default=10)
-    ap.add_argument("--rate", type=float, default=100.0)
-    ap.add_argument("--schemes", default=None, help="default: Auto(recheck_every=R), TopK(0.01), none")
-    ap.add_argument("--out", default=str(REPO / "docs" / "results" / "auto_link_change.json"))
-    a = ap.parse_args(argv)
-    from hvd_compress.tools.testing.cluster import Cluster
+def add_arguments(p):
+    p.add_argument("--recheck-every", type=int, default=10, help="Auto's re-check period (default %(default)s)")
+    p.add_argument("--steps", type=int, default=40, help="timed steps (default %(default)s)")
+    p.add_argument("--change-at", type=int, default=10, help="the timed step before which the link changes "
+                   "(default %(default)s)")
+    p.add_argument("--rate", type=float, default=100.0, help="the link after the change, Mbit/s "
+                   "(default %(default)s)")
+    p.add_argument("--schemes", default=None, help="';'-separated specs (default: Auto(recheck_every=R), "
+                   "TopK(0.01), none)")
+    p.add_argument("--prefix", default="hvdcl", help="cluster name prefix (default %(default)s)")
+    p.add_argument("--out", default=None, help="JSON of the rows and verdicts (default: print only)")
+
+
+def verdicts(rows, auto, change_at, recheck_every):
+    """Auto's two targets against TopK(0.01) in the same run ({} without both rows)."""
+    by = {r["scheme"]: r for r in rows}
+    if auto not in by or "TopK(0.01)" not in by:
+        return {}
+    ar, tk = by[auto], by["TopK(0.01)"]
+    lag = None if ar.get("recheck_step") is None else ar["recheck_step"] - change_at
+    ratio = (ar["median_after_recheck_s"] / tk["median_after_s"]) if ar.get("median_after_recheck_s") else None
+    return {"rechecked_within_recheck_period": {"lag_steps": lag, "recheck_every": recheck_every,
+                                                "new_plan_at": ar.get("replan_step"),
+                                                "met": lag is not None and lag < recheck_every},
+            "after_recheck_within_1.2x_of_topk": {"ratio": ratio, "met": ratio is not None and ratio <= 1.2}}
+
+
+def main_args(a, command) -> int:
+    """Every scheme through the link change; 0 when Auto met both targets."""
+    from ..testing.cluster import Cluster
     auto = f"Auto(recheck_every={a.recheck_every})"
     schemes = a.schemes.split(";") if a.schemes else [auto, "TopK(0.01)", "none"]
     rows = []
-    with tempfile.TemporaryDirectory(prefix="hvdc_link_") as tmp, Cluster(2, prefix="hvdcl") as cluster:
+    with tempfile.TemporaryDirectory(prefix="hvdc_link_") as tmp, Cluster(2, prefix=a.prefix) as cluster:
         for spec in schemes:
             rows.append(run_one(cluster, spec, a, tmp))
-    by = {r["scheme"]: r for r in rows}
-    verdicts = {}
-    if auto in by and "TopK(0.01)" in by:
-        ar, tk = by[auto], by["TopK(0.01)"]
-        lag = None if ar.get("recheck_step") is None else ar["recheck_step"] - a.change_at
-        verdicts["rechecked_within_recheck_period"] = {
-            "lag_steps": lag, "recheck_every": a.recheck_every, "new_plan_at": ar.get("replan_step"),
-            "met": lag is not None and lag < a.recheck_every}
-        ratio = (ar["median_after_recheck_s"] / tk["median_after_s"]) if ar.get("median_after_recheck_s") else None
-        verdicts["after_recheck_within_1.2x_of_topk"] = {"ratio": ratio, "met": ratio is not None and ratio <= 1.2}
-    for k, v in verdicts.items():
+    checks = verdicts(rows, auto, a.change_at, a.recheck_every)
+    for k, v in checks.items():
         print(f"{k}: {v}")
-    doc = {"command": " ".join(["scripts/auto_link_change.py"] + (argv if argv is not None else sys.argv[1:])),
-           "change_at": a.change_at, "rate_mbit": a.rate, "steps": a.steps, "rows": rows, "verdicts": verdicts}
-    with open(a.out, "w") as f:
-        json.dump(doc, f, indent=1)
-    print(f"wrote {a.out}")
-    return 0 if all(v["met"] for v in verdicts.values()) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    if a.out:
+        doc = {"command": command, "change_at": a.change_at, "rate_mbit": a.rate, "steps": a.steps, "rows": rows,
+               "verdicts": checks}
+        with open(a.out, "w") as f:
+            json.dump(doc, f, indent=1)
+        print(f"wrote {a.out}")
+    return 0 if checks and all(v["met"] for v in checks.values()) else 1
