@@ -6,6 +6,8 @@
   model under ``horovodrun`` on the emulated cluster
   (:mod:`hvd_compress.tools.testing.cluster`) at several link rates;
   :mod:`hvd_compress.tools.bench.e2e_worker` is the script each rank runs.
+* :mod:`hvd_compress.tools.bench.breakdown` -- where a step's time goes (clocked parts, Horovod's
+  timeline); :mod:`hvd_compress.tools.bench.link_change` -- Auto when the link drops mid-run.
 * :mod:`hvd_compress.tools.bench.specs` -- scheme specs such as ``"TopK(0.01)"``.
 * :mod:`hvd_compress.tools.bench.report` -- progress lines, tables and JSON helpers.
 
