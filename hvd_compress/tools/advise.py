@@ -387,10 +387,14 @@ def advise(layers, workers, bandwidth, latency=DEFAULT_LATENCY_S, overhead: Opti
             t["step"] = step
         else:
             adv.totals.pop(s)
-    plan, dense = cost_model.step_cost(chosen, machine), cost_model.step_cost(nones, machine)
+    _set_step_totals(adv, cost_model.step_cost(chosen, machine), cost_model.step_cost(nones, machine))
+    return adv
+
+
+def _set_step_totals(adv: Advice, plan: cost_model.StepCost, dense: cost_model.StepCost):
+    """The plan's step and the all-``none`` step, each with what it pays once for all its tensors."""
     adv.plan_total_s, adv.plan_shared_s = plan.seconds, shared_seconds(plan)
     adv.none_total_s, adv.none_shared_s = dense.seconds, shared_seconds(dense)
-    return adv
 
 
 def _layer_advice(name, numel, preds, choice, min_gain) -> dict:

@@ -26,6 +26,23 @@ def _env():
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 
+def _add_cluster_studies(bsub):
+    """``bench breakdown`` and ``bench link-change``: single studies on the emulated cluster."""
+    bd = bsub.add_parser("breakdown", help="where a step's time goes per link: clocked parts and Horovod's "
+                         "timeline (root)", description="Each timed step's parts clocked on every rank (forward, "
+                         "backward, encode, waits, decode, update) and Horovod's timeline (negotiation, "
+                         "execution, cycles), per scheme and link, 2 hosts of the emulated cluster.")
+    from .bench.breakdown import add_arguments as breakdown_arguments
+    breakdown_arguments(bd)
+
+    lc = bsub.add_parser("link-change", help="Auto() when the link drops mid-run, against TopK(0.01) (root)",
+                         description="Auto(recheck_every=R), TopK(0.01) and none on 2 hosts of the emulated "
+                         "cluster whose link drops from unshaped to --rate before timed step --change-at; checks "
+                         "that Auto re-checks within R steps and then runs within 1.2x of TopK(0.01).")
+    from .bench.link_change import add_arguments as link_change_arguments
+    link_change_arguments(lc)
+
+
 def build_parser():
     ap = argparse.ArgumentParser(prog="hvd-compress", description="Measure gradient compression honestly "
                                  "and predict whether it pays.")
@@ -109,20 +126,7 @@ def build_parser():
     sc.add_argument("--report", action="store_true", help="run nothing: print --out's rows as the markdown "
                     "table of docs/results/benchmarks.md")
 
-    bd = bsub.add_parser("breakdown", help="where a step's time goes per link: clocked parts and Horovod's "
-                         "timeline (root)", description="Each timed step's parts clocked on every rank (forward, "
-                         "backward, encode, waits, decode, update) and Horovod's timeline (negotiation, "
-                         "execution, cycles), per scheme and link, 2 hosts of the emulated cluster.")
-    from .bench.breakdown import add_arguments as breakdown_arguments
-    breakdown_arguments(bd)
-
-    lc = bsub.add_parser("link-change", help="Auto() when the link drops mid-run, against TopK(0.01) (root)",
-                         description="Auto(recheck_every=R), TopK(0.01) and none on 2 hosts of the emulated "
-                         "cluster whose link drops from unshaped to --rate before timed step --change-at; checks "
-                         "that Auto re-checks within R steps and then runs within 1.2x of TopK(0.01).")
-    from .bench.link_change import add_arguments as link_change_arguments
-    link_change_arguments(lc)
-
+    _add_cluster_studies(bsub)
     a = sub.add_parser("advise", help="predict per-step communication + compression cost; recommend per tensor",
                        description="The bytes / bandwidth + latency cost model with index overhead, "
                        "allreduce vs allgather transports and measured encode/decode costs.")
@@ -139,9 +143,18 @@ def main(argv=None):
     import shlex
     args.command = "hvd-compress " + shlex.join(argv)  # what a result file records as its command
     try:
-        return _dispatch(args)
+        return _run_study(args) if getattr(args, "bench", None) in STUDIES else _dispatch(args)
     except ValueError as err:  # bad input: say which parameter and what is allowed, no traceback
         parser.exit(2, f"hvd-compress: error: {err}\n")
+
+
+#: ``bench`` subcommands whose module takes the parsed arguments and the command line as given
+STUDIES = {"breakdown": "breakdown", "link-change": "link_change"}
+
+
+def _run_study(args):
+    from importlib import import_module
+    return import_module(f".bench.{STUDIES[args.bench]}", __package__).main_args(args, args.command)
 
 
 def _dispatch(args):
@@ -174,12 +187,6 @@ def _dispatch(args):
             print(f"hvd-compress bench e2e: {err}", file=sys.stderr)
             return 2
         return 1 if rows.failures else 0
-    if args.bench == "breakdown":
-        from .bench import breakdown
-        return breakdown.main_args(args, args.command)
-    if args.bench == "link-change":
-        from .bench import link_change
-        return link_change.main_args(args, args.command)
     if args.bench == "scale":
         from .bench import scale
         from .testing.cluster import ClusterError
