@@ -399,7 +399,7 @@ def _set_step_totals(adv: Advice, plan: cost_model.StepCost, dense: cost_model.S
 
 def _layer_advice(name, numel, preds, choice, min_gain) -> dict:
     """One layer's row: the step plan's choice and why.  Every time in it is
-    the tensor's own (:attr:`~hvd_compress.cost_model.TensorCost.own_s`, what
+    the tensor's own (:attr:`~hvd_compress.costmodel.model.TensorCost.own_s`, what
     the plan compares): the rounds a step shares between its tensors are left
     out of each row and shown once per step (:func:`shared_seconds`)."""
     own = {spec: p.cost.own_s for spec, p in preds.items() if p.total_s is not None}
