@@ -1,7 +1,8 @@
 """hvdc_tf_ops.cc registers every op from its one table, kOps: no op class or
 REGISTER_OP outside it (read from the source, no compiler needed), and the
 loaded library's ops are exactly the table's rows, with the inputs, outputs
-and attributes the rows declare, all used by the TF codecs."""
+and attributes the rows declare, all used by the TF code.  The rows that
+docs/design/adding_a_scheme.md quotes are held to the file."""
 from __future__ import annotations
 
 import re
@@ -45,6 +46,14 @@ def test_every_row_declares_an_attribute_that_has_a_field():
     for name, (_, rest) in _table().items():
         attrs = _decls(rest.rsplit("\n     {", 1)[-1])
         assert set(attrs) <= fields, f"{name}: {set(attrs) - fields} missing from HVDC_ATTRS"
+
+
+def test_the_guide_to_a_new_scheme_quotes_the_table_as_it_is():
+    doc = Path(__file__).resolve().parents[2] / "docs" / "design" / "adding_a_scheme.md"
+    blocks = re.findall(r"```cpp\n(.*?)```", doc.read_text(), flags=re.S)
+    assert any('{"Hvdc' in b for b in blocks), "adding_a_scheme.md: no row of kOps quoted"
+    for block in blocks:
+        assert block in SOURCE, f"adding_a_scheme.md quotes code hvdc_tf_ops.cc no longer has:\n{block}"
 
 
 @pytest.fixture(scope="module")
