@@ -28,6 +28,7 @@
 #include <memory>
 #include <numeric>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "tensorflow/core/framework/op.h"
@@ -56,6 +57,9 @@ struct Attrs {
 #undef HVDC_ATTR_FIELD
 };
 
+// The name a declaration gives ("block: int >= 1": block).
+std::string DeclName(const char *decl) { return std::string(decl, std::strcspn(decl, ":")); }
+
 template <class Ctx, class T>
 absl::Status GetAttrAs(const Ctx *c, const char *name, T *out) {
   if constexpr (std::is_enum<T>::value && !std::is_same<T, DataType>::value) {  // hvdc_kernels.h's: an int
@@ -72,7 +76,7 @@ absl::Status GetAttrAs(const Ctx *c, const char *name, T *out) {
 template <class Ctx>
 absl::Status ReadAttrs(const Ctx *c, const std::vector<const char *> &decls, Attrs *a) {
   for (const char *decl : decls) {
-    const std::string name(decl, std::strcspn(decl, ":"));
+    const std::string name = DeclName(decl);
 #define HVDC_READ_ATTR(type, field) \
   if (name == #field) TF_RETURN_IF_ERROR(GetAttrAs(c, #field, &a->field));
     HVDC_ATTRS(HVDC_READ_ATTR)
@@ -384,14 +388,14 @@ void SparseSum(const Call &c) {
 constexpr i64 kSelectSlack = 16;  // hvdc_select_sent writes up to a vector past its count
 
 bool SelectRoom(const Call &c, i64 room) {
-  Scratch &k = c.scratch;
-  if (k.room >= room) return true;
-  k.room = room;
-  auto st = c.ctx->allocate_temp(DT_INT32, TensorShape({room + kSelectSlack}), &k.idx);
-  if (st.ok()) st = c.ctx->allocate_temp(DT_FLOAT, TensorShape({room + kSelectSlack}), &k.val);
+  Scratch &buf = c.scratch;
+  if (buf.room >= room) return true;
+  buf.room = room;
+  auto st = c.ctx->allocate_temp(DT_INT32, TensorShape({room + kSelectSlack}), &buf.idx);
+  if (st.ok()) st = c.ctx->allocate_temp(DT_FLOAT, TensorShape({room + kSelectSlack}), &buf.val);
   if (!st.ok()) {
     c.ctx->CtxFailure(st);
-    k.room = 0;
+    buf.room = 0;
     return false;
   }
   return true;
@@ -402,23 +406,23 @@ void SelectSent(const Call &c) {
   OP_REQUIRES_OK(c.ctx, c.ctx->input("thr", &thr_t));
   const float thr = thr_t->scalar<float>()();
   const i64 n = c.a.n;
-  Scratch &k = c.scratch;
-  mutex_lock l(k.mu);
+  Scratch &buf = c.scratch;
+  mutex_lock l(buf.mu);
   if (!SelectRoom(c, std::max<i64>(1024, n / 64))) return;
-  i64 room = k.room;
-  i64 got = hvdc_select_sent(c.x, c.r, n, thr, HVDC_AT_LEAST, k.idx.flat<int32_t>().data(),
-                             k.val.flat<float>().data(), room);
+  i64 room = buf.room;
+  i64 got = hvdc_select_sent(c.x, c.r, n, thr, HVDC_AT_LEAST, buf.idx.flat<int32_t>().data(),
+                             buf.val.flat<float>().data(), room);
   if (got > room) {  // out of room: undo the stored part, select again from acc with room
-    if (c.r) hvdc_unsend(c.r, k.idx.flat<int32_t>().data(), k.val.flat<float>().data(), room);
+    if (c.r) hvdc_unsend(c.r, buf.idx.flat<int32_t>().data(), buf.val.flat<float>().data(), room);
     if (!SelectRoom(c, std::min<i64>(n, got + got / 2 + 1024))) return;  // headroom, as the torch codec
-    got = hvdc_select_sent(c.r ? nullptr : c.x, c.r, n, thr, HVDC_AT_LEAST, k.idx.flat<int32_t>().data(),
-                           k.val.flat<float>().data(), k.room);
+    got = hvdc_select_sent(c.r ? nullptr : c.x, c.r, n, thr, HVDC_AT_LEAST, buf.idx.flat<int32_t>().data(),
+                           buf.val.flat<float>().data(), buf.room);
   }
   Tensor *idx_out = nullptr, *val_out = nullptr;
   OP_REQUIRES_OK(c.ctx, c.ctx->allocate_output(0, TensorShape({got}), &idx_out));
   OP_REQUIRES_OK(c.ctx, c.ctx->allocate_output(1, TensorShape({got}), &val_out));
-  std::memcpy(idx_out->flat<int32_t>().data(), k.idx.flat<int32_t>().data(), got * sizeof(int32_t));
-  std::memcpy(val_out->flat<float>().data(), k.val.flat<float>().data(), got * sizeof(float));
+  std::memcpy(idx_out->flat<int32_t>().data(), buf.idx.flat<int32_t>().data(), got * sizeof(int32_t));
+  std::memcpy(val_out->flat<float>().data(), buf.val.flat<float>().data(), got * sizeof(float));
 }
 
 // The sum of the ranks' raw-coded sparse payloads of any lengths (Threshold, DGC).
@@ -537,13 +541,13 @@ void TernGradDecodeSum(const Call &c) {
 // residual cleared.
 void RandomKEncode(const Call &c) {
   const Attrs &a = c.a;
-  Scratch &k = c.scratch;
-  mutex_lock l(k.mu);
-  k.cand.resize(a.k + a.n / 64 + 4096);  // the room hvdc_randomk_indices_tf collects in
-  k.keys.resize(k.cand.size());
-  hvdc_randomk_indices_tf(c.draws.seed, a.n, a.k, k.cand.data(), k.keys.data());
-  std::memcpy(c.Out<int64_t>(1), k.cand.data(), a.k * sizeof(i64));
-  hvdc_randomk_encode(c.x, c.r, a.n, k.cand.data(), a.k, c.Out<float>(0));
+  Scratch &buf = c.scratch;
+  mutex_lock l(buf.mu);
+  buf.cand.resize(a.k + a.n / 64 + 4096);  // the room hvdc_randomk_indices_tf collects in
+  buf.keys.resize(buf.cand.size());
+  hvdc_randomk_indices_tf(c.draws.seed, a.n, a.k, buf.cand.data(), buf.keys.data());
+  std::memcpy(c.Out<int64_t>(1), buf.cand.data(), a.k * sizeof(i64));
+  hvdc_randomk_encode(c.x, c.r, a.n, buf.cand.data(), a.k, c.Out<float>(0));
 }
 
 absl::Status KAtMostN(const Attrs &a) {
@@ -665,8 +669,6 @@ const OpSpec kOps[] = {
 };
 
 // ---- one kernel for every row ----------------------------------------------------------------
-std::string DeclName(const char *decl) { return std::string(decl, std::strcspn(decl, ":")); }
-
 bool Declares(const std::vector<const char *> &decls, const char *name) {
   return std::any_of(decls.begin(), decls.end(), [&](const char *d) { return DeclName(d) == name; });
 }
@@ -705,7 +707,7 @@ class TableKernel : public OpKernel {
     }
     for (int i = 0; i < static_cast<int>(spec_.outputs.size()); i++) {
       const Output &o = spec_.outputs[i];
-      if (!o.len) continue;
+      if (!o.len) continue;  // its body allocates it, once the length is known
       TF_RETURN_IF_ERROR(o.kept ? kept_[i].Allocate(ctx, i, o.len(a_), &call->out[i])
                                 : ctx->allocate_output(i, TensorShape({o.len(a_)}), &call->out[i]));
     }
