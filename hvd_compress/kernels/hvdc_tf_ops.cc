@@ -629,7 +629,7 @@ const OpSpec kOps[] = {
     {"HvdcSignDecodeSum", SignDecodeSum, kStateless,
      {"bits: N * uint8", "scales: N * float", "s: float"},
      {kSum},
-     {"N: int >= 1", "n: int >= 0", "mode: int", "scaled: bool"}},
+     {"N: int >= 1", "n: int >= 0", "mode: int", "scaled: bool"}},  // mode: the encode's
     {"HvdcHalfEncode", HalfEncode, kStateful,
      {"x: float", "r: M * resource"},
      {{"h: T", LenN}},
