@@ -39,11 +39,12 @@ sys.path.insert(0, REPO)
 
 from hvd_compress.costmodel.model import GPU_NCCL  # noqa: E402
 from hvd_compress.tools import advise  # noqa: E402
-from hvd_compress.tools.projection import GPU_SCHEMES, MODELS, gpu_codec, resnet_layers, vgg16_layers  # noqa: E402
+from hvd_compress.tools.projection import (GPU_SCHEMES, MODELS, REFERENCE_LATENCY_S, gpu_codec,  # noqa: E402
+                                           resnet_layers, vgg16_layers)
 
 WORKERS = (8, 16, 32, 64, 128, 256)
 LINKS_GBIT = (1, 10, 25, 100)
-LATENCY_S = 10e-6
+LATENCY_S = REFERENCE_LATENCY_S
 PLAN = "plan"
 
 #: Horovod's published scaling (README: 512 Pascal GPUs, 25 Gbit/s)

@@ -5,6 +5,7 @@
     hvd-compress bench scale [--workers 2,4,8] [--rates 100,1000] [--params 4M] [--schemes ...] ...
     hvd-compress bench breakdown [--schemes "none,TopK(0.01)"] [--rates none,1000,100] [--out ...]
     hvd-compress bench link-change [--recheck-every 10] [--steps 40] [--change-at 10] [--out ...]
+    hvd-compress bench tta   [--model cnn|transformer|charlm] [--framework torch|tensorflow] [--seeds 1,2,3] ...
     hvd-compress advise      [--params 110M | --layers sizes.json | --torch-model mod:fn] ...
     hvd-compress advise --worked-example
     hvd-compress advise --validate docs/results/e2e.json
@@ -127,12 +128,66 @@ def build_parser():
                     "table of docs/results/benchmarks.md")
 
     _add_cluster_studies(bsub)
+    _add_tta(bsub)
     a = sub.add_parser("advise", help="predict per-step communication + compression cost; recommend per tensor",
                        description="The bytes / bandwidth + latency cost model with index overhead, "
                        "allreduce vs allgather transports and measured encode/decode costs.")
     from .advise import add_arguments
     add_arguments(a)
     return ap
+
+
+def _add_tta(bsub):
+    from .bench.tta import DEFAULT_SCHEMES, LINKS
+    t = bsub.add_parser("tta", help="time to dense accuracy: real training under horovodrun on the emulated "
+                        "cluster (root)", description="Trains each scheme under its recipe, evaluates every K "
+                        "steps, and records when each run first reaches dense's final accuracy less the scheme's "
+                        "tolerance; rows appended to docs/results/tta.json (hvd_compress/tools/bench/tta.py).")
+    t.add_argument("--framework", default="torch", choices=["torch", "tensorflow"])
+    t.add_argument("--model", default="cnn", choices=["cnn", "transformer", "charlm"])
+    t.add_argument("--schemes", default=DEFAULT_SCHEMES, help="must include none (default %(default)s)")
+    t.add_argument("--seeds", default="1,2,3")
+    t.add_argument("--links", default=",".join(LINKS), help="(default %(default)s)")
+    t.add_argument("--stands-for", default="resnet50", choices=["resnet50", "bert-large"],
+                   help="the real setup whose communication-to-compute ratio the links reproduce")
+    t.add_argument("--workers", type=int, default=4, help="hosts, one rank each (default %(default)s)")
+    t.add_argument("--steps", type=int, default=None, help="training steps (default: the model's)")
+    t.add_argument("--eval-every", type=int, default=None)
+    t.add_argument("--validate-link", default=None, help="also train seed 1 of every fixed scheme end to end on "
+                   "this shaped link, to check the combined times")
+    t.add_argument("--time-steps", type=int, default=8, help="steps timed per scheme and link (default %(default)s)")
+    t.add_argument("--threads", type=int, default=1)
+    t.add_argument("--prefix", default="tta", help="cluster name prefix (default %(default)s)")
+    t.add_argument("--out", default=os.path.join(RESULTS, "tta.json"), help="JSON the rows are appended to "
+                   "(default %(default)s)")
+    t.add_argument("--png", default=None, help="plot (default: the JSON path with -<framework>-<model>.png)")
+    t.add_argument("--report", action="store_true", help="run nothing: print --out's rows as the "
+                   "time-to-dense-accuracy table")
+
+
+def _run_tta(args):
+    import json
+    from .bench import tta
+    from .testing.cluster import ClusterError
+    if args.report:
+        with open(args.out) as f:
+            print(tta.markdown(json.load(f)))
+        return 0
+    png = args.png or f"{os.path.splitext(args.out)[0]}-{args.framework}-{args.model}.png"
+    try:
+        rows, meta = tta.run(framework=args.framework, model=args.model, schemes=args.schemes, seeds=args.seeds,
+                             links=args.links, stands_for=args.stands_for, workers=args.workers, steps=args.steps,
+                             eval_every=args.eval_every, validate_link=args.validate_link,
+                             time_steps=args.time_steps, threads=args.threads, prefix=args.prefix,
+                             out_json=args.out, out_png=png)
+    except ClusterError as err:
+        print(f"hvd-compress bench tta: {err}", file=sys.stderr)
+        return 2
+    print(tta.markdown(rows))
+    for v in meta["validation"]:
+        print(f"validation {v['scheme']} seed {v['seed']}: measured {v['measured_s']} s, combined "
+              f"{v['combined_s']} s, ratio {v['ratio'] and round(v['ratio'], 3)}")
+    return 1 if meta["failures"] else 0
 
 
 def main(argv=None):
@@ -187,6 +242,8 @@ def _dispatch(args):
             print(f"hvd-compress bench e2e: {err}", file=sys.stderr)
             return 2
         return 1 if rows.failures else 0
+    if args.bench == "tta":
+        return _run_tta(args)
     if args.bench == "scale":
         from .bench import scale
         from .testing.cluster import ClusterError

@@ -54,6 +54,8 @@ def gpu_codec_seconds(numel, passes, bytes_per_element=4.0, memory_bytes_per_s=2
 
 
 GPU_MEMORY_BYTES_PER_S = 1.5e12
+#: a ring step's latency on the projected GPU clusters
+REFERENCE_LATENCY_S = 10e-6
 A100_BF16_FLOPS = 312e12
 MFU = 0.40
 
@@ -175,3 +177,41 @@ def gpu_codec(spec, numel) -> Optional[Tuple[float, float]]:
     mem = GPU_MEMORY_BYTES_PER_S
     return (gpu_codec_seconds(numel, enc, memory_bytes_per_s=mem, launches=launches),
             gpu_codec_seconds(numel, dec, memory_bytes_per_s=mem, launches=1 if launches else 0))
+
+
+def resnet18_cifar_layers(classes=10) -> List[tuple]:
+    """ResNet-18 for CIFAR-10 (3x3 stem, no max-pool, basic blocks [2, 2, 2, 2]), as in the
+    PowerSGD paper's experiments (Vogels et al., NeurIPS 2019): 11,173,962 parameters."""
+    out = [_conv("conv1.weight", 64, 3, 3)] + _bn("bn1", 64)
+    inplanes = 64
+    for stage, width in enumerate((64, 128, 256, 512), start=1):
+        for b in range(2):
+            p = f"layer{stage}.{b}"
+            out += [_conv(p + ".conv1.weight", width, inplanes, 3)] + _bn(p + ".bn1", width)
+            out += [_conv(p + ".conv2.weight", width, width, 3)] + _bn(p + ".bn2", width)
+            if inplanes != width:
+                out += [_conv(p + ".shortcut.0.weight", width, inplanes, 1)] + _bn(p + ".shortcut.1", width)
+            inplanes = width
+    return out + _linear("fc", 512, classes)
+
+
+#: output positions per weight of a ResNet stage (ImageNet at 224: the stem 112 x 112, the
+#: stages 56, 28, 14, 7; CIFAR at 32: 32, 16, 8, 4), the FLOPs of a weight's gradient
+RESNET_POSITIONS = {"imagenet": {"conv1": 112 ** 2, "layer1": 56 ** 2, "layer2": 28 ** 2, "layer3": 14 ** 2,
+                                 "layer4": 7 ** 2},
+                    "cifar": {"conv1": 32 ** 2, "layer1": 32 ** 2, "layer2": 16 ** 2, "layer3": 8 ** 2,
+                              "layer4": 4 ** 2}}
+
+
+def backward_weights(layers, resolution=None) -> List[float]:
+    """Each tensor's share of the backward pass, relative: its elements times the output
+    positions it is applied at (a ResNet's ``resolution``, ``"imagenet"`` or ``"cifar"``);
+    an embedding table (a lookup) takes none; any other tensor its elements."""
+    pos = RESNET_POSITIONS.get(resolution, {})
+    out = []
+    for name, numel, *_ in layers:
+        if name.startswith("embeddings.") or name in ("wte", "wpe"):
+            out.append(0.0)
+            continue
+        out.append(float(numel) * pos.get(name.split(".")[0], 1))
+    return out

@@ -1,0 +1,378 @@
+"""``hvd-compress bench tta``: time to accuracy on the emulated cluster.
+
+Does a scheme reach dense training's accuracy sooner in wall-clock time?  Each run trains a
+real model on real data (:mod:`hvd_compress.tools.bench.tta_data`) under ``horovodrun`` on
+the emulated cluster (:mod:`hvd_compress.tools.testing.cluster`, one rank a host), each
+scheme under its recipe (:mod:`hvd_compress.tools.recipes`), and evaluates on held-out data
+every ``eval_every`` steps (:mod:`hvd_compress.tools.bench.tta_worker`).
+
+**Target.** Dense training's final held-out accuracy, the median over the seeds, minus the
+scheme's tolerance in the recipe table (:func:`hvd_compress.tools.recipes.tolerance_of`;
+``none``: 0).  A run reaches it at the first evaluation at or above it (:func:`first_reach`);
+one that does not within its ``steps`` is "not reached" with that budget: nothing is
+extrapolated.
+
+**Links.** ``unshaped``, and ``1gbit``, ``10gbit``, ``100gbit``: the rates at which dense
+training's communication-to-compute ratio equals that of ``stands_for`` (ResNet-50 or
+BERT-large on 8 A100s) at 1, 10 and 100 Gbit/s (:mod:`hvd_compress.tools.link_mapping`, from
+this model's tensors, its compute-only step and the latency measured on the cluster).
+
+**CPU budget** (``mode="combined"``).  Synchronous training follows the same trajectory
+whatever the link, so each fixed scheme's curve is measured once per seed on the unshaped link
+(``measured: true`` there), and its step time once per link (``--time-steps``); a row of a
+shaped link is combined (``measured: false``): the steps of the curve's dense warmup and ratio
+ramp at ``none``'s step time on that link, the others at the scheme's.  ``Auto()`` chooses by
+link, so it trains once per link, end to end (``measured: true``).  ``validate_link``: every
+fixed scheme also trains seed 1 end to end on that link, and the report compares that measured
+time to the target with the combined one (the target: within 10%).
+
+Output: rows appended to ``out_json`` (docs/results/tta.json), each with :data:`FIELDS` and the
+``command`` that made it; the link mapping, the step times and the validation go to
+``<out>.meta.json`` (a list of runs).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from ..link_mapping import REFERENCE_GBIT, map_links
+from ..recipes import WARMUP_EPOCHS, per_model, recipe_of_spec, tolerance_of
+from .e2e import REPO, _clean_log
+from .report import Progress, write_json
+from .specs import HOROVOD_SPECS, parse_spec, split_specs
+
+FIELDS = ("model", "params", "framework", "workers", "link", "link_mbit", "scheme", "seed", "target", "reached",
+          "time_to_target_s", "steps_to_target", "wire_bytes_to_target", "final_accuracy", "measured", "curve")
+DEFAULT_SCHEMES = "none,hvd_fp16,TopK(0.01),DGC(0.001),PowerSGD(4),Int8(),EFSignSGD(),Auto()"
+LINKS = ("unshaped",) + tuple(REFERENCE_GBIT)
+AUTO = "Auto()"
+#: (training steps at 4 ranks, evaluate every): the CNN's 10 epochs and the transformer's 20 of the
+#: convergence bench (32 steps an epoch at 4 ranks, batch 32), the character LM's 300 steps
+MODEL_STEPS = {"cnn": (320, 16), "transformer": (640, 32), "charlm": (300, 25)}
+
+
+def first_reach(curve, target):
+    """The first point of ``curve`` (a list of ``{"step", "time_s", "wire_bytes",
+    "accuracy"}``) whose accuracy is at or above ``target``, or None."""
+    return next((p for p in curve if p["accuracy"] is not None and p["accuracy"] >= target), None)
+
+
+def dense_target(dense_finals, spec):
+    """``spec``'s target: the median of dense's final accuracies less the scheme's tolerance."""
+    if not dense_finals:
+        raise ValueError("dense_finals must hold dense training's final accuracy of at least one seed")
+    return round(statistics.median(dense_finals) - tolerance_of(spec), 3)
+
+
+def make_row(*, model, params, framework, workers, link, link_mbit, scheme, seed, target, curve, measured, command,
+             steps):
+    """One row of tta.json from a run's curve (times and bytes already those of ``link``)."""
+    hit = first_reach(curve, target)
+    return {"model": model, "params": params, "framework": framework, "workers": workers, "link": link,
+            "link_mbit": link_mbit, "scheme": scheme, "seed": seed, "target": target, "reached": hit is not None,
+            "time_to_target_s": hit["time_s"] if hit else None, "steps_to_target": hit["step"] if hit else None,
+            "wire_bytes_to_target": hit["wire_bytes"] if hit else None,
+            "final_accuracy": curve[-1]["accuracy"] if curve else None, "measured": measured, "curve": curve,
+            "budget_steps": steps, "command": command}
+
+
+def dense_phase_steps(spec, model, steps_per_epoch):
+    """Steps of ``spec``'s recipe spent dense (its warmup) or on the ratio ramp."""
+    if spec in HOROVOD_SPECS or spec == AUTO:
+        return 0
+    r = recipe_of_spec(spec)
+    warm = WARMUP_EPOCHS[model] * steps_per_epoch if r.warmup else 0
+    ramp = per_model(r.params.get("ramp", 0), model) * steps_per_epoch * 4  # four stages before the ratio
+    return warm + ramp
+
+
+def combined_curve(curve, dense_steps, none_step_s, scheme_step_s):
+    """``curve`` with each point's time at a link's step times: its first ``dense_steps``
+    steps at ``none_step_s``, the rest at ``scheme_step_s``."""
+    out = []
+    for p in curve:
+        warm = min(p["step"], dense_steps)
+        out.append(dict(p, time_s=round(warm * none_step_s + (p["step"] - warm) * scheme_step_s, 4)))
+    return out
+
+
+class Session:
+    """One cluster and the launches of one ``bench tta`` run."""
+
+    def __init__(self, cluster, a, tmp, prog):
+        self.c, self.a, self.tmp, self.prog, self.failures, self.launches = cluster, a, tmp, prog, [], 0
+        self.env = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1",
+                    "OMP_NUM_THREADS": str(a["threads"])}
+
+    def launch(self, label, schemes, seeds, time_steps=0, compute_steps=0):
+        """One horovodrun of the worker: its records (those finished before a failure)."""
+        a = self.a
+        self.launches += 1
+        out = os.path.join(self.tmp, f"launch{self.launches}.json")
+        cmd = [sys.executable, "-m", "hvd_compress.tools.bench.tta_worker", "--framework", a["framework"],
+               "--model", a["model"], "--schemes", ",".join(schemes), "--seeds", ",".join(map(str, seeds)),
+               "--steps", str(a["steps"]), "--eval-every", str(a["eval_every"]), "--threads", str(a["threads"]),
+               "--iface", self.c.iface, "--out", out, "--time-steps", str(time_steps),
+               "--compute-steps", str(compute_steps)]
+        argv = self.c.horovodrun_command(cmd, np=a["workers"], controller="gloo", extra=["--start-timeout", "180"])
+        try:
+            r = self.c.run(0, argv, env=self.env, timeout=a["run_timeout"], cwd=str(REPO))
+            rc, log = r.returncode, (r.stdout or "") + (r.stderr or "")
+        except subprocess.TimeoutExpired as e:
+            rc, log = "timeout", str(e.stderr or "")
+        got = json.load(open(out)) if os.path.exists(out) else []
+        if rc != 0:
+            self.failures.append({"launch": label, "rc": rc, "log_tail": _clean_log(log)[-3000:]})
+            self.prog.note(f"{label}: FAILED (exit {rc}); log tail:\n{_clean_log(log)[-1500:]}")
+        return got
+
+    def goodput(self):
+        try:
+            return round(self.c.measure_throughput_mbit(src=1, dst=0, seconds=2.0), 1)
+        except Exception as e:  # the run can go on without it
+            self.prog.note(f"throughput measurement failed: {e}")
+            return None
+
+
+def _command():
+    argv = sys.argv[1:]
+    argv = argv[argv.index("tta") + 1:] if "tta" in argv else argv
+    return "hvd-compress bench tta " + shlex.join(argv)
+
+
+def run(framework="torch", model="cnn", schemes=DEFAULT_SCHEMES, seeds="1,2,3", links=",".join(LINKS),
+        stands_for="resnet50", workers=4, steps=None, eval_every=None, validate_link=None, time_steps=8,
+        threads=1, prefix="tta", out_json=None, out_png=None, run_timeout=3600, progress=True, command=None):
+    """Bring up the cluster, measure every curve, step time and Auto run, write the rows; return
+    ``(rows, meta)``."""
+    from ..testing.cluster import Cluster
+    from .scale import measure_rtt_s
+
+    schemes = split_specs(schemes) if isinstance(schemes, str) else list(schemes)
+    for s in schemes:
+        parse_spec(s)
+        tolerance_of(s)  # every scheme needs a target: a clear error now, not after the runs
+    if "none" not in schemes:
+        raise ValueError("schemes must include 'none': its final accuracy sets every target")
+    links = [x.strip() for x in links.split(",")] if isinstance(links, str) else list(links)
+    bad = [x for x in links if x not in LINKS]
+    if bad or "unshaped" not in links:
+        raise ValueError(f"links must be a comma list of {', '.join(LINKS)} including unshaped; got {links}")
+    if validate_link is not None and validate_link not in links[1:]:
+        raise ValueError(f"validate_link must be one of the shaped links {links[1:]}; got {validate_link!r}")
+    seeds = [int(x) for x in str(seeds).split(",")]
+    default_steps, default_eval = MODEL_STEPS[model]
+    a = {"framework": framework, "model": model, "workers": workers, "threads": threads, "run_timeout": run_timeout,
+         "steps": steps or default_steps, "eval_every": eval_every or default_eval}
+    command = command or _command()
+    fixed = [s for s in schemes if s != AUTO]
+    prog = Progress(3 + len(links), enabled=progress)
+    meta = {"command": command, "started": _now(), "model": model, "framework": framework, "workers": workers,
+            "steps": a["steps"], "eval_every": a["eval_every"], "stands_for": stands_for, "seeds": seeds}
+    t_start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="hvdc_tta_") as tmp, Cluster(workers, prefix=prefix) as c:
+        ses = Session(c, a, tmp, prog)
+        c.set_rate(None)
+        meta["latency_s"] = measure_rtt_s(c) / 2
+        curves = ses.launch("curves (unshaped)", fixed + ([AUTO] if AUTO in schemes else []), seeds,
+                            compute_steps=3)
+        prog.step("curves", f"{len(curves)} runs")
+        if not curves:
+            raise RuntimeError(f"no curve came back: {ses.failures}")
+        base = curves[0]
+        mapping = map_links(base["layer_numels"], workers, base["compute_s"], meta["latency_s"],
+                            [x for x in links if x != "unshaped"], (stands_for,))[stands_for]
+        meta["compute_s"], meta["params"] = base["compute_s"], base["params"]
+        meta["link_mapping"] = {k: vars(m) for k, m in mapping.items()}
+        rates = {"unshaped": None, **{k: m.link_mbit for k, m in mapping.items()}}
+        times, autos, measured_val = {}, {}, []
+        for link in links:
+            c.set_rate(rates[link])
+            meta.setdefault("goodput_mbit", {})[link] = ses.goodput()
+            if link != "unshaped":  # there the curves themselves are measured end to end
+                timed = ses.launch(f"step times ({link})", fixed, [1], time_steps=time_steps)
+                times[link] = {r["scheme"]: r["median_step_s"] for r in timed}
+            if AUTO in schemes and link != "unshaped":
+                autos[link] = ses.launch(f"Auto ({link})", [AUTO], [seeds[0]])
+            if link == validate_link:
+                measured_val = ses.launch(f"validation ({link})", fixed, [seeds[0]])
+            prog.step(f"link {link} ({rates[link] or 'unshaped'} Mbit/s)", ", ".join(
+                f"{k} {v * 1e3:.0f} ms" for k, v in times.get(link, {}).items() if v))
+        meta["step_times_s"], meta["link_mbit"] = times, rates
+    meta["seconds"] = round(time.monotonic() - t_start, 1)
+    meta["failures"] = ses.failures
+    rows = build_rows(a, curves, times, autos, measured_val, rates, validate_link, command)
+    meta["validation"] = validation(rows, validate_link)
+    if out_json:
+        append_rows(out_json, rows, meta)
+    if out_png:
+        plot(rows, out_png)
+    return rows, meta
+
+
+def _now():
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def build_rows(a, curves, times, autos, measured_val, rates, validate_link, command):
+    """Every row: measured curves (unshaped, Auto per link, the validation runs) and combined ones."""
+    finals = [r["curve"][-1]["accuracy"] for r in curves if r["scheme"] == "none" and r["curve"]]
+    rows = []
+
+    def add(rec, link, curve, measured):
+        rows.append(make_row(model=a["model"], params=rec["params"], framework=a["framework"],
+                             workers=rec["workers"], link=link, link_mbit=rates[link], scheme=rec["scheme"],
+                             seed=rec["seed"], target=dense_target(finals, rec["scheme"]), curve=curve,
+                             measured=measured, command=command, steps=rec["steps"]))
+    for rec in curves:
+        add(rec, "unshaped", rec["curve"], True)
+        if rec["scheme"] == AUTO:
+            continue
+        for link, t in times.items():
+            if link == "unshaped" or t.get(rec["scheme"]) is None or t.get("none") is None:
+                continue
+            dense = dense_phase_steps(rec["scheme"], a["model"], rec["steps_per_epoch"])
+            add(rec, link, combined_curve(rec["curve"], dense, t["none"], t[rec["scheme"]]), False)
+    for link, recs in autos.items():
+        for rec in recs:
+            add(rec, link, rec["curve"], True)
+    for rec in measured_val:
+        add(rec, validate_link, rec["curve"], True)
+    return rows
+
+
+def validation(rows, link):
+    """Per scheme on ``link``: the measured time to target over the combined one (seed alike)."""
+    out = []
+    for m in (r for r in rows if r["link"] == link and r["measured"]):
+        comb = next((r for r in rows if r["link"] == link and not r["measured"] and r["scheme"] == m["scheme"]
+                     and r["seed"] == m["seed"]), None)
+        if comb is None:
+            continue
+        # the same step of both curves (the measured run may reach the target at another evaluation)
+        step = m["curve"][-1]["step"]
+        cm = next((p for p in comb["curve"] if p["step"] == step), None)
+        ratio = m["curve"][-1]["time_s"] / cm["time_s"] if cm and cm["time_s"] else None
+        out.append({"scheme": m["scheme"], "seed": m["seed"], "step": step,
+                    "measured_s": m["curve"][-1]["time_s"], "combined_s": cm["time_s"] if cm else None,
+                    "ratio": ratio, "within_10pct": ratio is not None and abs(ratio - 1) <= 0.10})
+    return out
+
+
+def append_rows(path, rows, meta):
+    old = json.load(open(path)) if os.path.exists(path) else []
+    write_json(path, old + rows)
+    meta_path = os.path.splitext(path)[0] + ".meta.json"
+    runs = json.load(open(meta_path)) if os.path.exists(meta_path) else []
+    write_json(meta_path, runs + [meta])
+
+
+def _pick(rows, model, framework, link, scheme):
+    """The rows of one cell; on a link with both, the measured ones."""
+    sel = [r for r in rows if (r["model"], r["framework"], r["link"], r["scheme"]) == (model, framework, link, scheme)]
+    measured = [r for r in sel if r["measured"]]
+    return measured if measured and len({r["seed"] for r in measured}) >= len({r["seed"] for r in sel}) else \
+        [r for r in sel if not r["measured"]] or sel
+
+
+def time_to(rows, target):
+    """(median seconds over the rows' seeds to ``target`` from their curves, seeds reached, seeds)."""
+    hits = [first_reach(r["curve"], target) for r in rows]
+    got = [h["time_s"] for h in hits if h]
+    return (statistics.median(got) if got and len(got) == len(hits) else None), len(got), len(hits)
+
+
+def speedups(rows):
+    """Per (model, framework, link, scheme): the scheme's median time to its target, and
+    ``none``'s and ``hvd_fp16``'s median time to the same target, from their curves on the link."""
+    out = []
+    for key in sorted({(r["model"], r["framework"], r["link"], r["scheme"]) for r in rows}, key=str):
+        model, fw, link, scheme = key
+        mine = _pick(rows, *key)
+        target = mine[0]["target"]
+        t, hit, n = time_to(mine, target)
+        cell = {"model": model, "framework": fw, "link": link, "link_mbit": mine[0]["link_mbit"], "scheme": scheme,
+                "target": target, "time_s": t, "reached": hit, "seeds": n,
+                "measured": all(r["measured"] for r in mine)}
+        for base in ("none", "hvd_fp16"):
+            b = _pick(rows, model, fw, link, base)
+            tb = time_to(b, target)[0] if b else None
+            cell[f"vs_{base}"] = tb / t if t and tb else None
+        out.append(cell)
+    return out
+
+
+def markdown(rows):
+    """The "time to dense accuracy" table: per link, each scheme's median time to its target and
+    its speedup over ``none`` and Horovod fp16 at that target; a missing cell says why."""
+    cells = speedups(rows)
+    lines = []
+    for model, fw in sorted({(c["model"], c["framework"]) for c in cells}):
+        mine = [c for c in cells if (c["model"], c["framework"]) == (model, fw)]
+        links = [x for x in LINKS if any(c["link"] == x for c in mine)]
+        lines += [f"**{fw} {model}** ({mine[0]['seeds']} seed(s) where measured; time to target in s, speedup vs "
+                  "none / vs Horovod fp16; `m`: measured end to end, `c`: combined from steps x step time)", "",
+                  "| scheme | " + " | ".join(f"{x} ({next(c['link_mbit'] for c in mine if c['link'] == x) or '-'} "
+                                            "Mbit/s)" for x in links) + " |",
+                  "|---|" + "---:|" * len(links)]
+        for scheme in dict.fromkeys(c["scheme"] for c in mine):
+            row = [f"| {scheme}"]
+            for x in links:
+                c = next((c for c in mine if c["link"] == x and c["scheme"] == scheme), None)
+                row.append(_cell_text(c))
+            lines.append(" | ".join(row) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _cell_text(c):
+    if c is None:
+        return "not run"
+    if c["time_s"] is None:
+        return f"not reached ({c['reached']}/{c['seeds']} seeds)"
+    f = "-" if c["vs_none"] is None else f"{c['vs_none']:.2f}x"
+    g = "-" if c["vs_hvd_fp16"] is None else f"{c['vs_hvd_fp16']:.2f}x"
+    return f"{c['time_s']:.1f} s, {f} / {g} ({'m' if c['measured'] else 'c'})"
+
+
+def plot(rows, path):
+    """Accuracy against wall-clock seconds, one panel per link, a colour per scheme (measured:
+    solid, combined: dashed), the target of ``none`` as a grey line."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    links = [x for x in LINKS if any(r["link"] == x for r in rows)]
+    schemes = list(dict.fromkeys(r["scheme"] for r in rows))
+    fig, axes = plt.subplots(1, len(links), figsize=(4.5 * len(links), 4), sharey=True, squeeze=False)
+    for ax, link in zip(axes[0], links):
+        for i, s in enumerate(schemes):
+            for j, r in enumerate(r for r in rows if r["link"] == link and r["scheme"] == s):
+                ax.plot([p["time_s"] for p in r["curve"]], [p["accuracy"] for p in r["curve"]],
+                        "-" if r["measured"] else "--", color=f"C{i % 10}", lw=1, label=s if j == 0 else None)
+        mb = next((r["link_mbit"] for r in rows if r["link"] == link), None)
+        ax.set_title(f"{link} ({mb} Mbit/s)" if mb else link, fontsize=9)
+        ax.set_xscale("log")
+        ax.set_xlabel("training wall-clock [s]")
+        ax.grid(alpha=0.3)
+        dense = [r["target"] for r in rows if r["scheme"] == "none"]
+        if dense:
+            ax.axhline(dense[0], color="grey", lw=0.8)
+    lo = min((p["accuracy"] for r in rows for p in r["curve"][len(r["curve"]) // 3:]), default=0)
+    axes[0][0].set_ylim(lo - 1, None)
+    axes[0][0].set_ylabel("held-out accuracy [%]")
+    axes[0][-1].legend(fontsize=7)
+    r0 = rows[0]
+    fig.suptitle(f"bench tta: {r0['framework']} {r0['model']} ({r0['params']} parameters), {r0['workers']} ranks",
+                 fontsize=10)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,108 @@
+"""``hvd-compress bench tta``: its bookkeeping (targets, first reach, combined curves, the
+table) and a 2-rank smoke run on the emulated cluster: the JSON schema, and "reached"
+computed from the evaluation curve."""
+import json
+import os
+
+import pytest
+
+from hvd_compress.tools.bench import tta
+
+
+def _curve(accs, step=10, seconds=1.0, wire=100):
+    return [{"step": step * (i + 1), "time_s": seconds * (i + 1), "wire_bytes": wire * (i + 1), "accuracy": a}
+            for i, a in enumerate(accs)]
+
+
+def test_first_reach_and_the_target():
+    curve = _curve([80.0, 90.0, 89.0, 95.0])
+    assert tta.first_reach(curve, 90.0)["step"] == 20
+    assert tta.first_reach(curve, 96.0) is None
+    assert tta.dense_target([97.0, 98.0, 96.0], "none") == 97.0
+    assert tta.dense_target([97.0, 98.0, 96.0], "TopK(0.01)") == 96.5
+    assert tta.dense_target([97.0, 98.0, 96.0], "Int8()") == 96.7
+    with pytest.raises(ValueError, match="dense_finals"):
+        tta.dense_target([], "none")
+
+
+def test_a_row_is_reached_only_from_its_curve_and_nothing_is_extrapolated():
+    args = dict(model="cnn", params=1, framework="torch", workers=4, link="unshaped", link_mbit=None, seed=1,
+                measured=True, command="c", steps=40)
+    hit = tta.make_row(scheme="none", target=90.0, curve=_curve([80.0, 90.5, 91.0, 92.0]), **args)
+    assert set(tta.FIELDS) <= set(hit) and hit["reached"]
+    assert (hit["steps_to_target"], hit["time_to_target_s"], hit["wire_bytes_to_target"]) == (20, 2.0, 200)
+    assert hit["final_accuracy"] == 92.0
+    miss = tta.make_row(scheme="none", target=93.0, curve=_curve([80.0, 90.5, 91.0, 92.0]), **args)
+    assert not miss["reached"] and miss["time_to_target_s"] is None and miss["budget_steps"] == 40
+
+
+def test_combined_curve_charges_the_dense_warmup_at_dense_step_time():
+    curve = _curve([50.0, 60.0, 70.0])
+    out = tta.combined_curve(curve, 15, 2.0, 0.5)
+    assert [p["time_s"] for p in out] == [20.0, 30.0 + 2.5, 30.0 + 7.5]
+    assert [p["accuracy"] for p in out] == [50.0, 60.0, 70.0]
+    assert tta.dense_phase_steps("TopK(0.01)", "cnn", 32) == 32
+    assert tta.dense_phase_steps("DGC(0.001)", "transformer", 32) == 2 * 32 + 4 * 32
+    assert tta.dense_phase_steps("Auto()", "cnn", 32) == 0
+
+
+def test_the_table_gives_speedups_at_the_schemes_target_and_names_missing_cells():
+    args = dict(model="cnn", params=1, framework="torch", workers=4, link="unshaped", link_mbit=None, seed=1,
+                measured=True, command="c", steps=40)
+    rows = [tta.make_row(scheme="none", target=90.0, curve=_curve([85.0, 89.6, 90.2], seconds=2.0), **args),
+            tta.make_row(scheme="TopK(0.01)", target=89.5, curve=_curve([85.0, 89.6, 90.2], seconds=1.0), **args),
+            tta.make_row(scheme="EFSignSGD()", target=89.0, curve=_curve([85.0, 86.0], seconds=1.0), **args)]
+    cells = {c["scheme"]: c for c in tta.speedups(rows)}
+    assert cells["TopK(0.01)"]["time_s"] == 2.0 and cells["TopK(0.01)"]["vs_none"] == pytest.approx(2.0)
+    assert cells["EFSignSGD()"]["time_s"] is None
+    text = tta.markdown(rows)
+    assert "not reached (0/1 seeds)" in text and "2.0 s, 2.00x" in text
+
+
+def test_bad_input_is_named():
+    with pytest.raises(ValueError, match="must include 'none'"):
+        tta.run(schemes="TopK(0.01)")
+    with pytest.raises(ValueError, match="links must be"):
+        tta.run(schemes="none", links="2gbit")
+    with pytest.raises(ValueError, match="has no recipe"):
+        tta.run(schemes="none,TopK(0.2)")
+
+
+def _cluster_usable():
+    import shutil
+    if os.geteuid() != 0:
+        return "bench tta needs root (network namespaces)"
+    for tool in ("ip", "sshd", "tc"):
+        if not shutil.which(tool, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin"):
+            return f"{tool} not found"
+    return None
+
+
+def test_tta_smoke_two_ranks(tmp_path):
+    why = _cluster_usable()
+    if why:
+        pytest.skip(why)
+    from hvd_compress.tools.testing import cluster
+    cluster.teardown("ttat")  # this test's own prefix: clear a crashed run's leftovers
+    out = tmp_path / "tta.json"
+    rows, meta = tta.run(model="cnn", schemes="none,TopK(0.01)", seeds="1", links="unshaped", workers=2, steps=12,
+                         eval_every=4, prefix="ttat", out_json=str(out), out_png=str(tmp_path / "tta.png"),
+                         run_timeout=150, progress=False, command="test")
+    assert not meta["failures"], meta["failures"]
+    data = json.loads(out.read_text())
+    assert [(r["scheme"], r["link"], r["measured"]) for r in data] == [("none", "unshaped", True),
+                                                                        ("TopK(0.01)", "unshaped", True)]
+    for r in data:
+        assert set(tta.FIELDS) <= set(r)
+        assert r["workers"] == 2 and r["framework"] == "torch" and 200_000 < r["params"] < 230_000
+        assert [p["step"] for p in r["curve"]] == [4, 8, 12]
+        assert all(p["wire_bytes"] > 0 and p["time_s"] > 0 for p in r["curve"])
+        first = next((p for p in r["curve"] if p["accuracy"] >= r["target"]), None)
+        assert r["reached"] == (first is not None)
+        assert r["steps_to_target"] == (first and first["step"])
+        assert r["final_accuracy"] == r["curve"][-1]["accuracy"]
+    assert data[0]["target"] == data[0]["final_accuracy"]  # one dense seed: its own final accuracy
+    assert data[1]["target"] == pytest.approx(data[0]["final_accuracy"] - 0.5)
+    assert meta["compute_s"] > 0 and (tmp_path / "tta.png").exists()
+    assert json.loads((tmp_path / "tta.meta.json").read_text())[0]["command"] == "test"
+    assert "ttat" not in cluster.existing_clusters()
