@@ -133,7 +133,8 @@ def simulate(exchanges: Sequence[Exchange], compute_s: float, workers: int, byte
     return StepTimeline(end, backward_end, busy, end - backward_end)
 
 
-def exchanges_for(choices: Sequence[str], numels: Sequence[int], workers: int, shapes=None, codec_of=None) -> List[Exchange]:
+def exchanges_for(choices: Sequence[str], numels: Sequence[int], workers: int, shapes=None,
+                  codec_of=None) -> List[Exchange]:
     """The :class:`Exchange` of each tensor under the spec chosen for it (``"none"``,
     ``"TopK(0.01)/two_phase"``, ...), from the cost model's payloads and transports and
     ``codec_of(spec, numel) -> (encode_s, decode_s)`` (as ``advise`` takes it)."""
