@@ -29,9 +29,8 @@ from hvd_compress.tools import advise  # noqa: E402
 from hvd_compress.tools.overlap import exchanges_for, simulate  # noqa: E402
 from hvd_compress.tools.projection import (GPU_PASSES, GPU_SCHEMES, MODELS, REFERENCE_LATENCY_S,  # noqa: E402
                                            backward_weights, gpu_codec, resnet18_cifar_layers, resnet_layers)
+from scale_projection import LINKS_GBIT, WORKERS, range_table  # noqa: E402  (scripts/: this script's directory)
 
-WORKERS = (8, 16, 32, 64, 128, 256)
-LINKS_GBIT = (1, 10, 25, 100)
 RESOLUTION = {"resnet50": "imagenet"}
 V100_FP32_FLOPS, V100_TENSOR_FLOPS, UTILISATION = 15.7e12, 125e12, 0.40
 
@@ -137,17 +136,11 @@ def agarwal_grid():
 
 
 def tables(grid, points):
-    lines = ["Overlap-aware speedup of the best choice over `none` / over Horovod fp16 (ranges over N = 8..256):",
-             "", "| model | " + " | ".join(f"{g} Gbit/s" for g in LINKS_GBIT) + " |",
-             "|---|" + "---|" * len(LINKS_GBIT)]
-    for m in MODELS.values():
-        row = [f"| {m.name} "]
-        for g in LINKS_GBIT:
-            cs = [c for c in grid if c["model"] == m.name and c["link_gbit"] == g]
-            a, b = [c["speedup_vs_none"] for c in cs], [c["speedup_vs_fp16"] for c in cs]
-            best = sorted({c["best"] for c in cs})
-            row.append(f"{min(a):.2f}-{max(a):.2f}x / {min(b):.2f}-{max(b):.2f}x ({', '.join(best)})")
-        lines.append(" | ".join(row) + " |")
+    def both(cs):
+        a, b = [c["speedup_vs_none"] for c in cs], [c["speedup_vs_fp16"] for c in cs]
+        return f"{min(a):.2f}-{max(a):.2f}x / {min(b):.2f}-{max(b):.2f}x ({', '.join(sorted({c['best'] for c in cs}))})"
+    lines = range_table("Overlap-aware speedup of the best choice over `none` / over Horovod fp16 (ranges over "
+                        "N = 8..256; the choices that win a cell):", grid, both)
     lines += ["", "| published point | setup | assumptions | published | projected | projected / published |",
               "|---|---|---|---:|---:|---:|"]
     for p in points:

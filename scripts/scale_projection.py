@@ -117,6 +117,19 @@ def describe(c):
     return "plan (" + ", ".join(parts) + ")"
 
 
+def range_table(title, cells, text_of):
+    """Markdown lines: ``title``, then a row per model and a column per link, each cell
+    ``text_of(the cells of that model and link)``."""
+    lines = [title, "", "| model | " + " | ".join(f"{g} Gbit/s" for g in LINKS_GBIT) + " |",
+             "|---|" + "---|" * len(LINKS_GBIT)]
+    for model in MODELS.values():
+        row = [f"| {model.name} "]
+        for g in LINKS_GBIT:
+            row.append(text_of([c for c in cells if c["model"] == model.name and c["link_gbit"] == g]))
+        lines.append(" | ".join(row) + " |")
+    return lines
+
+
 def tables(cells, check):
     lines = ["Per cell: the best choice (`plan`: a scheme and transport per tensor for the fastest step, as "
              "`advise` and `Auto` choose, with the schemes that carry at least 5% of the elements), its step speedup over `none` / over Horovod fp16 with no overlap of communication and "
@@ -137,17 +150,12 @@ def tables(cells, check):
                            f"{c['best_wire_bytes'] / 1e6:.0f} MB")
             lines.append(" | ".join(row) + " |")
         lines.append("")
-    lines += ["Ranges over N = 8..256: speedup of the best choice over `none`, no overlap (communication hidden):",
-              "", "| model | " + " | ".join(f"{g} Gbit/s" for g in LINKS_GBIT) + " |",
-              "|---|" + "---|" * len(LINKS_GBIT)]
-    for model in MODELS.values():
-        row = [f"| {model.name} "]
-        for g in LINKS_GBIT:
-            cs = [c for c in cells if c["model"] == model.name and c["link_gbit"] == g]
-            a = [c["speedup_vs_none"] for c in cs]
-            h = [c["speedup_vs_none_if_hidden"] for c in cs]
-            row.append(f"{min(a):.2f}-{max(a):.2f}x ({min(h):.2f}-{max(h):.2f}x)")
-        lines.append(" | ".join(row) + " |")
+    def no_overlap_and_hidden(cs):
+        a = [c["speedup_vs_none"] for c in cs]
+        h = [c["speedup_vs_none_if_hidden"] for c in cs]
+        return f"{min(a):.2f}-{max(a):.2f}x ({min(h):.2f}-{max(h):.2f}x)"
+    lines += range_table("Ranges over N = 8..256: speedup of the best choice over `none`, no overlap (communication "
+                         "hidden):", cells, no_overlap_and_hidden)
     wins, gains = {}, []
     for c in cells:
         wins[label(c["best"])] = wins.get(label(c["best"]), 0) + 1

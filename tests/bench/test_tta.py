@@ -2,11 +2,11 @@
 table) and a 2-rank smoke run on the emulated cluster: the JSON schema, and "reached"
 computed from the evaluation curve."""
 import json
-import os
 
 import pytest
 
 from hvd_compress.tools.bench import tta
+from test_bench import _cluster_usable  # tests/bench/test_bench.py: root, ip, sshd and tc
 
 
 def _curve(accs, step=10, seconds=1.0, wire=100):
@@ -66,16 +66,6 @@ def test_bad_input_is_named():
         tta.run(schemes="none", links="2gbit")
     with pytest.raises(ValueError, match="has no recipe"):
         tta.run(schemes="none,TopK(0.2)")
-
-
-def _cluster_usable():
-    import shutil
-    if os.geteuid() != 0:
-        return "bench tta needs root (network namespaces)"
-    for tool in ("ip", "sshd", "tc"):
-        if not shutil.which(tool, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin"):
-            return f"{tool} not found"
-    return None
 
 
 def test_tta_smoke_two_ranks(tmp_path):
