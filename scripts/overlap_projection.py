@@ -24,7 +24,7 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from hvd_compress.cost_model import GPU_NCCL  # noqa: E402
+from hvd_compress.costmodel.model import GPU_NCCL  # noqa: E402
 from hvd_compress.tools import advise  # noqa: E402
 from hvd_compress.tools.overlap import exchanges_for, simulate  # noqa: E402
 from hvd_compress.tools.projection import (GPU_PASSES, GPU_SCHEMES, MODELS, REFERENCE_LATENCY_S,  # noqa: E402

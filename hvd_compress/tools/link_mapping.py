@@ -3,7 +3,7 @@
 Our CPU ranks compute slowly and our models are small, so a raw 1 Gbit/s link between
 emulated hosts gives the wrong ratio of communication to compute.  For a model of ours we
 choose instead the link rate at which dense training's communication-to-compute ratio, by the
-project's one cost model (:mod:`hvd_compress.cost_model`, through
+project's one cost model (:mod:`hvd_compress.costmodel.model`, through
 :func:`hvd_compress.tools.advise.advise`), equals that of a named real setup:
 
 * the real setup's ratio: ``none``'s predicted step communication for the architecture's
@@ -36,7 +36,7 @@ MIN_MBIT = 1.0
 def reference_ratio(model: str, gbit: float, workers: int = REFERENCE_WORKERS) -> float:
     """Dense communication / compute of ``model`` (a key of ``projection.MODELS``) on
     ``workers`` A100s with NCCL at ``gbit`` Gbit/s, by the cost model."""
-    from ..cost_model import GPU_NCCL
+    from ..costmodel.model import GPU_NCCL
     from . import advise
     from .projection import MODELS, REFERENCE_LATENCY_S, gpu_codec
     if model not in MODELS:
@@ -61,7 +61,7 @@ def emulated_comm_s(layer_numels: Sequence[int], workers: int, mbit: float, late
 def emulated_machine(workers: int, cpus: Optional[int] = None):
     """The emulated cluster's machine: every rank on this machine's cores, Gloo's CPU costs."""
     import os
-    from ..cost_model import shared_host
+    from ..costmodel.model import shared_host
     from .advise import CPU_GLOO
     return shared_host(workers, cpus or os.cpu_count(), CPU_GLOO)
 

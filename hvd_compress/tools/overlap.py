@@ -1,6 +1,6 @@
 """A step with the gradient exchange overlapping the backward pass, as Horovod's hooks allow.
 
-The cost model (:mod:`hvd_compress.cost_model`) gives two bounds of a step: nothing overlaps
+The cost model (:mod:`hvd_compress.costmodel.model`) gives two bounds of a step: nothing overlaps
 (``compute + communication``) and everything hides (``max(compute, communication)``).
 Neither is what Horovod does.  :func:`simulate` plays one step out, on one device:
 
@@ -12,7 +12,7 @@ Neither is what Horovod does.  :func:`simulate` plays one step out, on one devic
 * **the link** carries one collective at a time.  Horovod's background thread wakes every
   ``cycle_s`` and sends everything enqueued by then as one fused collective per transport
   (up to ``fusion_bytes``): the fused collective pays its latency steps once and its bytes at
-  the link's bandwidth (:mod:`hvd_compress.cost_model`'s latency steps and wire bytes);
+  the link's bandwidth (:mod:`hvd_compress.costmodel.model`'s latency steps and wire bytes);
 * **a second round** (PowerSGD's Q, two-phase's allgather) is issued when the optimizer
   synchronizes, after the backward pass, once the first round has come back, one cycle later;
 * **decode** runs on the device after the backward pass, as each tensor's last round returns.
@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
-from ..cost_model import HOROVOD_CYCLE_S, HOROVOD_FUSION_BYTES, latency_steps, wire_bytes
+from ..costmodel.model import HOROVOD_CYCLE_S, HOROVOD_FUSION_BYTES, latency_steps, wire_bytes
 
 #: the forward pass's share of a step's compute (backward about twice the forward)
 FORWARD_SHARE = 1.0 / 3.0
@@ -138,7 +138,7 @@ def exchanges_for(choices: Sequence[str], numels: Sequence[int], workers: int, s
     """The :class:`Exchange` of each tensor under the spec chosen for it (``"none"``,
     ``"TopK(0.01)/two_phase"``, ...), from the cost model's payloads and transports and
     ``codec_of(spec, numel) -> (encode_s, decode_s)`` (as ``advise`` takes it)."""
-    from ..cost_model import codec_seconds
+    from ..costmodel.model import codec_seconds
     from .advise import predict
     out = []
     for k, (spec, n) in enumerate(zip(choices, numels)):
