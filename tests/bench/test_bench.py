@@ -225,13 +225,20 @@ def _cluster_usable():
     return None
 
 
-def test_e2e_smoke_two_hosts(tmp_path):
+def cluster_or_skip(prefix):
+    """The cluster module, with a crashed run's leftovers of ``prefix`` (the test's own) cleared;
+    skips where the emulated cluster cannot run."""
     why = _cluster_usable()
     if why:
         pytest.skip(why)
-    from hvd_compress.tools.bench import e2e
     from hvd_compress.tools.testing import cluster
-    cluster.teardown("hvdcbt")  # this test's own prefix: clear a crashed run's leftovers
+    cluster.teardown(prefix)
+    return cluster
+
+
+def test_e2e_smoke_two_hosts(tmp_path):
+    from hvd_compress.tools.bench import e2e
+    cluster = cluster_or_skip("hvdcbt")
     out = tmp_path / "e2e.json"
     rows = e2e.run(params="200k", hosts=2, rates="none", schemes=["none", "TopK(0.01)"], steps=3, warmup=1,
                    max_seconds=5, out_json=str(out), out_png=str(tmp_path / "e2e.png"), prefix="hvdcbt",

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from hvd_compress.tools.bench import tta
-from test_bench import _cluster_usable  # tests/bench/test_bench.py: root, ip, sshd and tc
+from test_bench import cluster_or_skip  # tests/bench/test_bench.py: root, ip, sshd and tc
 
 
 def _curve(accs, step=10, seconds=1.0, wire=100):
@@ -69,11 +69,7 @@ def test_bad_input_is_named():
 
 
 def test_tta_smoke_two_ranks(tmp_path):
-    why = _cluster_usable()
-    if why:
-        pytest.skip(why)
-    from hvd_compress.tools.testing import cluster
-    cluster.teardown("ttat")  # this test's own prefix: clear a crashed run's leftovers
+    cluster = cluster_or_skip("ttat")
     out = tmp_path / "tta.json"
     rows, meta = tta.run(model="cnn", schemes="none,TopK(0.01)", seeds="1", links="unshaped", workers=2, steps=12,
                          eval_every=4, prefix="ttat", out_json=str(out), out_png=str(tmp_path / "tta.png"),
