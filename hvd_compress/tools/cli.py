@@ -172,6 +172,10 @@ def _run_tta(args):
     if args.report:
         with open(args.out) as f:
             print(tta.markdown(json.load(f)))
+        meta = os.path.splitext(args.out)[0] + ".meta.json"
+        if os.path.exists(meta):
+            with open(meta) as f:
+                print(tta.mapping_markdown(json.load(f)))
         return 0
     png = args.png or f"{os.path.splitext(args.out)[0]}-{args.framework}-{args.model}.png"
     try:

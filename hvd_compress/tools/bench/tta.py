@@ -376,3 +376,17 @@ def plot(rows, path):
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def mapping_markdown(runs):
+    """The link each run's rows stand for (``<out>.meta.json``): the rate, the ratio reached
+    there, the measured compute-only step and latency it was solved with."""
+    lines = ["| model | framework | ranks | compute-only step | latency | link | stands for | target ratio | "
+             "rate (Mbit/s) | ratio there |", "|---|---|---:|---:|---:|---|---|---:|---:|---:|"]
+    for run in runs:
+        for link, m in run.get("link_mapping", {}).items():
+            rate = "unshaped (none reaches it)" if m["link_mbit"] is None else f"{m['link_mbit']:g}"
+            lines.append(f"| {run['model']} | {run['framework']} | {run['workers']} | {run['compute_s'] * 1e3:.0f} ms | "
+                         f"{run['latency_s'] * 1e6:.0f} us | {link} | {m['stands_for']} | {m['target_ratio']:.3g} | "
+                         f"{rate} | {m['ratio_at_link']:.3g} |")
+    return "\n".join(lines)
