@@ -150,10 +150,62 @@ def tables(grid, points):
     return "\n".join(lines)
 
 
+#: the bench tta schemes the projection has GPU codec costs for, by their GPU spec
+TTA_SCHEMES = {"hvd_fp16": "hvd_fp16", "TopK(0.01)": "TopK(0.01)", "Int8()": "Int8", "EFSignSGD()": "EFSignSGD",
+               "PowerSGD(4)": "PowerSGD(4)"}
+
+
+def steps_ratios(rows):
+    """{(model, framework, scheme): median steps to its target / dense's median steps to the same
+    target} from the measured unshaped rows of ``bench tta`` (None where a seed did not reach it)."""
+    import statistics
+    from hvd_compress.tools.bench.tta import first_reach
+    out = {}
+    mine = [r for r in rows if r["link"] == "unshaped" and r["measured"]]
+    for model, fw, scheme in sorted({(r["model"], r["framework"], r["scheme"]) for r in mine}):
+        if scheme not in TTA_SCHEMES:
+            continue
+        runs = [r for r in mine if (r["model"], r["framework"], r["scheme"]) == (model, fw, scheme)]
+        dense = [first_reach(r["curve"], runs[0]["target"]) for r in mine
+                 if (r["model"], r["framework"], r["scheme"]) == (model, fw, "none")]
+        if not all(r["reached"] for r in runs) or not dense or not all(dense):
+            out[(model, fw, scheme)] = None
+            continue
+        out[(model, fw, scheme)] = (statistics.median(r["steps_to_target"] for r in runs)
+                                    / statistics.median(p["step"] for p in dense))
+    return out
+
+
+def projected_tta(rows, workers=(8, 64, 256)):
+    """Markdown: the time to accuracy projected to GPU clusters, each scheme's measured steps
+    ratio times the overlap-aware step time over ``none``'s: speedup ranges over ``workers``."""
+    lines = []
+    for (model, fw, scheme), ratio in steps_ratios(rows).items():
+        if ratio is None:
+            lines.append(f"- {fw} {model}, {scheme}: not reached on every seed; no projection")
+            continue
+        cells = []
+        for key in MODELS:
+            layers, m = MODELS[key].layers(), MODELS[key]
+            for g in LINKS_GBIT:
+                sp = [step_s(layers, m.compute_s, n, g, ["none"] * len(layers), RESOLUTION.get(key))
+                      / step_s(layers, m.compute_s, n, g, [TTA_SCHEMES[scheme]] * len(layers), RESOLUTION.get(key))
+                      / ratio for n in workers]
+                cells.append(f"{m.name} {g} Gbit/s {min(sp):.2f}-{max(sp):.2f}x")
+        lines.append(f"- {fw} {model}, {scheme} (steps to target {ratio:.2f}x dense's): " + "; ".join(cells))
+    return "\n".join(lines)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=os.path.join(REPO, "docs", "results", "overlap_projection.json"))
+    p.add_argument("--tta", metavar="TTA_JSON", help="print only the projected time to accuracy of these bench tta "
+                   "rows (docs/results/tta.json)")
     a = p.parse_args(argv)
+    if a.tta:
+        with open(a.tta) as f:
+            print(projected_tta(json.load(f)))
+        return 0
     grid = [cell(k, n, g) for k in MODELS for n in WORKERS for g in LINKS_GBIT]
     points = published()
     with open(a.out, "w") as f:

@@ -59,6 +59,17 @@ def test_the_table_gives_speedups_at_the_schemes_target_and_names_missing_cells(
     assert "not reached (0/1 seeds)" in text and "2.0 s, 2.00x" in text
 
 
+def test_the_mapping_table_says_which_cluster_each_link_stands_for():
+    run = {"model": "cnn", "framework": "torch", "workers": 4, "compute_s": 0.05, "latency_s": 1e-4,
+           "link_mapping": {"1gbit": {"stands_for": "resnet50 on 8xA100 at 1gbit", "target_ratio": 13.8,
+                                      "link_mbit": 21.5, "ratio_at_link": 13.8},
+                            "100gbit": {"stands_for": "resnet50 on 8xA100 at 100gbit", "target_ratio": 0.17,
+                                        "link_mbit": None, "ratio_at_link": 0.9}}}
+    lines = tta.mapping_markdown([run]).splitlines()
+    assert "| cnn | torch | 4 | 50 ms | 100 us | 1gbit | resnet50 on 8xA100 at 1gbit | 13.8 | 21.5 | 13.8 |" in lines
+    assert any("unshaped (none reaches it)" in x for x in lines)
+
+
 def test_bad_input_is_named():
     with pytest.raises(ValueError, match="must include 'none'"):
         tta.run(schemes="TopK(0.01)")

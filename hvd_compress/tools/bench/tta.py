@@ -386,7 +386,7 @@ def mapping_markdown(runs):
     for run in runs:
         for link, m in run.get("link_mapping", {}).items():
             rate = "unshaped (none reaches it)" if m["link_mbit"] is None else f"{m['link_mbit']:g}"
-            lines.append(f"| {run['model']} | {run['framework']} | {run['workers']} | {run['compute_s'] * 1e3:.0f} ms | "
-                         f"{run['latency_s'] * 1e6:.0f} us | {link} | {m['stands_for']} | {m['target_ratio']:.3g} | "
-                         f"{rate} | {m['ratio_at_link']:.3g} |")
+            lines.append(f"| {run['model']} | {run['framework']} | {run['workers']} | "
+                         f"{run['compute_s'] * 1e3:.0f} ms | {run['latency_s'] * 1e6:.0f} us | {link} | "
+                         f"{m['stands_for']} | {m['target_ratio']:.3g} | {rate} | {m['ratio_at_link']:.3g} |")
     return "\n".join(lines)
