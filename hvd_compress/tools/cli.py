@@ -155,6 +155,9 @@ def _add_tta(bsub):
     t.add_argument("--eval-every", type=int, default=None)
     t.add_argument("--validate-link", default=None, help="also train seed 1 of every fixed scheme end to end on "
                    "this shaped link, to check the combined times")
+    t.add_argument("--validate-schemes", default=None, help="the fixed schemes --validate-link trains (default: all)")
+    t.add_argument("--curves-from", default=None, help="a worker JSON of the unshaped curves, measured before, "
+                   "instead of measuring them again (a run in two sittings)")
     t.add_argument("--time-steps", type=int, default=8, help="steps timed per scheme and link (default %(default)s)")
     t.add_argument("--threads", type=int, default=1)
     t.add_argument("--prefix", default="tta", help="cluster name prefix (default %(default)s)")
@@ -183,7 +186,8 @@ def _run_tta(args):
                              links=args.links, stands_for=args.stands_for, workers=args.workers, steps=args.steps,
                              eval_every=args.eval_every, validate_link=args.validate_link,
                              time_steps=args.time_steps, threads=args.threads, prefix=args.prefix,
-                             out_json=args.out, out_png=png)
+                             out_json=args.out, out_png=png, validate_schemes=args.validate_schemes,
+                             curves_from=args.curves_from)
     except ClusterError as err:
         print(f"hvd-compress bench tta: {err}", file=sys.stderr)
         return 2

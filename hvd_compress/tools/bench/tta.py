@@ -149,9 +149,12 @@ def _command():
 
 def run(framework="torch", model="cnn", schemes=DEFAULT_SCHEMES, seeds="1,2,3", links=",".join(LINKS),
         stands_for="resnet50", workers=4, steps=None, eval_every=None, validate_link=None, time_steps=8,
-        threads=1, prefix="tta", out_json=None, out_png=None, run_timeout=3600, progress=True, command=None):
+        threads=1, prefix="tta", out_json=None, out_png=None, run_timeout=3600, progress=True, command=None,
+        validate_schemes=None, curves_from=None):
     """Bring up the cluster, measure every curve, step time and Auto run, write the rows; return
-    ``(rows, meta)``."""
+    ``(rows, meta)``.  ``validate_schemes``: the fixed schemes trained end to end on
+    ``validate_link`` (default: all).  ``curves_from``: a worker JSON of unshaped curves measured
+    before (the same model, ranks, steps, schemes and seeds), in place of measuring them again."""
     from ..testing.cluster import Cluster
     from .scale import measure_rtt_s
 
@@ -175,14 +178,16 @@ def run(framework="torch", model="cnn", schemes=DEFAULT_SCHEMES, seeds="1,2,3", 
     fixed = [s for s in schemes if s != AUTO]
     prog = Progress(3 + len(links), enabled=progress)
     meta = {"command": command, "started": _now(), "model": model, "framework": framework, "workers": workers,
-            "steps": a["steps"], "eval_every": a["eval_every"], "stands_for": stands_for, "seeds": seeds}
+            "steps": a["steps"], "eval_every": a["eval_every"], "stands_for": stands_for, "seeds": seeds,
+            "curves_from": curves_from}
     t_start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="hvdc_tta_") as tmp, Cluster(workers, prefix=prefix) as c:
         ses = Session(c, a, tmp, prog)
         c.set_rate(None)
         meta["latency_s"] = measure_rtt_s(c) / 2
-        curves = ses.launch("curves (unshaped)", fixed + ([AUTO] if AUTO in schemes else []), seeds,
-                            compute_steps=3)
+        curves = (_saved_curves(curves_from, a, schemes, seeds) if curves_from else
+                  ses.launch("curves (unshaped)", fixed + ([AUTO] if AUTO in schemes else []), seeds,
+                             compute_steps=3))
         prog.step("curves", f"{len(curves)} runs")
         if not curves:
             raise RuntimeError(f"no curve came back: {ses.failures}")
@@ -202,7 +207,8 @@ def run(framework="torch", model="cnn", schemes=DEFAULT_SCHEMES, seeds="1,2,3", 
             if AUTO in schemes and link != "unshaped":
                 autos[link] = ses.launch(f"Auto ({link})", [AUTO], [seeds[0]])
             if link == validate_link:
-                measured_val = ses.launch(f"validation ({link})", fixed, [seeds[0]])
+                measured_val = ses.launch(f"validation ({link})", split_specs(validate_schemes) if validate_schemes
+                                          else fixed, [seeds[0]])
             prog.step(f"link {link} ({rates[link] or 'unshaped'} Mbit/s)", ", ".join(
                 f"{k} {v * 1e3:.0f} ms" for k, v in times.get(link, {}).items() if v))
         meta["step_times_s"], meta["link_mbit"] = times, rates
@@ -215,6 +221,18 @@ def run(framework="torch", model="cnn", schemes=DEFAULT_SCHEMES, seeds="1,2,3", 
     if out_png:
         plot(rows, out_png)
     return rows, meta
+
+
+def _saved_curves(path, a, schemes, seeds):
+    """The worker records in ``path``, checked against this run's model, ranks, steps, schemes and seeds."""
+    with open(path) as f:
+        recs = json.load(f)
+    got = {(r["scheme"], r["seed"]) for r in recs}
+    want = {(s, seed) for s in schemes for seed in seeds}
+    if want - got or any(r["steps"] != a["steps"] or r["workers"] != a["workers"] for r in recs):
+        raise ValueError(f"curves_from: {path} lacks {sorted(want - got)} or has other steps/ranks than "
+                         f"{a['steps']}/{a['workers']}")
+    return [r for r in recs if (r["scheme"], r["seed"]) in want]
 
 
 def _now():
@@ -275,11 +293,11 @@ def append_rows(path, rows, meta):
 
 
 def _pick(rows, model, framework, link, scheme):
-    """The rows of one cell; on a link with both, the measured ones."""
+    """The rows of one cell; where a link has both, the combined ones: every fixed scheme's cell
+    on a shaped link then rests on the same step-time measurement (the validation runs are
+    compared with them in the run's meta)."""
     sel = [r for r in rows if (r["model"], r["framework"], r["link"], r["scheme"]) == (model, framework, link, scheme)]
-    measured = [r for r in sel if r["measured"]]
-    return measured if measured and len({r["seed"] for r in measured}) >= len({r["seed"] for r in sel}) else \
-        [r for r in sel if not r["measured"]] or sel
+    return [r for r in sel if not r["measured"]] or sel
 
 
 def time_to(rows, target):

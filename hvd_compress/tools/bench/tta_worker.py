@@ -229,6 +229,7 @@ def run_torch(a):
 
 # ----------------------------------------------------------------------------- TensorFlow
 def run_tf(a):
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf_keras: Horovod needs Variable.ref(), Keras 3 lacks it
     import tensorflow as tf
     tf.config.threading.set_intra_op_parallelism_threads(a.threads)
     tf.config.threading.set_inter_op_parallelism_threads(a.threads)
@@ -270,7 +271,8 @@ def run_tf(a):
         model = tf_model(a.model, seed)
         comp, placement, lr = build_compression(spec, a.model, spe, "tensorflow", seed, timing=bool(a.time_steps))
         rate = tf.Variable(lr * size, trainable=False, dtype=tf.float32)
-        opt = tf.keras.optimizers.SGD(learning_rate=rate, momentum=MOMENTUM if placement == "optimizer" else 0.0)
+        opt = tf.keras.optimizers.SGD(learning_rate=lambda: rate,  # read each step: the cosine schedule below
+                                      momentum=MOMENTUM if placement == "optimizer" else 0.0)
         loss_obj = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         step_fn = _tf_step(tf, hvd, model, opt, loss_obj, comp)
         model(tf.constant(Batches(a.model, data, rank, size, seed, spe)(0)[0]))  # builds the weights
