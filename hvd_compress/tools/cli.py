@@ -168,36 +168,6 @@ def _add_tta(bsub):
                    "time-to-dense-accuracy table")
 
 
-def _run_tta(args):
-    import json
-    from .bench import tta
-    from .testing.cluster import ClusterError
-    if args.report:
-        with open(args.out) as f:
-            print(tta.markdown(json.load(f)))
-        meta = os.path.splitext(args.out)[0] + ".meta.json"
-        if os.path.exists(meta):
-            with open(meta) as f:
-                print(tta.mapping_markdown(json.load(f)))
-        return 0
-    png = args.png or f"{os.path.splitext(args.out)[0]}-{args.framework}-{args.model}.png"
-    try:
-        rows, meta = tta.run(framework=args.framework, model=args.model, schemes=args.schemes, seeds=args.seeds,
-                             links=args.links, stands_for=args.stands_for, workers=args.workers, steps=args.steps,
-                             eval_every=args.eval_every, validate_link=args.validate_link,
-                             time_steps=args.time_steps, threads=args.threads, prefix=args.prefix,
-                             out_json=args.out, out_png=png, validate_schemes=args.validate_schemes,
-                             curves_from=args.curves_from)
-    except ClusterError as err:
-        print(f"hvd-compress bench tta: {err}", file=sys.stderr)
-        return 2
-    print(tta.markdown(rows))
-    for v in meta["validation"]:
-        print(f"validation {v['scheme']} seed {v['seed']}: measured {v['measured_s']} s, combined "
-              f"{v['combined_s']} s, ratio {v['ratio'] and round(v['ratio'], 3)}")
-    return 1 if meta["failures"] else 0
-
-
 def main(argv=None):
     _env()
     parser = build_parser()
@@ -212,7 +182,7 @@ def main(argv=None):
 
 
 #: ``bench`` subcommands whose module takes the parsed arguments and the command line as given
-STUDIES = {"breakdown": "breakdown", "link-change": "link_change"}
+STUDIES = {"breakdown": "breakdown", "link-change": "link_change", "tta": "tta"}
 
 
 def _run_study(args):
@@ -250,8 +220,6 @@ def _dispatch(args):
             print(f"hvd-compress bench e2e: {err}", file=sys.stderr)
             return 2
         return 1 if rows.failures else 0
-    if args.bench == "tta":
-        return _run_tta(args)
     if args.bench == "scale":
         from .bench import scale
         from .testing.cluster import ClusterError

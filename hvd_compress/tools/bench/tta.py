@@ -408,3 +408,32 @@ def mapping_markdown(runs):
                          f"{run['compute_s'] * 1e3:.0f} ms | {run['latency_s'] * 1e6:.0f} us | {link} | "
                          f"{m['stands_for']} | {m['target_ratio']:.3g} | {rate} | {m['ratio_at_link']:.3g} |")
     return "\n".join(lines)
+
+
+def main_args(args, command) -> int:
+    """``hvd-compress bench tta``: the run (or, with ``--report``, the tables of ``--out``)."""
+    from ..testing.cluster import ClusterError
+    if args.report:
+        with open(args.out) as f:
+            print(markdown(json.load(f)))
+        meta = os.path.splitext(args.out)[0] + ".meta.json"
+        if os.path.exists(meta):
+            with open(meta) as f:
+                print(mapping_markdown(json.load(f)))
+        return 0
+    png = args.png or f"{os.path.splitext(args.out)[0]}-{args.framework}-{args.model}.png"
+    try:
+        rows, meta = run(framework=args.framework, model=args.model, schemes=args.schemes, seeds=args.seeds,
+                         links=args.links, stands_for=args.stands_for, workers=args.workers, steps=args.steps,
+                         eval_every=args.eval_every, validate_link=args.validate_link,
+                         time_steps=args.time_steps, threads=args.threads, prefix=args.prefix,
+                         out_json=args.out, out_png=png, validate_schemes=args.validate_schemes,
+                         curves_from=args.curves_from, command=command)
+    except ClusterError as err:
+        print(f"hvd-compress bench tta: {err}", file=sys.stderr)
+        return 2
+    print(markdown(rows))
+    for v in meta["validation"]:
+        print(f"validation {v['scheme']} seed {v['seed']}: measured {v['measured_s']} s, combined "
+              f"{v['combined_s']} s, ratio {v['ratio'] and round(v['ratio'], 3)}")
+    return 1 if meta["failures"] else 0
