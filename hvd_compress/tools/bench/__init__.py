@@ -8,6 +8,9 @@
   :mod:`hvd_compress.tools.bench.e2e_worker` is the script each rank runs.
 * :mod:`hvd_compress.tools.bench.breakdown` -- where a step's time goes (clocked parts, Horovod's
   timeline); :mod:`hvd_compress.tools.bench.link_change` -- Auto when the link drops mid-run.
+* :mod:`hvd_compress.tools.bench.tta` -- time to dense accuracy: real training on the emulated
+  cluster on links that stand for real clusters; :mod:`hvd_compress.tools.bench.tta_worker` is
+  each rank's script, :mod:`hvd_compress.tools.bench.tta_data` its models and data.
 * :mod:`hvd_compress.tools.bench.specs` -- scheme specs such as ``"TopK(0.01)"``.
 * :mod:`hvd_compress.tools.bench.report` -- progress lines, tables and JSON helpers.
 
