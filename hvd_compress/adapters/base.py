@@ -24,15 +24,16 @@ from ..transports.two_phase import choose_two_phase  # noqa: F401  (re-exported)
 PAIR_SWAP_ENV = "HVDC_PAIR_SWAP_MIN_BYTES"
 
 
-def pair_swap_min_bytes():
+def pair_swap_min_bytes(chosen=None):
     """From how many bytes up an adapter's ``allgather_fixed`` between 2 ranks
     travels as a reduce-scatter instead of an allgather: ``HVDC_PAIR_SWAP_MIN_BYTES``
-    (a byte count; it must be the same on every rank), or None (unset or empty:
+    (a byte count; it must be the same on every rank) where set, else
+    ``chosen`` (what ``Auto``'s link probe chose, the same on every rank; None:
     never).  Off by default: it pays on a slow link and costs on a fast one
     (docs/design/architecture.md, "Two ranks")."""
     value = os.environ.get(PAIR_SWAP_ENV, "").strip()
     if not value:
-        return None
+        return chosen
     try:
         n = int(value)
     except ValueError:

@@ -36,6 +36,9 @@ class TorchAdapter(AdapterBase):
     defer_second_rounds = True
     fused_codecs_on_chunks = True
     packs_gathers = True
+    #: the 2-rank swap's threshold in bytes chosen at run time (``Auto``'s link
+    #: probe, the same on every rank); ``HVDC_PAIR_SWAP_MIN_BYTES`` wins where set
+    pair_swap_chosen = None
 
     def __init__(self):
         self.B = backend_for(torch.zeros(0))
@@ -145,8 +148,8 @@ class TorchAdapter(AdapterBase):
         return hvd.allgather_async(tensor.contiguous(), name=name, process_set=process_set)
 
     def allgather_fixed(self, tensor, name, process_set, rank, size):
-        """Between 2 ranks, where ``HVDC_PAIR_SWAP_MIN_BYTES`` is set
-        (:func:`~hvd_compress.adapters.base.pair_swap_min_bytes`) and the payload is
+        """Between 2 ranks, where ``HVDC_PAIR_SWAP_MIN_BYTES`` is set or
+        ``pair_swap_chosen`` (:func:`~hvd_compress.adapters.base.pair_swap_min_bytes`) and the payload is
         that large, it travels as a Sum reduce-scatter of a ``[2, n/4]`` int32
         tensor whose row of the peer holds this rank's bytes and whose own row is
         zeros: each rank receives the other's bytes exactly (an integer sum with
@@ -157,7 +160,7 @@ class TorchAdapter(AdapterBase):
         run one after the other; Gloo's reduce-scatter sends both at once, but
         costs more on a fast link (docs/design/architecture.md, "Two ranks").
         Every rank decides alike: the shape is the same on every rank."""
-        nbytes, at_least = self.nbytes(tensor), pair_swap_min_bytes()
+        nbytes, at_least = self.nbytes(tensor), pair_swap_min_bytes(self.pair_swap_chosen)
         if size != 2 or at_least is None or nbytes < at_least or tensor.dim() == 0:
             return self.allgather(tensor, name, process_set)
         import horovod.torch as hvd

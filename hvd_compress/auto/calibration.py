@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from .planner import PlanMismatchError
+from .planner import PlanMismatchError, timed_row
 from ..cross_rank import stable_hash
 from ..schemes.base import EncodeContext
 
@@ -202,27 +202,28 @@ def codec_seconds(schemes, numel, shape, size, seed=0, decodes=None):
 
 def measure_codecs(tensors, keys, candidates, size, applies):
     """``[len(keys) x len(candidates)]`` seconds, -1 where a candidate does
-    not apply; tensors of equal shape are measured once.  A two-phase
-    candidate decodes two tensors' worth (the owner's chunk payloads, then the
-    owned chunks: :func:`hvd_compress.costmodel.model.codec_seconds`), an
-    allgather one ``size`` payloads."""
-    by_shape = {}
-    rows = []
+    not apply; timed once per class of tensors
+    (:func:`hvd_compress.auto.planner.timing_class`: sizes within a factor 2,
+    the same candidates usable), largest tensors first, the others scaled by
+    their element count.  A two-phase candidate decodes two tensors' worth
+    (the owner's chunk payloads, then the owned chunks:
+    :func:`hvd_compress.costmodel.model.codec_seconds`), an allgather one ``size``
+    payloads."""
     decodes = [min(size, 2) if getattr(c, "transport", "allgather") == "two_phase" else size for c in candidates]
     # a scheme timed once per number of decodes (at 2 ranks both transports decode 2)
     first = {}
     for j, c in enumerate(candidates):
         first.setdefault((id(c.scheme), decodes[j]), j)
-    for key in keys:
-        numel, shape = tensors[key]
-        if shape not in by_shape:
-            timed = codec_seconds([c.scheme if applies(c, shape) and first[(id(c.scheme), decodes[j])] == j else None
-                                   for j, c in enumerate(candidates)], numel, shape, size, decodes=decodes)
-            timed = [timed[first[(id(c.scheme), decodes[j])]] if applies(c, shape) else None
-                     for j, c in enumerate(candidates)]
-            by_shape[shape] = [-1.0 if t is None else t for t in timed]
-        rows.append(by_shape[shape])
-    return rows
+
+    def time_class(numel, shape):
+        timed = codec_seconds([c.scheme if applies(c, shape) and first[(id(c.scheme), decodes[j])] == j else None
+                               for j, c in enumerate(candidates)], numel, shape, size, decodes=decodes)
+        return [timed[first[(id(c.scheme), decodes[j])]] if applies(c, shape) else None
+                for j, c in enumerate(candidates)]
+    store = {}
+    for key in sorted(keys, key=lambda k: -tensors[k][0]):  # a class is timed on its largest tensor
+        timed_row(store, *tensors[key], candidates, applies, time_class)
+    return [timed_row(store, *tensors[key], candidates, applies) for key in keys]
 
 
 def average_over_ranks(values, version, process_set):
@@ -265,16 +266,16 @@ def ready():
 
 
 def host_machine(version, process_set):
-    """The host as the cost model sees it: the most ranks sharing one machine's
-    kernel (:func:`hvd_compress.costmodel.machine.machine_of`; one allgather of each
-    rank's :func:`~hvd_compress.costmodel.machine.kernel_id`, named
-    ``hvdc.auto.kernel.<version>``) sharing this process's cores;
+    """The host as the cost model sees it, the same on every rank: the most
+    ranks sharing one machine's kernel sharing the fewest cores a rank has
+    (:func:`hvd_compress.costmodel.machine.agreed_machine`; one allgather of each rank's
+    :func:`~hvd_compress.costmodel.machine.this_rank`, named ``hvdc.auto.kernel.<version>``);
     ``LINK_ONLY`` where each rank has a core."""
     import horovod.torch as hvd
-    from ..costmodel.machine import kernel_id, machine_of, usable_cpus
-    ids = hvd.allgather(torch.tensor([kernel_id()], dtype=torch.int64), name=f"hvdc.auto.kernel.{version}",
-                        process_set=process_set).tolist()
-    return machine_of(ids, hvd.local_size(), usable_cpus())
+    from ..costmodel.machine import agreed_machine, this_rank
+    rows = hvd.allgather(torch.tensor([this_rank(hvd.local_size())], dtype=torch.int64),
+                         name=f"hvdc.auto.kernel.{version}", process_set=process_set).tolist()
+    return agreed_machine(rows)
 
 
 def world():

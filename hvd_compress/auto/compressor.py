@@ -15,7 +15,7 @@ Life of an ``Auto``:
    (:func:`hvd_compress.auto.probe.probe_numels_for`; fit of latency and
    bandwidth, :func:`hvd_compress.auto.planner.fit_link`, the latency at least the
    wait for a core where ranks share them, :func:`hvd_compress.costmodel.machine.with_wait_floor`) and each candidate's
-   error feedback + encode + decode on every distinct tensor shape (``none``:
+   error feedback + encode + decode once per class of tensor sizes (``none``:
    0, not timed); average them over ranks (one allreduce); rank 0 plans the step
    (:func:`hvd_compress.auto.planner.plan`) and broadcasts candidate indices in sorted key
    order; every rank allgathers a hash of the plan it is about to apply and raises
@@ -40,19 +40,78 @@ from __future__ import annotations
 
 import json
 import statistics
-import threading
 import time
+from dataclasses import astuple, dataclass, field
+from typing import Dict, List, Optional, Tuple
 
-from . import saved_plan
-from .planner import (NONE_LABEL, check_codec_costs, choice_as, codec_table, default_candidates, fit_link,
-                      format_plan, plan, propose)
-from .probe import DEFAULT_PROBE_NUMELS, EARLY_PROBE_NUMELS, probe_numels_for
+from .planner import (NONE_LABEL, Choice, Link, check_codec_costs, choice_as, codec_table, default_candidates,
+                      fit_link, format_plan, plan, propose)
+from .probe import DEFAULT_PROBE_NUMELS, EARLY_PROBE_NUMELS, pair_swap_for, probe_numels_for
 from .provisional import provisional_candidates, provisional_choice
 from ..compressor import Compressor, Phase
-from ..costmodel.model import LINK_ONLY
+from ..costmodel.model import LINK_ONLY, Machine
 from ..costmodel.machine import with_wait_floor
 from ..feedback.memory import ResidualMemory
 from ..schemes.base import check_range
+
+
+@dataclass
+class AutoPlan:
+    """What an :class:`Auto` has measured and decided: the plan in force and
+    how it came about.  :meth:`to_json` is what ``state_dict()`` saves; a
+    reset starts a fresh one."""
+    #: the call count of a tensor at which the next check runs (0: never again)
+    next_check: int = 0
+    #: key -> (numel, shape), as first seen
+    tensors: Dict[str, Tuple[int, tuple]] = field(default_factory=dict)
+    #: key -> compress calls so far
+    calls: Dict[str, int] = field(default_factory=dict)
+    #: perf_counter at each calibration call of the first key seen
+    step_times: List[float] = field(default_factory=list)
+    #: the calibration steps' median, averaged over ranks
+    step_s: Optional[float] = None
+    #: key -> {label: seconds} of error feedback + encode + decode, averaged over ranks
+    codec_s: Dict[str, Dict[str, float]] = field(default_factory=dict)
+    #: the link at the last check, and the host (:func:`hvd_compress.costmodel.machine.machine_of`)
+    link: Optional[Link] = None
+    machine: Machine = LINK_ONLY
+    #: [(start, {key: Choice}, version)]: the plans adopted so far, in order
+    history: list = field(default_factory=list)
+    #: the early probe's link (None: not probed); each tensor's calibration label
+    early_link: Optional[Link] = None
+    provisional: Dict[str, str] = field(default_factory=dict)
+    #: the 2-rank swap chosen from the link (bytes from which it applies; 0: off)
+    pair_swap_bytes: int = 0
+    #: this rank's seconds in the checks so far (probing, timing codecs, the whole decision)
+    check_seconds: Optional[dict] = None
+    #: key -> its phases, built from ``provisional`` and ``history`` (dropped where they change)
+    phases: Dict[str, list] = field(default_factory=dict, repr=False)
+
+    def in_force(self) -> Optional[Dict[str, Choice]]:
+        """``{key: Choice}`` of the plan in force (None during calibration)."""
+        return self.history[-1][1] if self.history else None
+
+    def to_json(self) -> dict:
+        """The plan as JSON-ready data (what :meth:`Auto.state_dict` saves)."""
+        def link(x):
+            return None if x is None else [x.latency_s, x.bytes_per_s]
+        return {"tensors": {k: [n, list(s)] for k, (n, s) in self.tensors.items()}, "calls": self.calls,
+                "next_check": self.next_check, "step_s": self.step_s, "codec_s": self.codec_s,
+                "link": link(self.link), "early_link": link(self.early_link), "provisional": self.provisional,
+                "pair_swap_bytes": self.pair_swap_bytes,
+                "history": [[start, {k: list(astuple(c)) for k, c in ch.items()}, v]
+                            for start, ch, v in self.history]}
+
+    @classmethod
+    def from_json(cls, saved) -> "AutoPlan":
+        """The plan :meth:`to_json` returned."""
+        def link(x):
+            return None if x is None else Link(*x)
+        return cls(next_check=saved["next_check"], calls=dict(saved["calls"]), step_s=saved["step_s"],
+                   tensors={k: (n, tuple(s)) for k, (n, s) in saved["tensors"].items()},
+                   codec_s=saved["codec_s"], link=link(saved["link"]), early_link=link(saved.get("early_link")),
+                   provisional=dict(saved.get("provisional", {})), pair_swap_bytes=saved.get("pair_swap_bytes", 0),
+                   history=[(start, {k: Choice(*c) for k, c in ch.items()}, v) for start, ch, v in saved["history"]])
 
 
 
@@ -85,7 +144,7 @@ class Auto(Compressor):
             Auto may pick a sign scheme, whose residual the optimizer's
             momentum would amplify.
         codec_costs: ``None`` (default) times each candidate's error feedback
-            + encode + decode on every distinct tensor shape at the first
+            + encode + decode once per class of tensor sizes at the first
             decision.  A dict ``{candidate label: seconds per element}`` is
             used instead of those timings: the plan then depends on the link
             alone, the same on any machine (a reproducible plan, or a test of
@@ -134,35 +193,19 @@ class Auto(Compressor):
             raise ValueError(f"calibrate_compressed must be True or False; got {calibrate_compressed!r}")
         self.calibrate_compressed = calibrate_compressed
         # the lossy phases keep a residual; the dense ones keep only the velocity, if any
-        self._feedback = momentum_memory(NoCompression(), momentum, nesterov, error_feedback=True) or ResidualMemory()
-        self._dense_memory = MomentumMemory(momentum, nesterov, error_feedback=False) if momentum else None
-        super().__init__(NoCompression(), error_feedback=True, seed=seed, memory=self._feedback)
+        self.feedback_memory = (momentum_memory(NoCompression(), momentum, nesterov, error_feedback=True)
+                                or ResidualMemory())
+        self.dense_memory = MomentumMemory(momentum, nesterov, error_feedback=False) if momentum else None
+        super().__init__(NoCompression(), error_feedback=True, seed=seed, memory=self.feedback_memory)
         self._process_set_checked = False
         self._framework = None
-        self._tf_lock = threading.Lock()  # the TF host callbacks of one step
-        self._tf_codec_local = {}  # TF: shape -> this rank's codec seconds per candidate, timed at the trace
+        #: what measures and agrees (None: :mod:`hvd_compress.auto.calibration`, PyTorch)
+        self.measurements = None
         self._reset_plan()
 
     def _reset_plan(self):
-        self.tensors = {}  # key -> (numel, shape), as first seen
-        self._calls = {}  # key -> compress calls so far
-        self._next_check = self.calibration_steps + 1
-        self._step_times = []  # perf_counter at each call of the first key seen
-        self.step_s = None
-        self.codec_s = {}  # key -> {label: seconds}, averaged over ranks
-        self.link = None
-        self.machine = LINK_ONLY  # the host at the last check (host.machine_of)
-        #: [(start, {key: Choice}, version)]: the plans adopted so far, in order
-        self.history = []
-        self._phases = {}
-        self._tf_decided = self._tf_error = None  # TF: the check step decided last, and its error
-        self._tf_plan_json = ""  # TF: the plan as last written to or read from its variable
-        #: the early probe's link (None: not probed); each tensor's calibration label
-        self.early_link = None
-        self.provisional = {}
-        self.check_seconds = None
-        #: what measures and agrees (None: :mod:`hvd_compress.auto.calibration`, PyTorch)
-        self._cal = None
+        self.plan_state = AutoPlan(next_check=self.calibration_steps + 1)
+        self._use_pair_swap(0)
 
     # --- Horovod's interface ----------------------------------------------------------
     def compress(self, tensor):
@@ -187,131 +230,153 @@ class Auto(Compressor):
         if rule is not None:
             return rule.compression.plan_for(key, numel, shape)
         shape = tuple(int(d) for d in shape)
-        self.tensors.setdefault(key, (int(numel), shape))
+        state = self.plan_state
+        state.tensors.setdefault(key, (int(numel), shape))
         if self._framework == "tensorflow":  # traced: the mode is chosen when the step runs
             from .tf_auto import modes
             return modes(self)
-        calls = self._calls[key] = self._calls.get(key, 0) + 1
-        if calls == 1 and not self.history and key not in self.provisional:
+        calls = state.calls[key] = state.calls.get(key, 0) + 1
+        if calls == 1 and not state.history and key not in state.provisional:
             self._calibrate_with(key, numel, shape)
-        if key == next(iter(self.tensors)) and calls <= self.calibration_steps + 1:
-            self._step_times.append(time.perf_counter())
-        if self._next_check and calls >= self._next_check:
-            self._decide(calls - 1)
-            self._next_check = calls + self.recheck_every if self.recheck_every else 0
+        if key == next(iter(state.tensors)) and calls <= self.calibration_steps + 1:
+            state.step_times.append(time.perf_counter())
+        if state.next_check and calls >= state.next_check:
+            self.decide(calls - 1)
+            state.next_check = calls + self.recheck_every if self.recheck_every else 0
         return self._phases_of(key)
 
     def _phases_of(self, key):
         """The key's phases: dense first, then one per plan version.  ``none``
         runs without error feedback (exactly plain Horovod), except for one
         step after a lossy phase, in which it sends the residual out in full."""
-        phases = self._phases.get(key)
+        state = self.plan_state
+        phases = state.phases.get(key)
         if phases is None:
+            feedback, dense = self.feedback_memory, self.dense_memory
             by_label = {c.label: c for c in self._provisional_candidates + self.candidates}
-            first = self.provisional.get(key, NONE_LABEL)
+            first = state.provisional.get(key, NONE_LABEL)
             lossy_before = first != NONE_LABEL
-            phases = [Phase(0, by_label[first].scheme, self._feedback if lossy_before else self._dense_memory,
+            phases = [Phase(0, by_label[first].scheme, feedback if lossy_before else dense,
                             by_label[first].transport)]
-            for start, choices, _ in self.history:
+            for start, choices, _ in state.history:
                 label = choices[key].label if key in choices else NONE_LABEL
                 scheme = by_label[label].scheme
                 if label != NONE_LABEL:
-                    phases.append(Phase(start, scheme, self._feedback, by_label[label].transport))
+                    phases.append(Phase(start, scheme, feedback, by_label[label].transport))
                 elif lossy_before:  # flush the residual once, then plain
-                    phases += [Phase(start, scheme, self._feedback, "allgather"),
-                               Phase(start + 1, scheme, self._dense_memory, "allgather")]
+                    phases += [Phase(start, scheme, feedback, "allgather"),
+                               Phase(start + 1, scheme, dense, "allgather")]
                 else:
-                    phases.append(Phase(start, scheme, self._dense_memory, "allgather"))
+                    phases.append(Phase(start, scheme, dense, "allgather"))
                 lossy_before = label != NONE_LABEL
-            self._phases[key] = phases
+            state.phases[key] = phases
         return phases
 
     # --- calibrating ------------------------------------------------------------------
     def _calibration(self):
-        if self._cal is None:
+        if self.measurements is None:
             from . import calibration
             return calibration
-        return self._cal
+        return self.measurements
 
     def _calibrate_with(self, key, numel, shape):
         """Choose the candidate ``key`` is calibrated with (at its first call,
         before any plan): probe the link once (at the first ``compress`` of
         this Auto on every rank, where the fingerprint check blocks too), then
         :func:`hvd_compress.auto.provisional.provisional_choice`."""
-        cal = self._calibration()
+        cal, state = self._calibration(), self.plan_state
         if not self.calibrate_compressed or not cal.ready():
-            self.provisional[key] = NONE_LABEL
+            state.provisional[key] = NONE_LABEL
             return
         ps, size, _ = cal.world()
-        if self.early_link is None:
+        if state.early_link is None:
+            t0 = time.perf_counter()
             probes = cal.probe_early(EARLY_PROBE_NUMELS, ps)
             avg = cal.average_over_ranks(probes, "early", ps)
-            self.early_link = fit_link([4 * n for n in EARLY_PROBE_NUMELS], avg, size)
-        self.provisional[key] = provisional_choice(numel, shape, size, self.early_link, self.candidates)
-        self._phases.pop(key, None)
+            state.early_link = fit_link([4 * n for n in EARLY_PROBE_NUMELS], avg, size)
+            state.check_seconds = {"early_probe": time.perf_counter() - t0}
+        state.provisional[key] = provisional_choice(numel, shape, size, state.early_link, self.candidates)
+        state.phases.pop(key, None)
 
     # --- deciding ---------------------------------------------------------------------
-    def _decide(self, start, cal=None, step_times=None):
+    def decide(self, start, cal=None, step_times=None):
         """Measure, agree and (maybe) adopt a plan; the same steps on every rank.
         ``cal``: the framework's measurements (default :mod:`hvd_compress.auto.calibration`,
         PyTorch); ``step_times``: clock readings of the calibration steps."""
-        if cal is None:
-            cal = self._calibration()
-        ps, size, rank = cal.world()
-        version = len(self.history)
-        keys = sorted(k for k in self.tensors if self._pinned(k) is None)
-        first = self.link is None
-        numels = self.probe_sizes(size)
+        cal = self._calibration() if cal is None else cal
+        state = self.plan_state
         t0 = time.perf_counter()
-        probes = cal.probe_link(numels, f"{version}.{start}", ps)
-        t1 = time.perf_counter()
-        codecs = codec_table(self.tensors, keys, self.candidates, size, self._framework == "tensorflow",
-                             self.codec_costs, cal.measure_codecs) if first else []  # a re-check keeps them
-        #: this rank's seconds in the last check: probing the link, timing the codecs
-        self.check_seconds = {"probe": t1 - t0, "codecs": time.perf_counter() - t1, "probe_numels": list(numels)}
-        stamps = self._step_times if step_times is None else step_times
-        gaps = [b - a for a, b in zip(stamps, stamps[1:])]
-        step_s = statistics.median(gaps) if gaps else 0.0
-        flat = probes + [step_s] + [v for row in codecs for v in row]
-        avg = cal.average_over_ranks(flat, f"{version}.{start}", ps)
-        # probes flat in size show no bandwidth: the early probe's (made before any step) stands in
-        known = self.early_link.bytes_per_s if self.early_link is not None else float("inf")
-        self.link = fit_link([4 * n for n in numels], avg[:len(probes)], size, known)
-        host = getattr(cal, "host_machine", None)
-        self.machine = host(f"{version}.{start}", ps) if host is not None else LINK_ONLY
-        self.link = with_wait_floor(self.link, self.machine, size)
-        if first:
-            self.step_s = avg[len(probes)]
-            width = len(self.candidates)
-            rest = avg[len(probes) + 1:]
-            self.codec_s = {k: {c.label: rest[i * width + j] for j, c in enumerate(self.candidates)
-                                if rest[i * width + j] >= 0} for i, k in enumerate(keys)}
-        proposal = self._propose(keys, size) if rank == 0 else [0] * len(keys)
-        indices = cal.broadcast_indices(proposal, f"{version}.{start}", ps)
-        labels = self.labels_from_indices(keys, indices)
-        cal.check_same_plan(labels, f"{version}.{start}", ps)
-        current = self.history[-1][1] if self.history else None
+        ps, size, rank = cal.world()
+        version = f"{len(state.history)}.{start}"
+        keys = sorted(k for k in state.tensors if self._pinned(k) is None)
+        self._measure(cal, keys, version, size, step_times)
+        # rank 0's plan, and its choice of the 2-rank swap, are every rank's
+        proposal = self._propose(keys, size) + [pair_swap_for(state.link, size)] if rank == 0 else [0] * (len(keys) + 1)
+        indices = cal.broadcast_indices(proposal, version, ps)
+        labels = self.labels_from_indices(keys, indices[:-1])
+        cal.check_same_plan(labels, version, ps)
+        self._use_pair_swap(indices[-1])
+        current = state.in_force()
         if current is None or {k: c.label for k, c in current.items()} != labels:
-            choices = plan({k: self.tensors[k] for k in keys}, size, self.link, self.candidates, self.codec_s,
-                           (), self.min_gain, self.machine)
+            choices = plan({k: state.tensors[k] for k in keys}, size, state.link, self.candidates, state.codec_s,
+                           (), self.min_gain, state.machine)
             choices = {k: self._choice_as(choices[k], labels[k], k, size) for k in keys}
-            self.history.append((start, choices, version))
-            self._phases = {}
+            state.history.append((start, choices, len(state.history)))
+            state.phases = {}
             if "torch" in self._adapters:  # two-phase owners' residuals join the whole tensor's
                 self._adapters["torch"].fold_owned_chunks(rank, size)
+        state.check_seconds["decide"] = time.perf_counter() - t0
+
+    def _measure(self, cal, keys, version, size, step_times):
+        """Probe the link, time the codecs (first check only: a re-check keeps
+        them) and the calibration steps, average them over ranks, and keep
+        the link, the host and the costs in the plan state."""
+        state, ps = self.plan_state, cal.world()[0]
+        first = state.link is None
+        host = getattr(cal, "host_machine", None)
+        state.machine = host(version, ps) if host is not None else LINK_ONLY
+        numels = self.probe_sizes(size)
+        t0 = time.perf_counter()
+        probes = cal.probe_link(numels, version, ps)
+        t1 = time.perf_counter()
+        codecs = codec_table(state.tensors, keys, self.candidates, size, self._framework == "tensorflow",
+                             self.codec_costs, cal.measure_codecs) if first else []
+        state.check_seconds = {**(state.check_seconds or {}), "probe": t1 - t0, "codecs": time.perf_counter() - t1,
+                               "probe_numels": list(numels)}
+        stamps = state.step_times if step_times is None else step_times
+        gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+        flat = probes + [statistics.median(gaps) if gaps else 0.0] + [v for row in codecs for v in row]
+        avg = cal.average_over_ranks(flat, version, ps)
+        # probes flat in size show no bandwidth: the early probe's (made before any step) stands in
+        known = state.early_link.bytes_per_s if state.early_link is not None else float("inf")
+        link = fit_link([4 * n for n in numels], avg[:len(probes)], size, known)
+        state.link = with_wait_floor(link, state.machine, size)
+        if first:
+            state.step_s = avg[len(probes)]
+            width, rest = len(self.candidates), avg[len(probes) + 1:]
+            state.codec_s = {k: {c.label: rest[i * width + j] for j, c in enumerate(self.candidates)
+                                 if rest[i * width + j] >= 0} for i, k in enumerate(keys)}
 
     def probe_sizes(self, size):
         """The sizes a check times (:func:`hvd_compress.auto.probe.probe_numels_for`)
-        on the link known so far: the last fit, else the early probe's; both
-        averaged over ranks, so every rank probes the same sizes."""
-        return probe_numels_for(self.probe_numels, self.link or self.early_link, size)
+        on the link known so far (the last fit, else the early probe's) and
+        the host: all agreed by collectives, so every rank probes the same sizes."""
+        state = self.plan_state
+        return probe_numels_for(self.probe_numels, state.link or state.early_link, size, state.machine)
 
     def _propose(self, keys, size):
         """Rank 0: candidate indices of the new plan, or of the plan in force
         where the new one is not ``replan_threshold`` faster."""
-        current = self.history[-1][1] if self.history else None
-        return propose({k: self.tensors[k] for k in keys}, size, self.link, self.candidates, self.codec_s,
-                       self.min_gain, current, self.replan_threshold, self.machine)
+        state = self.plan_state
+        return propose({k: state.tensors[k] for k in keys}, size, state.link, self.candidates, state.codec_s,
+                       self.min_gain, state.in_force(), self.replan_threshold, state.machine)
+
+    def _use_pair_swap(self, min_bytes):
+        """Switch the 2-rank swap of the torch adapter (:func:`hvd_compress.auto.probe.pair_swap_for`)
+        on from ``min_bytes`` up, or off (0); TensorFlow's is fixed when the step is traced."""
+        self.plan_state.pair_swap_bytes = int(min_bytes)
+        if "torch" in self._adapters:
+            self._adapters["torch"].pair_swap_chosen = int(min_bytes) or None
 
     def labels_from_indices(self, keys, indices):
         """``{key: candidate label}`` from the broadcast indices."""
@@ -322,35 +387,37 @@ class Auto(Compressor):
 
     def _choice_as(self, choice, label, key, size):
         """The broadcast label with this rank's predictions of it."""
-        return choice_as(choice, label, *self.tensors[key], size, self.link, self.candidates, self.codec_s[key],
-                         self.machine)
+        state = self.plan_state
+        return choice_as(choice, label, *state.tensors[key], size, state.link, self.candidates,
+                         state.codec_s[key], state.machine)
 
     def _pinned(self, key):
-        numel, shape = self.tensors[key]
+        numel, shape = self.plan_state.tensors[key]
         return next((i for i, r in enumerate(self.rules) if r.matches(key, numel, shape)), None)
 
     # --- showing, saving --------------------------------------------------------------
     def current_plan(self):
         """``{key: candidate label}`` in force ({} during calibration)."""
         self._sync_tf()
-        return {k: c.label for k, c in self.history[-1][1].items()} if self.history else {}
+        return {k: c.label for k, c in (self.plan_state.in_force() or {}).items()}
 
     def describe(self):
         """A table per tensor: chosen scheme, predicted ms (and none's), the
         choice's measured encode + decode ms, bytes per step."""
         self._sync_tf()
-        if not self.history:
+        state = self.plan_state
+        if not state.history:
             return f"Auto: calibrating ({self.calibration_steps} steps before the first plan)"
-        start, choices, version = self.history[-1]
+        start, choices, version = state.history[-1]
         head = f"Auto plan version {version}, in force from communication {start}\n"
-        return head + format_plan(choices, self.tensors, self.link, self.step_s, self.codec_s)
+        return head + format_plan(choices, state.tensors, state.link, state.step_s, state.codec_s)
 
     def config(self):
         return {"auto": [c.label for c in self.candidates], "rules": [r.config() for r in self.rules],
                 "calibration_steps": self.calibration_steps, "recheck_every": self.recheck_every,
                 "min_gain": self.min_gain, "replan_threshold": self.replan_threshold,
                 "probe_numels": list(self.probe_numels), "seed": self.seed,
-                "memory": self._feedback.config(),
+                "memory": self.feedback_memory.config(),
                 **({"codec_costs": dict(self.codec_costs)} if self.codec_costs is not None else {})}
 
     def _sync_tf(self):
@@ -362,7 +429,7 @@ class Auto(Compressor):
     def state_dict(self):
         self._sync_tf()
         out = super().state_dict()
-        out["auto_plan"] = json.dumps(saved_plan.plan_state(self))
+        out["auto_plan"] = json.dumps(self.plan_state.to_json())
         return out
 
     def load_state_dict(self, state, allow_other_rank=False):
@@ -371,7 +438,8 @@ class Auto(Compressor):
         super().load_state_dict(state, allow_other_rank)
         self._reset_plan()
         if saved is not None:
-            saved_plan.load_plan(self, saved)
+            self.plan_state = AutoPlan.from_json(saved)
+            self._use_pair_swap(self.plan_state.pair_swap_bytes)
         if "tensorflow" in self.adapters:
             from .tf_auto import publish_plan
             publish_plan(self)

@@ -356,18 +356,58 @@ def propose(tensors, workers, link, candidates, codec_s, min_gain, current=None,
     return [index[fresh[k].label] if k in fresh else 0 for k in tensors]
 
 
+#: tensors whose element counts round up to the same power of two share one
+#: codec timing (those at or below this many elements share the smallest class)
+TIMING_CLASS_MIN_NUMEL = 1 << 12
+
+
+def timing_class(numel, shape, candidates, usable):
+    """The class whose codec timing a tensor shares: its element count rounded
+    up to a power of two (at least :data:`TIMING_CLASS_MIN_NUMEL`), and which
+    candidates may carry it.  A model of hundreds of tensors has a few dozen
+    such classes, so Auto's start-up grows with the classes, not the tensors."""
+    rounded = max(TIMING_CLASS_MIN_NUMEL, 1 << max(0, int(numel) - 1).bit_length())
+    return rounded, tuple(bool(usable(c, tuple(shape))) for c in candidates)
+
+
+def timed_row(store, numel, shape, candidates, usable, time_class=None):
+    """One tensor's codec seconds per candidate (-1: not usable) from its
+    class's timing in ``store`` (``{class: (numel timed, [seconds or None])}``),
+    scaled by its element count (the codecs' work is per element; in the
+    smallest class never below the timed tensor's: a tiny tensor's cost is
+    mostly per call).  ``time_class(numel, shape)`` times a class not in
+    ``store`` yet on this tensor."""
+    cls = timing_class(numel, shape, candidates, usable)
+    if cls not in store:
+        if time_class is None:
+            raise KeyError(f"no codec timing for a tensor of shape {tuple(shape)}: it was not timed")
+        store[cls] = (int(numel), time_class(numel, shape))
+    timed_numel, seconds = store[cls]
+    scale = int(numel) / max(1, timed_numel)
+    if cls[0] == TIMING_CLASS_MIN_NUMEL:
+        scale = max(1.0, scale)
+    return [-1.0 if t is None or t < 0 or not ok else t * scale for t, ok in zip(seconds, cls[1])]
+
+
 def codec_table(tensors, keys, candidates, workers, allgather_only, codec_costs, measure):
     """Seconds of each candidate's error feedback + encode + decode per key
     (rows in ``keys``' order), -1 where the candidate does not apply:
     ``codec_costs`` fixed per element where given, else ``measure`` (the
     framework's timing, ``measure(tensors, keys, candidates, workers, usable)``).
     ``allgather_only``: TensorFlow, whose traced modes carry allgather only."""
-    usable = (lambda c, shape: c.transport == "allgather" and applies(c, shape)) if allgather_only else applies
+    usable = codec_usable(allgather_only)
     if codec_costs is not None:
         rows = fixed_codec_seconds(tensors, keys, candidates, codec_costs)
     else:
         rows = measure(tensors, keys, candidates, workers, usable)
     return [[v if usable(c, tensors[k][1]) else -1.0 for c, v in zip(candidates, row)] for k, row in zip(keys, rows)]
+
+
+def codec_usable(allgather_only):
+    """Whether a candidate's codec is timed for a shape: where it applies
+    (TensorFlow, ``allgather_only``: and travels by allgather)."""
+    return (lambda c, shape: c.transport == "allgather" and applies(c, shape)) if allgather_only else applies
+
 
 def choice_as(choice, label, numel, shape, workers, link, candidates, codec_s, machine=LINK_ONLY):
     """``choice`` as ``label`` (the plan rank 0 broadcast) with this rank's

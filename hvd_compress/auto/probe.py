@@ -5,11 +5,20 @@ from __future__ import annotations
 
 import math
 
+from ..costmodel.machine import with_wait_floor
+from ..costmodel.model import LINK_ONLY
+
 #: the allreduces timed at the first ``compress`` to choose how to calibrate:
 #: 4 KB and 1 MB, so that the larger one's time is mostly bandwidth on a slow
 #: link (84 ms at 100 Mbit/s, above the milliseconds a loaded machine adds to
 #: any collective) and costs little on a fast one
 EARLY_PROBE_NUMELS = (1 << 10, 1 << 18)
+#: where ranks share cores, the largest probe's bytes take this many times its
+#: latency steps (their waits for a core included), so that the waits' scatter
+#: cannot hide the bandwidth (:func:`probe_numels_for`)
+SHARED_BYTES_TO_LATENCY = 4.0
+#: the largest probe where ranks share cores (64 MB)
+MAX_PROBE_NUMEL = 1 << 24
 #: the allreduce sizes a decision times, before :func:`probe_numels_for` caps them
 DEFAULT_PROBE_NUMELS = (1 << 10, 1 << 16, 1 << 20)
 #: a check's probe sizes are capped at what the link known so far (the early
@@ -18,7 +27,7 @@ DEFAULT_PROBE_NUMELS = (1 << 10, 1 << 16, 1 << 20)
 PROBE_BUDGET_S = 0.1
 
 
-def probe_numels_for(numels, link, workers):
+def probe_numels_for(numels, link, workers, machine=LINK_ONLY):
     """The sizes a check times: ``numels``, each capped at what ``link`` moves
     in :data:`PROBE_BUDGET_S`; all of them as given where nothing is known
     (``link`` None or of infinite bandwidth) or the cap would leave fewer
@@ -28,13 +37,44 @@ def probe_numels_for(numels, link, workers):
     latency steps take: bytes hidden under the latency (and its noise on a
     loaded machine) show no slope, and the fit would read an infinite
     bandwidth.  A check on a high-latency link may therefore spend up to
-    twice the latency steps, more than the budget."""
+    twice the latency steps, more than the budget.
+
+    Where ranks share cores (``machine``), the latency per step is at least
+    the wait for a core (:func:`hvd_compress.costmodel.machine.with_wait_floor`) and
+    the largest probe moves bytes for :data:`SHARED_BYTES_TO_LATENCY` times the
+    latency steps, larger than ``numels`` offer where needed (up to
+    :data:`MAX_PROBE_NUMEL`): the waits scatter by about their own size, and
+    under them a probe of a few latency steps' bytes read 1.6x the link at
+    8 ranks on 2 cores, 1 Gbit/s (``bench scale``)."""
     sizes = tuple(sorted(set(numels)))
     if link is None or workers < 2 or not math.isfinite(link.bytes_per_s):
         return sizes
+    shared = bool(machine.cpus)
     hops = 2.0 * (workers - 1)
-    latency_steps_s = hops * link.latency_s
-    byte_seconds = max(PROBE_BUDGET_S - latency_steps_s, latency_steps_s)
-    cap = byte_seconds * link.bytes_per_s * workers / hops / 4
-    capped = tuple(sorted({min(n, max(1, int(cap))) for n in sizes}))
+    latency_steps_s = hops * with_wait_floor(link, machine, workers).latency_s
+    byte_seconds = max(PROBE_BUDGET_S - latency_steps_s,
+                       (SHARED_BYTES_TO_LATENCY if shared else 1.0) * latency_steps_s)
+    cap = max(1, int(byte_seconds * link.bytes_per_s * workers / hops / 4))
+    capped = tuple(sorted({min(n, cap) for n in sizes}))
+    if shared and capped[-1] < min(cap, MAX_PROBE_NUMEL):
+        capped = capped[:-1] + (max(capped[-1], min(cap, MAX_PROBE_NUMEL)),)
     return capped if len(capped) >= 2 else sizes[:2]
+
+#: Auto switches the 2-rank swap (``HVDC_PAIR_SWAP_MIN_BYTES``) on for payloads
+#: of at least this many bytes, as the README's measurements did
+PAIR_SWAP_BYTES = 1 << 20
+#: ... where the fitted link carries at most this many bytes a second.  Measured
+#: on 2 emulated hosts (Top-K 10%, 16M parameters): at 100 Mbit/s (12.5 MB/s)
+#: the swap took a step from 1.2-1.6 s to 0.9 s, at 1 Gbit/s (125 MB/s) from
+#: 0.23-0.36 s to 0.69-0.94 s; the bound is their geometric mean
+#: (docs/design/architecture.md, "Two ranks")
+PAIR_SWAP_MAX_BYTES_PER_S = 40e6
+
+
+def pair_swap_for(link, workers):
+    """The 2-rank swap's threshold in bytes that the fitted ``link`` makes pay
+    (:data:`PAIR_SWAP_BYTES` on a link of at most :data:`PAIR_SWAP_MAX_BYTES_PER_S`
+    between exactly 2 ranks), else 0 (off)."""
+    if workers != 2 or link is None or not link.bytes_per_s <= PAIR_SWAP_MAX_BYTES_PER_S:
+        return 0
+    return PAIR_SWAP_BYTES

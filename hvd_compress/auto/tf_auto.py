@@ -34,12 +34,12 @@ variable of :meth:`~hvd_compress.Compressor.tf_checkpointable`, so a
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import replace
 
 import tensorflow as tf
 
-from . import saved_plan
 from .planner import NONE_LABEL, PlanMismatchError
 from ..compressor import Phase
 from ..cross_rank import stable_hash
@@ -65,8 +65,9 @@ class AutoModes(list):
 def modes(auto):
     """``[none, none + flush, candidate 1 + feedback, ...]`` as Phases."""
     none = auto.candidates[0].scheme
-    out = AutoModes([Phase(0, none, auto._dense_memory, "allgather"), Phase(0, none, auto._feedback, "allgather")])
-    out += [Phase(0, c.scheme, auto._feedback, "allgather") for c in auto.candidates[1:]]
+    feedback = auto.feedback_memory
+    out = AutoModes([Phase(0, none, auto.dense_memory, "allgather"), Phase(0, none, feedback, "allgather")])
+    out += [Phase(0, c.scheme, feedback, "allgather") for c in auto.candidates[1:]]
     return out
 
 
@@ -102,10 +103,10 @@ def require_global_process_set(tensor):
 def host_machine(version, process_set):
     """As :func:`hvd_compress.auto.calibration.host_machine`, in TensorFlow."""
     import horovod.tensorflow as hvd
-    from ..costmodel.machine import kernel_id, machine_of, usable_cpus
-    ids = hvd.allgather(tf.constant([kernel_id()], tf.int64), name=f"hvdc.auto.kernel.{version}",
-                        process_set=process_set, ignore_name_scope=True).numpy().tolist()
-    return machine_of(ids, hvd.local_size(), usable_cpus())
+    from ..costmodel.machine import agreed_machine, this_rank
+    rows = hvd.allgather(tf.constant([this_rank(hvd.local_size())], tf.int64), name=f"hvdc.auto.kernel.{version}",
+                         process_set=process_set, ignore_name_scope=True).numpy().tolist()
+    return agreed_machine(rows)
 
 
 def world():
@@ -139,9 +140,12 @@ def _codec_fn(B, scheme, shape, size, feedback):
 
     @tf.function(autograph=False)
     def run(x, residual):
-        for _ in range(INNER if scheme is not None else 0):
-            residual = _codec_once(B, scheme, x, residual, shape, size, ctx, feedback)
-        return residual
+        if scheme is None:
+            return residual
+
+        def body(i, r):  # a loop, not INNER unrolled copies: one copy of the codec to trace
+            return i + 1, tf.reshape(_codec_once(B, scheme, x, r, shape, size, ctx, feedback), tf.shape(r))
+        return tf.while_loop(lambda i, r: i < INNER, body, [tf.constant(0), residual], parallel_iterations=1)[1]
     return run
 
 
@@ -210,20 +214,26 @@ def codec_seconds(schemes, numel, shape, size, seed=0):
             for fn, b, z in zip(fns[1:], best[1:], free)]
 
 
-def time_codecs(auto, key, size):
-    """At the trace (eagerly, while no step runs): each applicable candidate's
-    cost on this tensor's shape, once per shape, kept for the first decision
-    (nothing to time where the Auto has fixed ``codec_costs``).
-    Timing them later, inside the host callback of a running step, would
-    need the step's own executor threads and can deadlock."""
-    from .planner import applies
-    numel, shape = auto.tensors[key]
-    if auto.codec_costs is None and shape not in auto._tf_codec_local:
+def time_codecs(auto, key, size, timings):
+    """At the trace (eagerly, while no step runs): each usable candidate's
+    cost on this tensor, timed once per class of tensors
+    (:func:`hvd_compress.auto.planner.timed_row`) and kept in ``timings`` for
+    the first decision (nothing to time where the Auto has fixed
+    ``codec_costs``).  Timing them later, inside the host callback of a
+    running step, would need the step's own executor threads and can deadlock."""
+    from .planner import codec_usable, timed_row
+    if auto.codec_costs is not None:
+        return
+    usable = codec_usable(True)  # the two-phase candidates are not timed: TensorFlow plans allgather only
+
+    def time_class(numel, shape):
+        t0 = time.perf_counter()
         with tf.init_scope():
-            # the two-phase candidates are not timed: TensorFlow plans allgather only
-            timed = codec_seconds([c.scheme if applies(c, shape) and c.transport == "allgather" else None
-                                   for c in auto.candidates], numel, shape, size)
-        auto._tf_codec_local[shape] = [-1.0 if t is None else t for t in timed]
+            out = codec_seconds([c.scheme if usable(c, shape) else None for c in auto.candidates], numel, shape, size)
+        seconds = auto.plan_state.check_seconds = auto.plan_state.check_seconds or {}
+        seconds["trace_codecs"] = seconds.get("trace_codecs", 0.0) + time.perf_counter() - t0
+        return out
+    timed_row(timings, *auto.plan_state.tensors[key], auto.candidates, usable, time_class)
 
 
 def average_over_ranks(values, version, process_set):
@@ -254,7 +264,7 @@ def check_same_plan(labels, version, process_set):
 
 
 class Calibration:
-    """What ``Auto._decide`` calls, in TensorFlow (:mod:`hvd_compress.auto.calibration` in PyTorch)."""
+    """What ``Auto.decide`` calls, in TensorFlow (:mod:`hvd_compress.auto.calibration` in PyTorch)."""
 
     world = staticmethod(world)
     probe_link = staticmethod(lambda *a: probe_link(*a))  # looked up at call time: tests replace it
@@ -263,12 +273,13 @@ class Calibration:
     broadcast_indices = staticmethod(broadcast_indices)
     check_same_plan = staticmethod(check_same_plan)
 
-    def __init__(self, auto):
-        self.auto = auto
+    def __init__(self, timings):
+        self.timings = timings
 
-    def measure_codecs(self, tensors, keys, candidates, size, applies):
+    def measure_codecs(self, tensors, keys, candidates, size, usable):
         """The rows :func:`time_codecs` measured at the trace, in ``keys`` order."""
-        return [self.auto._tf_codec_local[tensors[k][1]] for k in keys]
+        from .planner import timed_row
+        return [timed_row(self.timings, *tensors[k], candidates, usable) for k in keys]
 
 
 # --- the host callback ------------------------------------------------------------------
@@ -279,17 +290,17 @@ def sync_plan(auto):
     if adapter is None:
         return
     saved = adapter.plan_var.numpy().decode()
-    if saved and saved != auto._tf_plan_json:
-        saved_plan.load_plan(auto, json.loads(saved))
-        auto._tf_plan_json = saved
+    if saved and saved != adapter.plan_json:
+        auto.plan_state = type(auto.plan_state).from_json(json.loads(saved))
+        adapter.plan_json = saved
 
 
 def publish_plan(auto):
     """Write the plan to the TF variable (checkpointed with the residuals)."""
     adapter = auto.adapters.get("tensorflow")
     if adapter is not None:
-        auto._tf_plan_json = json.dumps(saved_plan.plan_state(auto))
-        adapter.plan_var.assign(auto._tf_plan_json)
+        adapter.plan_json = json.dumps(auto.plan_state.to_json())
+        adapter.plan_var.assign(adapter.plan_json)
 
 
 def decide_for(auto, key, step, previous):
@@ -298,20 +309,21 @@ def decide_for(auto, key, step, previous):
     returns its tensor's new mode.  An error is raised again, without
     collectives, by the other tensors' calls of that step."""
     step, previous = int(step.numpy()), int(previous.numpy())
-    with auto._tf_lock:
-        if auto._tf_decided != step:
-            auto._tf_decided, auto._tf_error = step, None
+    adapter = auto.adapters["tensorflow"]
+    with adapter.lock:
+        if adapter.decided != step:
+            adapter.decided, adapter.error = step, None
             try:
                 sync_plan(auto)
-                adapter = auto.adapters["tensorflow"]
-                auto._decide(step - 1, Calibration(auto), adapter.step_times())
+                auto.decide(step - 1, Calibration(adapter.codec_timings), adapter.step_times())
                 publish_plan(auto)
             except Exception as err:  # noqa: BLE001 - kept, raised again below
-                auto._tf_error = err
+                adapter.error = err
                 raise
-        if auto._tf_error is not None:
-            raise RuntimeError(f"hvd_compress.Auto: this step's plan failed: {auto._tf_error!r}")
-        label = auto.history[-1][1][key].label if auto.history and key in auto.history[-1][1] else NONE_LABEL
+        if adapter.error is not None:
+            raise RuntimeError(f"hvd_compress.Auto: this step's plan failed: {adapter.error!r}")
+        label = (auto.plan_state.in_force() or {}).get(key)
+        label = NONE_LABEL if label is None else label.label
     return tf.constant(mode_for(auto, label, previous), tf.int32)
 
 
@@ -320,10 +332,17 @@ class AutoTFAdapter(TFAdapter):
 
     def reset(self):
         super().reset()
+        #: the check step decided last, its error, and the plan as last written to or read from ``plan_var``
+        self.decided = self.error = None
+        self.plan_json = ""
         if getattr(self, "plan_var", None) is None:
             self.plan_var = state_variable("", tf.string, name="hvdc_auto_plan")
             self.state_module.auto_plan = self.plan_var
             self.mode_vars, self.timestamps = {}, None
+            self.lock = threading.Lock()  # the host callbacks of one step
+            #: this rank's codec timings by class of tensors (:func:`hvd_compress.auto.planner.timed_row`),
+            #: made at the trace and kept across resets: the graph is not traced again
+            self.codec_timings = {}
             return
         self.plan_var.assign("")
         for v in list(self.mode_vars.values()) + ([self.timestamps] if self.timestamps is not None else []):
@@ -339,7 +358,7 @@ class AutoTFAdapter(TFAdapter):
 
     def _stamp(self, auto, key, step):
         """``tf.timestamp()`` of the first tensor's calibration steps."""
-        if key != next(iter(auto.tensors)):
+        if key != next(iter(auto.plan_state.tensors)):
             return None
         n = auto.calibration_steps + 1
         if self.timestamps is None:
@@ -365,7 +384,7 @@ class AutoTFAdapter(TFAdapter):
     def _compress_scheduled(self, phases, call):
         if not isinstance(phases, AutoModes):
             return super()._compress_scheduled(phases, call)
-        time_codecs(call.comp, call.key, call.size)
+        time_codecs(call.comp, call.key, call.size, self.codec_timings)
         step = tf.cast(call.step, tf.int64)
         stamp = self._stamp(call.comp, call.key, step)
         mode, variable = self._mode(call.comp, call.key, step, stamp)

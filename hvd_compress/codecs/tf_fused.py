@@ -336,13 +336,13 @@ def timing_fn(scheme, feedback, numel, shape, size, inner):
 
     @tf.function(autograph=False)
     def run(x, start):
-        total = tf.zeros([], tf.float32)
-        for _ in range(inner):
+        def body(i, total):  # a loop, not ``inner`` unrolled copies: one copy of the codec to trace
             ws = {}  # Random-K's decode reads the indices its encode left there
             payload = codec.encode(x, start if feedback else None, ws, ctx)
             wire = {k: v for k, v in payload.items() if not k.startswith("_")}
             dense = (codec.aggregate([wire] * size, int(numel), {}, None, None, ws) if allgather
                      else codec.decode_reduced(wire["reduce"], int(numel), None, ws))
-            total += dense[0]  # every repetition's result is used: nothing is pruned
-        return total
+            return i + 1, total + dense[0]  # every repetition's result is used: nothing is pruned
+        return tf.while_loop(lambda i, total: i < inner, body, [tf.constant(0), tf.zeros([], tf.float32)],
+                             parallel_iterations=1)[1]
     return run

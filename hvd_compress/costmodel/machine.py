@@ -61,3 +61,18 @@ def with_wait_floor(link: Link, machine: Machine, workers: int) -> Link:
     from dataclasses import replace
     floor = replace(machine, core_wait_s=CORE_WAIT_S).step_wait_s(workers)
     return link if link.latency_s >= floor else Link(floor, link.bytes_per_s)
+
+
+def this_rank(local_size) -> list:
+    """What :func:`agreed_machine` needs of this rank (a collective gathers
+    it): its kernel id, its usable cores and Horovod's ``local_size``."""
+    return [kernel_id(), usable_cpus() or 0, int(local_size or 1)]
+
+
+def agreed_machine(rows) -> Machine:
+    """:func:`machine_of` from every rank's :func:`this_rank` (``rows``,
+    gathered: the same on every rank), with the largest ``local_size`` and
+    the fewest cores any rank has, so that every rank sees the same machine
+    (its probe sizes depend on it, and the probes' collective names on them)."""
+    cpus = min((int(r[1]) for r in rows if int(r[1]) > 0), default=None)
+    return machine_of([int(r[0]) for r in rows], max((int(r[2]) for r in rows), default=1), cpus)

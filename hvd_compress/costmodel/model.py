@@ -160,6 +160,7 @@ def shared_host(ranks_per_host, cpus, base: "Machine" = LINK_ONLY, background_lo
     return replace(base, cpus=int(cpus), ranks_per_host=int(ranks_per_host),
                    background_load=float(background_load), core_wait_s=float(core_wait_s))
 
+
 #: GPUs with NCCL (the projection): sums and copies run on the GPU at memory
 #: bandwidth, negligible next to the network; Horovod's default cycle
 GPU_NCCL = Machine(cycle_s=HOROVOD_CYCLE_S, name="GPU, NCCL")

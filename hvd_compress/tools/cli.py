@@ -129,6 +129,7 @@ def build_parser():
 
     _add_cluster_studies(bsub)
     _add_tta(bsub)
+    _add_models(bsub)
     a = sub.add_parser("advise", help="predict per-step communication + compression cost; recommend per tensor",
                        description="The bytes / bandwidth + latency cost model with index overhead, "
                        "allreduce vs allgather transports and measured encode/decode costs.")
@@ -220,6 +221,8 @@ def _dispatch(args):
             print(f"hvd-compress bench e2e: {err}", file=sys.stderr)
             return 2
         return 1 if rows.failures else 0
+    if args.bench == "models":
+        return _bench_models(args)
     if args.bench == "scale":
         from .bench import scale
         from .testing.cluster import ClusterError
@@ -240,6 +243,49 @@ def _dispatch(args):
             return 2
         return 1 if failures else 0
     return 2
+
+
+def _add_models(bsub):
+    """``bench models`` (:mod:`hvd_compress.tools.bench.models_bench`)."""
+    mo = bsub.add_parser("models", help="Horovod-style synthetic benchmarks of ResNet-50, MobileNetV2, BERT and "
+                         "GPT-2 on the emulated cluster (root)",
+                         description="Median step, start-up (Auto's broken down) and Auto's plan of real "
+                         "architectures in PyTorch and TensorFlow, at several cluster sizes, links and schemes; "
+                         "rows merged into docs/results/models.json (fields: hvd_compress/tools/bench/models_bench.py).")
+    mo.add_argument("--models", default="resnet50,mobilenetv2,bert,gpt2", help="(default %(default)s)")
+    mo.add_argument("--frameworks", default="torch,tensorflow", help="(default %(default)s)")
+    mo.add_argument("--workers", default="2,4", help="cluster sizes N, one rank a host (default %(default)s)")
+    mo.add_argument("--rates", default="none,1000,100", help="link rates in Mbit/s, 'none' = unshaped "
+                    "(default %(default)s)")
+    mo.add_argument("--schemes", default="none,hvd_fp16,TopK(0.01),PowerSGD(4),Int8,EFSignSGD,Auto()",
+                    help="(default %(default)s)")
+    mo.add_argument("--size", default="full", choices=["full", "tiny"], help="the published shapes, or a "
+                    "fraction of them for a smoke test (default %(default)s)")
+    mo.add_argument("--batch", type=int, default=4, help="per rank (default %(default)s)")
+    mo.add_argument("--steps", type=int, default=5, help="timed steps (default %(default)s)")
+    mo.add_argument("--warmup", type=int, default=2, help="untimed steps before them, besides Auto's "
+                    "calibration (default %(default)s)")
+    mo.add_argument("--threads", type=int, default=1)
+    mo.add_argument("--prefix", default="hvdcm", help="cluster name prefix (default %(default)s)")
+    mo.add_argument("--out", default=os.path.join(RESULTS, "models.json"), help="JSON the rows are merged "
+                    "into (default %(default)s)")
+    mo.add_argument("--no-merge", action="store_true", help="overwrite --out instead of merging into it")
+    mo.add_argument("--quiet", action="store_true")
+
+
+def _bench_models(args):
+    from .bench import models_bench
+    from .testing.cluster import ClusterError
+    try:
+        _, failures = models_bench.run(models=args.models, frameworks=args.frameworks, workers=args.workers,
+                                       rates=args.rates, schemes=args.schemes, size=args.size, batch=args.batch,
+                                       steps=args.steps, warmup=args.warmup, threads=args.threads,
+                                       prefix=args.prefix, out_json=args.out, merge=not args.no_merge,
+                                       progress=not args.quiet)
+    except ClusterError as err:
+        print(f"hvd-compress bench models: {err}", file=sys.stderr)
+        return 2
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

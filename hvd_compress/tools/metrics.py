@@ -85,7 +85,7 @@ def auto_plan_summary(compression):
     if not callable(plan):
         return {}
     labels = plan()
-    return {"auto_plans_adopted": len(compression.history), "auto_tensors": len(labels),
+    return {"auto_plans_adopted": len(compression.plan_state.history), "auto_tensors": len(labels),
             "auto_tensors_compressed": sum(label != "none" for label in labels.values())}
 
 

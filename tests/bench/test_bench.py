@@ -260,3 +260,47 @@ def test_e2e_smoke_two_hosts(tmp_path):
     assert topk["payload_bytes_per_step"] < 0.05 * none["payload_bytes_per_step"]
     assert (tmp_path / "e2e.png").exists() and (tmp_path / "e2e_wire.png").exists()
     assert "hvdcbt" not in cluster.existing_clusters()
+
+
+def test_models_smoke_two_hosts(tmp_path):
+    """``bench models`` end to end on a tiny GPT-2-like decoder: a row per scheme
+    with the fields docs/results/models.json promises, Auto's plan and start-up."""
+    why = _cluster_usable()
+    if why:
+        pytest.skip(why)
+    from hvd_compress.tools.bench import models_bench
+    from hvd_compress.tools.testing import cluster
+    cluster.teardown("hvdcmt")  # this test's own prefix: clear a crashed run's leftovers
+    out = tmp_path / "models.json"
+    rows, failures = models_bench.run(models="gpt2", frameworks="torch", workers="2", rates="none",
+                                      schemes="none,Auto()", size="tiny", steps=2, warmup=1, prefix="hvdcmt",
+                                      out_json=str(out), run_timeout=150, progress=False,
+                                      stream=open(os.devnull, "w"))
+    assert not failures, failures
+    data = json.loads(out.read_text())
+    assert [r["scheme"] for r in data] == ["none", "Auto()"]
+    for r in data:
+        assert {"model", "framework", "workers", "link_mbit", "scheme", "median_step_s", "startup_s",
+                "plan"} <= set(r)
+        assert (r["model"], r["framework"], r["workers"], r["link_mbit"]) == ("gpt2", "torch", 2, None)
+        assert r["median_step_s"] > 0 and r["startup_s"] >= 0 and r["tensors"] == 28
+    none, auto = data
+    assert none["plan"] is None and sum(auto["plan"].values()) == 28
+    parts = auto["auto_startup"]
+    assert parts["calibration_steps"] == 3 and parts["steps_before_final_plan"] == 3 and parts["probe_s"] > 0
+    assert models_bench.merged(str(out), data[:1]) == data[1:] + data[:1]  # a rerun replaces its own rows
+    assert "hvdcmt" not in cluster.existing_clusters()
+
+
+def test_models_architectures_match_their_published_sizes():
+    """The PyTorch ResNet-50 and MobileNetV2 have torchvision's parameter
+    counts; the tiny ones keep the tensors' kinds at a fraction of the size."""
+    torch = pytest.importorskip("torch")
+    from hvd_compress.tools.bench.architectures import torch_model
+    counts = {a: sum(p.numel() for p in torch_model(a, "full")[0].parameters()) for a in ("resnet50", "mobilenetv2")}
+    assert counts == {"resnet50": 25_557_032, "mobilenetv2": 3_504_872}
+    model, batch, loss = torch_model("bert", "tiny")
+    x, y = batch(2)
+    assert torch.isfinite(loss(model(x), y))
+    with pytest.raises(ValueError, match="model must be one of"):
+        torch_model("vgg", "tiny")

@@ -115,11 +115,11 @@ def test_plans_are_identical_on_all_ranks_and_applied():
     assert same_on_all_ranks(plan, "test.autotf.plan_same")
     weights = [float(tf.reduce_sum(v)) for v in run.vars]
     assert same_on_all_ranks(weights, "test.autotf.params_same")
-    assert sorted(plan) == sorted(KEYS.values()) and len(auto.history) == 1
-    assert auto.history[0][0] == 2  # decided after two dense communications
+    assert sorted(plan) == sorted(KEYS.values()) and len(auto.plan_state.history) == 1
+    assert auto.plan_state.history[0][0] == 2  # decided after two dense communications
     assert applied_schemes(auto) == expected_schemes(auto, plan)
-    assert auto.step_s is not None and auto.step_s > 0  # measured from the calibration steps
-    assert all(auto.codec_s[k] for k in plan)  # every tensor's candidates timed
+    assert auto.plan_state.step_s is not None and auto.plan_state.step_s > 0  # measured from the calibration steps
+    assert all(auto.plan_state.codec_s[k] for k in plan)  # every tensor's candidates timed
     table = auto.describe()
     assert "w:0" in table and "64x512" in table and plan["w:0"] in table
 
@@ -134,7 +134,8 @@ def test_slow_link_compresses_the_weight_and_fast_link_does_not(monkeypatch):
         plan = auto.current_plan()
         assert (plan["w:0"] != "none") == compressed, auto.describe()
         # the fixed costs, not timings: 1 ns an element (averaged over ranks: rounding only)
-        assert auto.codec_s["w:0"]["Int8"] == pytest.approx(64 * 512 * 1e-9, rel=1e-9), auto.codec_s
+        codec_s = auto.plan_state.codec_s
+        assert codec_s["w:0"]["Int8"] == pytest.approx(64 * 512 * 1e-9, rel=1e-9), codec_s
         # the 8-element bias stays dense or joins the collectives the weight pays for, never a
         # transport of its own: at 1 MB/s its 32 bytes cost about what a collective entry does
         # (cost_model.ENTRY_S), so the margin decides (2 ranks: it joins; 3: dense)
@@ -183,7 +184,7 @@ def test_error_feedback_survives_replans(monkeypatch, momentum):
             want = hvd.allreduce(tf.constant(total[name]), op=hvd.Sum, name=f"test.autotf.grad.{name}.{step}")
             worst = max(worst, float(tf.reduce_max(tf.abs(-v + held - want))))
     assert len(probes) == 3  # decided at communication 3, re-checked at 6 and 9
-    labels = [choices["w:0"].label for _, choices, _ in auto.history]
+    labels = [choices["w:0"].label for _, choices, _ in auto.plan_state.history]
     assert len(labels) == 3 and labels[0] == labels[2] == "none", labels
     assert labels[1] != "none", labels
     # back on none, the residual was sent out in full in one step and none keeps it at zero
@@ -203,7 +204,7 @@ def test_legacy_optimizer(monkeypatch):
         run.step(step)
         for name, g in grads_at(step).items():
             total[name] += g
-    labels = [choices["w:0"].label for _, choices, _ in auto.history]
+    labels = [choices["w:0"].label for _, choices, _ in auto.plan_state.history]
     residual = auto.adapter_for("tensorflow").residuals["w:0"].numpy().reshape(SPECS["w"])
     want = hvd.allreduce(tf.constant(total["w"]), op=hvd.Sum, name="test.autotf.legacy_grad").numpy()
     held = hvd.allreduce(tf.constant(residual), op=hvd.Sum, name="test.autotf.legacy_res").numpy()
@@ -222,7 +223,7 @@ def test_resume_from_a_tf_checkpoint_keeps_the_plan(monkeypatch):
     run = Injected(auto)
     for step in range(1, 4):
         run.step(step)
-    plan, history = auto.current_plan(), auto.history
+    plan, history = auto.current_plan(), auto.plan_state.history
     assert plan["w:0"] != "none"
     path = tf.train.Checkpoint(hvdc=auto.tf_checkpointable(), v=run.vars).save(
         os.path.join(tempfile.mkdtemp(prefix=f"autotf{RANK}_"), "ck"))
@@ -273,7 +274,7 @@ def test_tape_training_of_an_mlp(monkeypatch):
     assert same_on_all_ranks(plan, "test.autotf.tape_plan")
     assert np.array_equal(everyone[0], everyone[-1])
     assert plan["tape_fc1/kernel:0"] != "none", auto.describe()
-    assert len(auto.history) >= 1 and after < 0.7 * before, (before, after)
+    assert len(auto.plan_state.history) >= 1 and after < 0.7 * before, (before, after)
 
 
 def test_keras_fit_with_auto(monkeypatch):

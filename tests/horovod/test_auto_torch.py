@@ -76,7 +76,7 @@ def test_plans_are_identical_on_all_ranks_and_applied():
     plan = auto.current_plan()
     assert same_on_all_ranks(plan, "test.auto.plan_same")
     assert same_on_all_ranks([p.detach().sum().item() for p in model.parameters()], "test.auto.params_same")
-    assert sorted(plan) == sorted(SPECS) and len(auto.history) == 1
+    assert sorted(plan) == sorted(SPECS) and len(auto.plan_state.history) == 1
     applied = {k: v["scheme"] for k, v in auto.stats.per_tensor().items()}
     by_label = {c.label: c.scheme.name for c in auto.candidates}
     assert applied == {k: by_label[label] for k, label in plan.items()}
@@ -94,7 +94,8 @@ def test_slow_link_compresses_the_weight_and_fast_link_does_not(monkeypatch):
         plan = auto.current_plan()
         assert (plan["net.weight"] != "none") == compressed, auto.describe()
         # the fixed costs, not timings: 1 ns an element (averaged over ranks: rounding only)
-        assert auto.codec_s["net.weight"]["Int8"] == pytest.approx(64 * 512 * 1e-9, rel=1e-9), auto.codec_s
+        codec_s = auto.plan_state.codec_s
+        assert codec_s["net.weight"]["Int8"] == pytest.approx(64 * 512 * 1e-9, rel=1e-9), codec_s
         # the 8-element bias stays dense or joins the collectives the weight pays for, never a
         # transport of its own: at 1 MB/s its 32 bytes cost about what a collective entry does
         # (cost_model.ENTRY_S), so the margin decides (2 ranks: it joins; 3: dense)
@@ -188,7 +189,7 @@ def test_error_feedback_survives_replans(monkeypatch, momentum):
             want = hvd.allreduce(total_grad[name], op=hvd.Sum, name=f"test.auto.grad.{name}.{step}")
             worst = max(worst, (applied + held - want).abs().max().item())
     assert len(probes) == 3  # decided at step 3, re-checked at 6 and 9
-    weight_labels = [choices["net.weight"].label for _, choices, _ in auto.history]
+    weight_labels = [choices["net.weight"].label for _, choices, _ in auto.plan_state.history]
     # dense on the fast link, lossy on the slow one, dense again (none costs nothing to encode)
     assert len(weight_labels) == 3 and weight_labels[0] == weight_labels[2] == "none", weight_labels
     assert weight_labels[1] != "none", weight_labels
@@ -206,7 +207,7 @@ def test_resume_keeps_the_plan(monkeypatch):
     for step in range(1, 4):
         train_step(model, opt, step)
     saved = auto.state_dict()
-    plan, history = auto.current_plan(), auto.history
+    plan, history = auto.current_plan(), auto.plan_state.history
 
     probes = links([FAST], monkeypatch)  # a resumed job must not re-calibrate to this
     resumed = hvd_compress.Auto(**kwargs)

@@ -70,7 +70,7 @@ def test_auto_plan_for_honours_pinned_rules():
     auto = hvd_compress.Auto(rules=[hvd_compress.Rule(name="*embed*", compression=hvd_compress.TopK(0.05))])
     (phase,) = auto.plan_for("embed.weight", 1000, (10, 100))
     assert phase.scheme.name == "TopK" and phase.scheme.ratio == 0.05
-    assert "embed.weight" not in auto.tensors  # a pinned tensor is not measured or planned
+    assert "embed.weight" not in auto.plan_state.tensors  # a pinned tensor is not measured or planned
 
 
 def test_min_topk_ratio_guard():
@@ -205,7 +205,7 @@ def test_tensorflow_plan_is_a_run_time_mode_switch():
     auto = hvd_compress.Auto(exclude=("FP16",))
     auto._framework = "tensorflow"
     phases = auto.plan_for("w", 4096, (64, 64))
-    assert isinstance(phases, auto_tf.AutoModes) and auto.tensors == {"w": (4096, (64, 64))}
+    assert isinstance(phases, auto_tf.AutoModes) and auto.plan_state.tensors == {"w": (4096, (64, 64))}
     assert [(p.scheme.name, p.memory is not None) for p in phases] == \
         [("NoCompression", False), ("NoCompression", True)] + [(c.scheme.name, True) for c in auto.candidates[1:]]
     int8 = [c.label for c in auto.candidates].index("Int8")
@@ -257,8 +257,8 @@ def test_phases_carry_the_residual_and_flush_it_once():
     auto.plan_for("w", 4096, (64, 64))
     topk = Choice("TopK(0.1)", 1.0, 2.0, 100)
     plain = Choice("none", 2.0, 2.0, 16384)
-    auto.history = [(5, {"w": topk}, 0), (8, {"w": plain}, 1), (11, {"w": plain}, 2)]
-    auto._phases = {}
+    auto.plan_state.history = [(5, {"w": topk}, 0), (8, {"w": plain}, 1), (11, {"w": plain}, 2)]
+    auto.plan_state.phases = {}
     got = [(p.start, p.scheme.name, p.memory is not None) for p in auto._phases_of("w")]
     assert got == [(0, "NoCompression", False), (5, "TopK", True), (8, "NoCompression", True),
                    (9, "NoCompression", False), (11, "NoCompression", False)]
@@ -286,7 +286,7 @@ def test_metrics_show_the_plan_in_force():
         auto.plan_for(key, 10, (10,))
     meter = CompressionMeter(auto)
     assert meter.epoch_summary()["auto_plans_adopted"] == 0  # calibrating
-    auto.history = [(5, {"w": Choice("TopK(0.1)", 1.0, 2.0, 100), "b": Choice("none", 1.0, 1.0, 40)}, 0)]
+    auto.plan_state.history = [(5, {"w": Choice("TopK(0.1)", 1.0, 2.0, 100), "b": Choice("none", 1.0, 1.0, 40)}, 0)]
     summary = meter.epoch_summary()
     assert (summary["auto_plans_adopted"], summary["auto_tensors"], summary["auto_tensors_compressed"]) == (1, 2, 1)
     assert "Auto plan 1: 1 of 2 tensors compressed" in CompressionMeter.format(summary)
@@ -294,7 +294,7 @@ def test_metrics_show_the_plan_in_force():
 
 
 class OneRankCalibration:
-    """What ``Auto._decide`` calls, for one emulated rank of ``size``: the
+    """What ``Auto.decide`` calls, for one emulated rank of ``size``: the
     link probe reports ``link`` through the cost model, the collectives
     return what they are given, and timing a codec is an error."""
 
@@ -338,10 +338,10 @@ def test_fixed_codec_costs_replace_the_timings(link, compressed):
     auto = hvd_compress.Auto(calibration_steps=5, codec_costs=costs)
     for key, (numel, shape) in TENSORS.items():
         auto.plan_for(key, numel, shape)
-    auto._decide(5, OneRankCalibration(link), step_times=[0.0, 0.01])
+    auto.decide(5, OneRankCalibration(link), step_times=[0.0, 0.01])
     weight, bias = BIG[0], SMALL[0]
     numel = BIG[1][0]
-    assert auto.codec_s[weight] == {"none": 0.0, "Int8": 1e-9 * numel, "TopK(0.01)": 2e-9 * numel}
+    assert auto.plan_state.codec_s[weight] == {"none": 0.0, "Int8": 1e-9 * numel, "TopK(0.01)": 2e-9 * numel}
     chosen = auto.current_plan()
     assert (chosen[weight] != "none") == compressed and chosen[weight] in ("none", *costs), auto.describe()
     # per-element costs make the bias's codec free, but the collectives it would
@@ -358,11 +358,11 @@ def test_calibration_runs_a_safe_compressed_scheme_where_dense_clearly_loses(lin
     from hvd_compress.auto.probe import EARLY_PROBE_NUMELS
     cal = OneRankCalibration(link)
     auto = hvd_compress.Auto(calibration_steps=5)
-    auto._cal = cal
+    auto.measurements = cal
     for key, (numel, shape) in TENSORS.items():
         (phase,) = auto.plan_for(key, numel, shape)
     assert cal.probed == [EARLY_PROBE_NUMELS]
-    assert auto.provisional == {BIG[0]: big_label, SMALL[0]: "none"}
+    assert auto.plan_state.provisional == {BIG[0]: big_label, SMALL[0]: "none"}
     (big,) = auto._phases_of(BIG[0])
     assert (big.scheme.name, big.memory is not None) == (("TopK", True) if big_label != "none"
                                                           else ("NoCompression", False))
@@ -405,33 +405,33 @@ def test_a_check_caps_its_probe_sizes_at_the_known_links_budget():
     from hvd_compress.auto.probe import DEFAULT_PROBE_NUMELS, EARLY_PROBE_NUMELS, PROBE_BUDGET_S
     auto = hvd_compress.Auto(calibration_steps=1, codec_costs={"Int8": 1e-9})
     assert auto.probe_sizes(2) == DEFAULT_PROBE_NUMELS
-    auto.early_link = FAST
+    auto.plan_state.early_link = FAST
     assert auto.probe_sizes(2) == DEFAULT_PROBE_NUMELS
-    auto.early_link = SLOW
+    auto.plan_state.early_link = SLOW
     small, middle, capped = auto.probe_sizes(2)
     assert (small, middle) == DEFAULT_PROBE_NUMELS[:2] and middle < capped < DEFAULT_PROBE_NUMELS[2]
     seconds = comm_time("allreduce", 4 * capped, 2, SLOW.bytes_per_s, SLOW.latency_s)[1]
     assert PROBE_BUDGET_S * 0.99 < seconds <= PROBE_BUDGET_S
-    auto.early_link = Link(1e-3, 1e3)  # every size over the budget: the two smallest as given
+    auto.plan_state.early_link = Link(1e-3, 1e3)  # every size over the budget: the two smallest as given
     assert auto.probe_sizes(2) == DEFAULT_PROBE_NUMELS[:2]
     # latency steps that nearly fill the budget (4 ranks: 6 steps of 16 ms): the largest probe's
     # bytes still take as long as the latency steps, so the fit can see the bandwidth
     for rate in (100e6 / 8, 1e9 / 8):
-        auto.early_link = Link(16e-3, rate)
+        auto.plan_state.early_link = Link(16e-3, rate)
         sizes = auto.probe_sizes(4)
         largest_bytes_s = comm_time("allreduce", 4 * sizes[-1], 4, rate, 0.0)[1]
         assert sizes[:2] == DEFAULT_PROBE_NUMELS[:2], sizes
         assert sizes == DEFAULT_PROBE_NUMELS or largest_bytes_s >= 0.99 * 6 * 16e-3, (rate, sizes)
         assert largest_bytes_s > 0.04, (rate, sizes)  # 1 Gbit/s: the 4 MB probe as given, 50 ms
-    auto.early_link = SLOW
+    auto.plan_state.early_link = SLOW
     cal = RecordingCalibration(SLOW)
     auto = hvd_compress.Auto(calibration_steps=1, codec_costs={"Int8": 1e-9})
-    auto._cal = cal
+    auto.measurements = cal
     for _ in range(2):
         for key, (numel, shape) in TENSORS.items():
             auto.plan_for(key, numel, shape)
     assert cal.probed == [EARLY_PROBE_NUMELS, ("check", (small, middle, capped))]
-    assert auto.link.bytes_per_s == pytest.approx(SLOW.bytes_per_s) and auto.current_plan()[BIG[0]] == "Int8"
+    assert auto.plan_state.link.bytes_per_s == pytest.approx(SLOW.bytes_per_s) and auto.current_plan()[BIG[0]] == "Int8"
 
 
 def test_none_costs_nothing_in_both_frameworks():
@@ -447,18 +447,18 @@ def test_none_costs_nothing_in_both_frameworks():
 
 def test_a_compressed_calibration_flushes_its_residual_when_the_plan_is_none():
     auto = hvd_compress.Auto(calibration_steps=5)
-    auto._cal = OneRankCalibration(SLOW)
+    auto.measurements = OneRankCalibration(SLOW)
     auto.plan_for(BIG[0], *BIG[1])
     plain = Choice("none", 2.0, 2.0, 16384)
-    auto.history = [(5, {BIG[0]: plain}, 0)]
-    auto._phases = {}
+    auto.plan_state.history = [(5, {BIG[0]: plain}, 0)]
+    auto.plan_state.phases = {}
     got = [(p.start, p.scheme.name, p.memory is not None) for p in auto._phases_of(BIG[0])]
     assert got == [(0, "TopK", True), (5, "NoCompression", True), (6, "NoCompression", False)]
 
 
 def test_dense_calibration_when_asked_or_without_horovod():
     auto = hvd_compress.Auto(calibrate_compressed=False)
-    auto._cal = cal = OneRankCalibration(SLOW)
+    auto.measurements = cal = OneRankCalibration(SLOW)
     (phase,) = auto.plan_for(BIG[0], *BIG[1])
     assert phase.scheme.name == "NoCompression" and not cal.probed
     (phase,) = hvd_compress.Auto().plan_for(BIG[0], *BIG[1])  # no Horovod running here: nothing to probe
@@ -484,3 +484,95 @@ def test_powersgd_is_timed_as_the_transport_runs_it(kernels, monkeypatch):
     assert rows[0] == rows[1] and rows[0][0] > 0
     assert len(calls) == (calibration.REPEATS + 1 if kernels == "1" else 0)
     assert isinstance(default_candidates(two_phase=False)[-1].scheme, PowerSGD)
+
+
+def test_codec_timings_are_shared_by_a_class_of_tensors():
+    """A class (sizes within a factor 2 once rounded up to a power of two,
+    the same candidates usable) is timed once, on the first tensor that
+    needs it; the others take its cost scaled by their element count, and
+    in the smallest class never less than the timed tensor's."""
+    from hvd_compress.auto.planner import TIMING_CLASS_MIN_NUMEL, applies, timed_row, timing_class
+    cands = default_candidates(two_phase=False)
+    timed = []
+
+    def time_class(numel, shape):
+        timed.append(shape)
+        return [0.0] + [1e-9 * numel] * (len(cands) - 1)
+    store = {}
+    big = timed_row(store, 1 << 20, (1024, 1024), cands, applies, time_class)
+    like = timed_row(store, 600 * 1000, (600, 1000), cands, applies, time_class)  # rounds up to 2**20 too
+    flat = timed_row(store, 1 << 20, (1 << 20,), cands, applies, time_class)  # PowerSGD does not apply
+    tiny = timed_row(store, 10, (10,), cands, applies, time_class)
+    tiny_after = timed_row(store, 3, (3,), cands, applies, time_class)
+    assert timed == [(1024, 1024), (1 << 20,), (10,)]
+    assert like[1] == pytest.approx(big[1] * 600 * 1000 / (1 << 20)) and like[0] == 0.0
+    powersgd = [c.label for c in cands].index("PowerSGD(4)")
+    assert big[powersgd] > 0 and flat[powersgd] == -1.0
+    assert tiny_after == tiny  # the smallest class: a tiny tensor costs at least the timed one
+    assert timing_class(TIMING_CLASS_MIN_NUMEL + 1, (4097,), cands, applies)[0] == 2 * TIMING_CLASS_MIN_NUMEL
+    with pytest.raises(KeyError, match=r"shape \(7, 7\)"):
+        timed_row({}, 49, (7, 7), cands, applies)
+
+
+def test_torch_codec_timing_runs_once_per_class(monkeypatch):
+    """158 tensors of a model in a handful of classes cost a handful of timings."""
+    from hvd_compress.auto import calibration
+    calls = []
+    monkeypatch.setattr(calibration, "codec_seconds",
+                        lambda schemes, numel, shape, size, decodes=None: calls.append(shape) or
+                        [None if s is None else 1e-9 * numel for s in schemes])
+    tensors = {f"conv{i}": (9 * 32 * 32, (3, 3, 32, 32)) for i in range(50)}
+    tensors.update({f"bn{i}": (32, (32,)) for i in range(100)})
+    tensors["fc"] = (1280 * 1000, (1280, 1000))
+    cands = default_candidates(two_phase=False)
+    rows = calibration.measure_codecs(tensors, sorted(tensors), cands, 2, hvd_compress.auto.applies)
+    assert calls == [(1280, 1000), (3, 3, 32, 32), (32,)]  # the largest first
+    assert len(rows) == len(tensors) and rows[0] == rows[1]
+
+
+@pytest.mark.parametrize("link, size, swap", [(SLOW, 2, 1 << 20), (FAST, 2, 0), (SLOW, 3, 0),
+                                              (Link(50e-6, 125e6), 2, 0)])
+def test_the_two_rank_swap_follows_the_probed_link(link, size, swap, monkeypatch):
+    """Between 2 ranks on a slow link (100 Mbit/s) Auto switches the swap of
+    payloads >= 1 MiB on (rank 0's choice, broadcast with the plan); on a
+    fast link (1 Gbit/s and up) or at 3 ranks it stays off; the environment
+    variable wins where set, and a saved plan brings its choice back."""
+    from hvd_compress.adapter import PAIR_SWAP_ENV, pair_swap_min_bytes
+    from hvd_compress.torch_adapter import TorchAdapter
+    monkeypatch.delenv(PAIR_SWAP_ENV, raising=False)
+    auto = hvd_compress.Auto(calibration_steps=5, codec_costs={"Int8": 1e-9})
+    auto.use_adapter("torch", TorchAdapter())
+    for key, (numel, shape) in TENSORS.items():
+        auto.plan_for(key, numel, shape)
+    auto.decide(5, OneRankCalibration(link, size), step_times=[0.0, 0.01])
+    adapter = auto.adapters["torch"]
+    assert auto.plan_state.pair_swap_bytes == swap and adapter.pair_swap_chosen == (swap or None)
+    assert pair_swap_min_bytes(adapter.pair_swap_chosen) == (swap or None)
+    monkeypatch.setenv(PAIR_SWAP_ENV, "7")
+    assert pair_swap_min_bytes(adapter.pair_swap_chosen) == 7
+    again = hvd_compress.Auto(calibration_steps=5, codec_costs={"Int8": 1e-9})
+    again.use_adapter("torch", TorchAdapter())
+    again.load_state_dict(auto.state_dict())
+    assert again.adapters["torch"].pair_swap_chosen == (swap or None)
+
+
+def test_on_shared_cores_the_largest_probe_outweighs_the_waits():
+    """8 ranks sharing 2 cores at 1 Gbit/s (the early probe's fit below the
+    wait for a core, as measured by ``bench scale``): the largest probe moves
+    bytes for 4x the latency steps with their waits, beyond the default
+    sizes; the budget's sizes stand where every rank has a core."""
+    from hvd_compress.auto.probe import (DEFAULT_PROBE_NUMELS, MAX_PROBE_NUMEL, SHARED_BYTES_TO_LATENCY,
+                                         probe_numels_for)
+    from hvd_compress.costmodel.model import CORE_WAIT_S, shared_host
+    early = Link(1.26e-3, 90e6)  # what the early probe read there
+    machine = shared_host(8, 2, core_wait_s=0.0)
+    assert probe_numels_for(DEFAULT_PROBE_NUMELS, early, 8) == DEFAULT_PROBE_NUMELS
+    sizes = probe_numels_for(DEFAULT_PROBE_NUMELS, early, 8, machine)
+    latency_steps_s = 14 * CORE_WAIT_S * (8 / 2 - 1)
+    bytes_s = comm_time("allreduce", 4 * sizes[-1], 8, early.bytes_per_s, 0.0)[1]
+    assert sizes[:2] == DEFAULT_PROBE_NUMELS[:2] and DEFAULT_PROBE_NUMELS[-1] < sizes[-1] <= MAX_PROBE_NUMEL
+    assert bytes_s == pytest.approx(SHARED_BYTES_TO_LATENCY * latency_steps_s, rel=1e-3)
+    # 4 ranks sharing 2 cores at 100 Mbit/s: the waits are small against the budget: the budget caps
+    slow = probe_numels_for(DEFAULT_PROBE_NUMELS, SLOW, 4, shared_host(4, 2, core_wait_s=0.0))
+    seconds = comm_time("allreduce", 4 * slow[-1], 4, SLOW.bytes_per_s, CORE_WAIT_S)[1]
+    assert slow[:2] == DEFAULT_PROBE_NUMELS[:2] and seconds == pytest.approx(0.1, rel=1e-3)

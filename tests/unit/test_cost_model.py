@@ -142,6 +142,11 @@ def test_machine_of_counts_the_ranks_that_share_a_kernel():
     assert machine.machine_of([a, a, a, b], 1, 2).ranks_per_host == 3  # the busiest machine
     assert machine.machine_of([a, b], 3, 2).ranks_per_host == 3  # Horovod's count where it is larger
     assert machine.machine_of([], 1, None) is cm.LINK_ONLY
+    # gathered from every rank: the same machine on every rank, the fewest cores and the largest local_size
+    rows = [[a, 2, 1], [a, 4, 1], [a, 4, 1], [a, 4, 1], [b, 2, 3]]
+    assert machine.agreed_machine(rows) == machine.machine_of([a, a, a, a, b], 3, 2)
+    assert machine.agreed_machine(rows).ranks_per_host == 4 and machine.agreed_machine(rows).cpus == 2
+    assert machine.this_rank(5)[1:] == [machine.usable_cpus(), 5]
 
 
 def test_kernel_id_is_stable_in_a_process_and_an_integer():

@@ -182,10 +182,10 @@ def test_auto_replans_after_a_reset_and_keeps_its_residuals():
     adapter = InProcessAdapter(World(2), 0)
     auto._adapters["torch"] = adapter
     adapter.params.of("w").residual = torch.ones(4)
-    auto.history = [(5, {}, 0)]
-    auto.tensors = {"w": (4, (4,))}
+    auto.plan_state.history = [(5, {}, 0)]
+    auto.plan_state.tensors = {"w": (4, (4,))}
     auto.replan_after_reset()
-    assert auto.history == [] and auto.tensors == {} and auto.early_link is None
+    assert auto.plan_state.history == [] and auto.plan_state.tensors == {} and auto.plan_state.early_link is None
     assert torch.equal(adapter.params["w"].residual, torch.ones(4))
 
 

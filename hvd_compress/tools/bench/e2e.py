@@ -69,7 +69,7 @@ def expected_wire(transport, payload, n):
     return float(n - 1) * payload
 
 
-def _rate_label(r):
+def rate_label(r):
     return "unshaped" if r is None else f"{r:g} Mbit/s"
 
 
@@ -106,9 +106,9 @@ def run(framework="torch", model="mlp", params="16M", hosts=2, workers=None, rat
             if measure_link:
                 try:
                     measured = c.measure_throughput_mbit(src=1 if hosts > 1 else 0, dst=0, seconds=2.0)
-                    prog.note(f"link {_rate_label(rate)}: measured TCP goodput {measured:.0f} Mbit/s")
+                    prog.note(f"link {rate_label(rate)}: measured TCP goodput {measured:.0f} Mbit/s")
                 except Exception as e:  # the benchmark can go on without it
-                    prog.note(f"link {_rate_label(rate)}: throughput measurement failed: {e}")
+                    prog.note(f"link {rate_label(rate)}: throughput measurement failed: {e}")
             for spec in schemes:
                 out = os.path.join(tmp, f"r{len(rows) + len(failures)}.json")
                 cmd = [sys.executable, "-m", "hvd_compress.tools.bench.e2e_worker", "--framework", framework,
@@ -125,11 +125,11 @@ def run(framework="torch", model="mlp", params="16M", hosts=2, workers=None, rat
                 except subprocess.TimeoutExpired as e:
                     rc, err = "timeout", str(e.stderr or "")[-3000:]
                 after = c.link_bytes()
-                label = f"{_rate_label(rate):>13} {spec:<24}"
+                label = f"{rate_label(rate):>13} {spec:<24}"
                 if rc != 0 or not os.path.exists(out):
                     failures.append({"scheme": spec, "link_mbit": rate, "rc": rc,
-                                     "log_tail": _clean_log(err)[-4000:]})
-                    prog.step(label, f"FAILED (exit {rc}); log tail:\n{_clean_log(err)[-1500:]}")
+                                     "log_tail": clean_log(err)[-4000:]})
+                    prog.step(label, f"FAILED (exit {rc}); log tail:\n{clean_log(err)[-1500:]}")
                     continue
                 with open(out) as f:
                     row = json.load(f)
@@ -167,7 +167,7 @@ def run(framework="torch", model="mlp", params="16M", hosts=2, workers=None, rat
     _add_speedups(rows)
     print(format_table(rows), file=stream)
     if failures:
-        print("FAILED runs: " + ", ".join(f"{f['scheme']} @ {_rate_label(f['link_mbit'])} (exit {f['rc']})"
+        print("FAILED runs: " + ", ".join(f"{f['scheme']} @ {rate_label(f['link_mbit'])} (exit {f['rc']})"
                                           for f in failures), file=stream)
     if out_json:
         write_json(out_json, rows)
@@ -186,7 +186,7 @@ class Rows(list):
         self.failures = list(failures)
 
 
-def _clean_log(text):
+def clean_log(text):
     drop = ("I0000 ", "WARNING: All log messages", "oneDNN custom operations", "cudart_stub",
             "Could not find cuda drivers")
     return "\n".join(l for l in str(text).splitlines() if not any(d in l for d in drop))
@@ -226,7 +226,7 @@ def format_table(rows):
     def f2(v):
         return "-" if v is None else f"{v:.2f}"
 
-    cols = [("link", lambda r: _rate_label(r["link_mbit"]), ">"),
+    cols = [("link", lambda r: rate_label(r["link_mbit"]), ">"),
             ("scheme", lambda r: r["scheme"], "<"),
             ("step (median)", lambda r: human_seconds(r["median_step_s"]), ">"),
             ("compute", lambda r: human_seconds(r.get("compute_s")), ">"),
@@ -271,7 +271,7 @@ def plot(rows, path):
             ys.append(m[0] if m else np.nan)
         ax.plot(range(len(rates)), ys, marker="o", label=s)
     ax.set_xticks(range(len(rates)))
-    ax.set_xticklabels([_rate_label(r) for r in rates])
+    ax.set_xticklabels([rate_label(r) for r in rates])
     ax.set_yscale("log")
     ax.set_xlabel("link rate (tc tbf on every host's veth)")
     ax.set_ylabel("median step time [s]")
@@ -297,7 +297,7 @@ def plot(rows, path):
         for s in schemes:
             m = [r.get("wire_bytes_per_step") for r in rows if r["scheme"] == s and r["link_mbit"] == rate]
             w.append(m[0] if m and m[0] else np.nan)
-        ax.bar(x - 0.4 + width * (j + 1.5), w, width, label=f"wire (veth tx), {_rate_label(rate)}")
+        ax.bar(x - 0.4 + width * (j + 1.5), w, width, label=f"wire (veth tx), {rate_label(rate)}")
     ax.set_xticks(x)
     ax.set_xticklabels(schemes, rotation=20, ha="right")
     ax.set_yscale("log")

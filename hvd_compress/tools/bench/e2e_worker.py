@@ -473,7 +473,7 @@ def _measure(a, hvd, barrier, dist_step, comp, compute, bcast, gather, timed=Non
           "idle_tx": None if c0 is None else c2[1] - c1[1], "idle_rx": None if c0 is None else c2[0] - c1[0],
           "payload_bytes_per_step": _payload_per_step(comp, steps), "loss_first": losses[0],
           "loss_last": losses[-1], "breakdown_steps": clock.steps if clock is not None else None,
-          "auto_check_seconds": comp.check_seconds if _is_auto(comp) else None}
+          "auto_check_seconds": comp.plan_state.check_seconds if _is_auto(comp) else None}
     return gather(me)
 
 
@@ -482,14 +482,14 @@ def _compressor_info(a, comp, spec, layer_shapes, size):
     info = {"transport": _transport(comp), "warmup": _warmup_steps(a, comp), "layer_shapes": layer_shapes}
     if _is_auto(comp):
         info["auto_plan"] = comp.describe()  # the table of what Auto chose per tensor
-        info["auto_history_starts"] = [start for start, *_ in comp.history]
+        info["auto_history_starts"] = [start for start, *_ in comp.plan_state.history]
         info["auto_calibration_steps"] = comp.calibration_steps
         info["auto_recheck_every"] = comp.recheck_every
         # the early probe's link (None: not probed) and what each tensor was calibrated with
-        early = comp.early_link
+        early = comp.plan_state.early_link
         info["auto_early_link"] = None if early is None else {"latency_s": early.latency_s,
                                                                "bytes_per_s": early.bytes_per_s}
-        info["auto_calibrated_with"] = dict(comp.provisional)
+        info["auto_calibrated_with"] = dict(comp.plan_state.provisional)
     return info
 
 

@@ -1,0 +1,169 @@
+"""One rank of ``hvd-compress bench models`` (under ``horovodrun``): a
+Horovod-style synthetic benchmark of one architecture and one scheme
+(:mod:`hvd_compress.tools.bench.architectures`; the same batch every step,
+SGD with momentum, Horovod's ``DistributedOptimizer`` /
+``DistributedGradientTape``).  Rank 0 writes one JSON row.
+
+Each rank clocks every step (the model built and broadcast first); a step's
+time is the slowest rank's.  ``median_step_s`` is the median of the timed
+steps; ``startup_s`` is what the steps before them took beyond as many
+steady steps (the first step's tracing, Auto's calibration and decision),
+``first_step_s`` the first step alone.  For ``Auto()``, ``auto_startup``
+breaks it down: this rank's seconds probing the link, timing the codecs and
+deciding, the calibration steps, and the steps (and their seconds) before
+the plan in force at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+
+def _compression(spec, framework):
+    from .specs import HOROVOD_SPECS, horovod_compression, parse_spec
+    return horovod_compression(spec, framework) if spec in HOROVOD_SPECS else parse_spec(spec)
+
+
+def _is_auto(comp):
+    from hvd_compress import Auto
+    return isinstance(comp, Auto)
+
+
+def _untimed_steps(a, comp):
+    """``--warmup``, plus Auto's calibration steps and the step that decides."""
+    return a.warmup + (comp.calibration_steps + 1 if _is_auto(comp) else 0)
+
+
+def _clock(step, count):
+    out = []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        step()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def run_torch(a):
+    import torch
+    import horovod.torch as hvd
+
+    from .architectures import torch_model
+    hvd.init()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(a.seed)
+    model, make_batch, loss_fn = torch_model(a.model, a.size)
+    x, y = make_batch(a.batch, seed=a.seed + hvd.rank())
+    comp = _compression(a.scheme, "torch")
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+                                   named_parameters=model.named_parameters(), compression=comp)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+
+    def step():
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+    times = _clock(step, _untimed_steps(a, comp) + a.steps)
+    tensors = [list(p.shape) for p in model.parameters()]
+    return _finish(a, hvd, comp, times, tensors, hvd.allgather_object)
+
+
+def run_tf(a):
+    import tensorflow as tf
+    tf.config.threading.set_intra_op_parallelism_threads(a.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(a.threads)
+    import horovod.tensorflow as hvd
+
+    from .architectures import tf_model
+    hvd.init()
+    tf.random.set_seed(a.seed)
+    model, make_batch, loss_obj = tf_model(a.model, a.size)
+    x, y = make_batch(a.batch, seed=a.seed + hvd.rank())
+    opt = tf.keras.optimizers.SGD(learning_rate=0.01, momentum=0.9)
+    comp = _compression(a.scheme, "tensorflow")
+
+    @tf.function
+    def train(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_obj(y, model(x, training=True))
+        tape = hvd.DistributedGradientTape(tape, compression=comp, sparse_as_dense=True)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+    hvd.broadcast_variables(model.variables, root_rank=0)
+    times = _clock(lambda: float(train(x, y)), _untimed_steps(a, comp) + a.steps)
+    tensors = [v.shape.as_list() for v in model.trainable_variables]
+    return _finish(a, hvd, comp, times, tensors, hvd.allgather_object)
+
+
+def _finish(a, hvd, comp, times, tensors, gather):
+    """Every rank's clocks gathered; rank 0 writes the row."""
+    everyone = gather(times)
+    slowest = [max(ts) for ts in zip(*everyone)]
+    auto = _auto_startup(comp, slowest) if _is_auto(comp) else None
+    if hvd.rank() != 0:
+        return 0
+    untimed = len(slowest) - a.steps
+    median = statistics.median(slowest[untimed:])
+    row = {"model": a.model, "size": a.size, "framework": a.framework, "workers": hvd.size(), "scheme": a.scheme,
+           "batch": a.batch, "threads": a.threads, "steps": a.steps, "untimed_steps": untimed,
+           "median_step_s": median, "first_step_s": slowest[0],
+           "startup_s": max(0.0, sum(slowest[:untimed]) - untimed * median), "step_s_all": slowest,
+           "tensors": len(tensors), "params": sum(_numel(s) for s in tensors),
+           "plan": _plan_counts(comp) if auto is not None else None, "auto_startup": auto}
+    with open(a.out, "w") as f:
+        json.dump(row, f)
+    return 0
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _plan_counts(comp):
+    """Auto's plan in force: ``{candidate label: tensors}``."""
+    counts = {}
+    for label in comp.current_plan().values():
+        counts[label] = counts.get(label, 0) + 1
+    return counts
+
+
+def _auto_startup(comp, slowest):
+    """What Auto's start cost: this rank's seconds in its probes, codec timings
+    (at the trace in TensorFlow) and decision, its calibration steps, and the
+    steps before the plan in force at the end with their seconds."""
+    state = comp.plan_state
+    seconds = dict(state.check_seconds or {})
+    final = state.history[-1][0] if state.history else len(slowest)
+    return {"probe_s": seconds.get("early_probe", 0.0) + seconds.get("probe", 0.0),
+            "codec_s": seconds.get("codecs", 0.0) + seconds.get("trace_codecs", 0.0),
+            "decide_s": seconds.get("decide"), "calibration_steps": comp.calibration_steps,
+            "steps_before_final_plan": final, "steps_before_final_plan_s": sum(slowest[:final]),
+            "plans_adopted": len(state.history), "link": None if state.link is None else
+            {"latency_s": state.link.latency_s, "bytes_per_s": state.link.bytes_per_s},
+            "pair_swap_bytes": state.pair_swap_bytes}
+
+
+def main(argv=None):
+    from .architectures import ARCHITECTURES, SIZES
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--framework", choices=["torch", "tensorflow"], default="torch")
+    ap.add_argument("--model", choices=ARCHITECTURES, required=True)
+    ap.add_argument("--size", choices=SIZES, default="full")
+    ap.add_argument("--scheme", required=True)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    return run_torch(a) if a.framework == "torch" else run_tf(a)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
