@@ -238,7 +238,7 @@ def test_resume_from_a_tf_checkpoint_keeps_the_plan(monkeypatch):
     run2 = Injected(resumed)
     tf.train.Checkpoint(hvdc=resumed.tf_checkpointable(), v=run2.vars).restore(path).assert_existing_objects_matched()
     assert resumed.current_plan() == plan
-    assert [(s, v) for s, _, v in resumed.history] == [(s, v) for s, _, v in history]
+    assert [(s, v) for s, _, v in resumed.plan_state.history] == [(s, v) for s, _, v in history]
     run2.step(4)
     restored = resumed.adapter_for("tensorflow")
     assert restored.steps["w:0"].numpy() == 4

@@ -213,7 +213,7 @@ def test_resume_keeps_the_plan(monkeypatch):
     resumed = hvd_compress.Auto(**kwargs)
     resumed.load_state_dict(saved)
     assert resumed.current_plan() == plan
-    assert [(start, version) for start, _, version in resumed.history] == [(s, v) for s, _, v in history]
+    assert [(start, version) for start, _, version in resumed.plan_state.history] == [(s, v) for s, _, v in history]
     model2, opt2 = build(resumed)
     model2.load_state_dict(model.state_dict())
     train_step(model2, opt2, 4)
