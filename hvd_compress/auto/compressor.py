@@ -114,7 +114,6 @@ class AutoPlan:
                    history=[(start, {k: Choice(*c) for k, c in ch.items()}, v) for start, ch, v in saved["history"]])
 
 
-
 class Auto(Compressor):
     """Per-tensor compression chosen from measurements; see the module
     docstring, which also says how TensorFlow differs and its limits there.

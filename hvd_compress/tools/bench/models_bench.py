@@ -77,9 +77,15 @@ def run(models="resnet50,mobilenetv2,bert,gpt2", frameworks="torch,tensorflow", 
                                              f"{human_seconds(got['startup_s'])}")
     _add_best_fixed(rows)
     print(format_table(rows), file=stream)
+    if failures:
+        print("FAILED runs: " + ", ".join(f"N={f['workers']} {rate_label(f['link_mbit'])} {f['framework']} "
+                                          f"{f['model']} {f['scheme']} (exit {f['rc']})" for f in failures),
+              file=stream)
     if out_json:
         write_json(out_json, merged(out_json, rows) if merge else rows)
         print(f"wrote {out_json}", file=stream)
+        if failures:
+            write_json(os.path.splitext(out_json)[0] + "_failures.json", failures)
     return rows, failures
 
 
