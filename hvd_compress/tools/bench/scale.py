@@ -90,7 +90,7 @@ import tempfile
 import time
 
 from ..units import parse_count
-from .e2e import REPO, _clean_log, _rate_label, parse_rates
+from .e2e import REPO, clean_log, rate_label, parse_rates
 from .report import Progress, human_bytes, human_count, human_seconds, table, write_json
 from .specs import parse_spec, split_specs
 
@@ -294,9 +294,9 @@ def run(workers=DEFAULT_WORKERS, rates=DEFAULT_RATES, schemes=DEFAULT_SCHEMES, m
             try:
                 goodput = c.measure_throughput_mbit(src=1, dst=0, seconds=2.0)
                 rtt = measure_rtt_s(c)
-                prog.note(f"link {_rate_label(rate)}: TCP goodput {goodput:.0f} Mbit/s, rtt {rtt * 1e3:.2f} ms")
+                prog.note(f"link {rate_label(rate)}: TCP goodput {goodput:.0f} Mbit/s, rtt {rtt * 1e3:.2f} ms")
             except Exception as e:  # the benchmark can go on without them
-                prog.note(f"link {_rate_label(rate)}: link measurement failed: {e}")
+                prog.note(f"link {rate_label(rate)}: link measurement failed: {e}")
             for n in workers:
                 out = os.path.join(tmp, f"n{n}_r{rate}.json")
                 cmd = [sys.executable, "-m", "hvd_compress.tools.bench.e2e_worker", "--framework", "torch",
@@ -313,10 +313,10 @@ def run(workers=DEFAULT_WORKERS, rates=DEFAULT_RATES, schemes=DEFAULT_SCHEMES, m
                     rc, log = r.returncode, (r.stdout or "") + (r.stderr or "")
                 except subprocess.TimeoutExpired as e:
                     rc, log = "timeout", str(e.stderr or "")
-                label = f"{_rate_label(rate):>13} N={n}"
+                label = f"{rate_label(rate):>13} N={n}"
                 if rc != 0 or not os.path.exists(out):
-                    failures.append({"workers": n, "link_mbit": rate, "rc": rc, "log_tail": _clean_log(log)[-4000:]})
-                    prog.step(label, f"FAILED (exit {rc}); log tail:\n{_clean_log(log)[-1500:]}")
+                    failures.append({"workers": n, "link_mbit": rate, "rc": rc, "log_tail": clean_log(log)[-4000:]})
+                    prog.step(label, f"FAILED (exit {rc}); log tail:\n{clean_log(log)[-1500:]}")
                     continue
                 with open(out) as f:
                     got = json.load(f)
@@ -349,11 +349,11 @@ def run(workers=DEFAULT_WORKERS, rates=DEFAULT_RATES, schemes=DEFAULT_SCHEMES, m
         for c_ in comparison:
             paired = c_["paired"]
             paired = f"; pass by pass {paired[0]:.2f} ({paired[1]:.2f}-{paired[2]:.2f})" if paired else ""
-            print(f"  N={c_['workers']} {_rate_label(c_['link_mbit'])}: {c_['auto_scheme']} "
+            print(f"  N={c_['workers']} {rate_label(c_['link_mbit'])}: {c_['auto_scheme']} "
                   f"{human_seconds(c_['auto_step_s'])}, best {c_['best_scheme']} {human_seconds(c_['best_step_s'])}, "
                   f"ratio {c_['ratio']:.2f}{paired}", file=stream)
     if failures:
-        print("FAILED runs: " + ", ".join(f"N={f['workers']} @ {_rate_label(f['link_mbit'])} (exit {f['rc']})"
+        print("FAILED runs: " + ", ".join(f"N={f['workers']} @ {rate_label(f['link_mbit'])} (exit {f['rc']})"
                                           for f in failures), file=stream)
     if out_png and all_rows:
         print("wrote " + plot(all_rows, out_png), file=stream)
@@ -365,7 +365,7 @@ def format_table(rows):
         return "-" if v is None else f"{v:.2f}"
 
     rows = sorted(rows, key=lambda r: (r["link_mbit"] or 0, r["workers"]))
-    cols = [("link", lambda r: _rate_label(r["link_mbit"]), ">"),
+    cols = [("link", lambda r: rate_label(r["link_mbit"]), ">"),
             ("N", lambda r: r["workers"], ">"),
             ("scheme", lambda r: r["scheme"], "<"),
             ("step", lambda r: human_seconds(r["median_step_s"]), ">"),
@@ -406,7 +406,7 @@ def markdown(rows):
     lines = [head]
     for r in sorted(rows, key=lambda r: (r["link_mbit"] or 0, r["workers"])):
         load = r.get("loadavg_1m_before")
-        lines.append(f"| {_rate_label(r['link_mbit'])} | {r['workers']} | {r['scheme']} | {r['transport']} | "
+        lines.append(f"| {rate_label(r['link_mbit'])} | {r['workers']} | {r['scheme']} | {r['transport']} | "
                      f"{ms(r['median_step_s'])} | {ms(r.get('compute_s'))} | {ms(r.get('link_s'))} | "
                      f"{ms(r.get('encode_s_per_step'))} | {ms(r.get('decode_s_per_step'))} | "
                      f"{ratio(r.get('speedup_vs_none'))} | {ratio(r.get('speedup_vs_hvd_fp16'))} | "
@@ -417,7 +417,7 @@ def markdown(rows):
     if cmp_:
         lines += ["", "| link | N | Auto | its step ms | best fixed | its step ms | best / Auto | pass by pass |",
                   "|---|---:|---|---:|---|---:|---:|---|"]
-        lines += [f"| {_rate_label(c['link_mbit'])} | {c['workers']} | {c['auto_scheme']} | {ms(c['auto_step_s'])} | "
+        lines += [f"| {rate_label(c['link_mbit'])} | {c['workers']} | {c['auto_scheme']} | {ms(c['auto_step_s'])} | "
                   f"{c['best_scheme']} | {ms(c['best_step_s'])} | {c['ratio']:.2f} | "
                   + ("-" if not c["paired"] else f"{c['paired'][0]:.2f} ({c['paired'][1]:.2f}-{c['paired'][2]:.2f})")
                   + " |" for c in cmp_]
@@ -449,9 +449,9 @@ def plot(rows, path):
                              "-", marker="o", color=color, label=lab)
     r0 = rows[0]
     desc = f"{r0['model']} {human_count(r0['model_params'])} params, torch, Gloo, one rank a host"
-    axes[0].set_title("median step [s]; " + ", ".join(f"{styles[j % 4]} {_rate_label(r)}" for j, r in enumerate(rates)),
+    axes[0].set_title("median step [s]; " + ", ".join(f"{styles[j % 4]} {rate_label(r)}" for j, r in enumerate(rates)),
                       fontsize=9)
-    axes[1].set_title(f"bytes sent per host per step ({_rate_label(rates[0])})", fontsize=9)
+    axes[1].set_title(f"bytes sent per host per step ({rate_label(rates[0])})", fontsize=9)
     for ax in axes:
         ax.set_xlabel("workers N")
         ax.set_yscale("log")
