@@ -352,16 +352,35 @@ def _breakdown_step(a, hvd, dopt, comp, model, loss_fn, x, y):
 
 
 # ----------------------------------------------------------------------------- TensorFlow
-def run_tf(a):
+def init_tf(threads, seed):
+    """TensorFlow with ``threads`` threads, Horovod started, the seed set: (tf, hvd)."""
     import tensorflow as tf
-    tf.config.threading.set_intra_op_parallelism_threads(a.threads)
-    tf.config.threading.set_inter_op_parallelism_threads(a.threads)
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(threads)
     import horovod.tensorflow as hvd
+    hvd.init()
+    tf.random.set_seed(seed)
+    return tf, hvd
 
+
+def distributed_step(tf, hvd, model, loss_obj, opt, comp):
+    """A traced training step ``(x, y) -> loss`` through Horovod's
+    ``DistributedGradientTape`` with ``comp``."""
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_obj(y, model(x, training=True))
+        tape = hvd.DistributedGradientTape(tape, compression=comp, sparse_as_dense=True)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+    return step
+
+
+def run_tf(a):
     from .models import tf_model
 
-    hvd.init()
-    tf.random.set_seed(a.seed)
+    tf, hvd = init_tf(a.threads, a.seed)
     model, make_batch, loss_obj = tf_model(a.model, a.params)
     x, y = make_batch(a.batch, seed=a.seed + hvd.rank())
     opt = tf.keras.optimizers.SGD(learning_rate=a.lr, momentum=0.9)
@@ -376,14 +395,7 @@ def run_tf(a):
         opt.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
-    @tf.function
-    def dist_step_fn(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_obj(y, model(x, training=True))
-        tape = hvd.DistributedGradientTape(tape, compression=comp, sparse_as_dense=True)
-        grads = tape.gradient(loss, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
+    dist_step_fn = distributed_step(tf, hvd, model, loss_obj, opt, comp)
 
     def barrier():
         hvd.allreduce(tf.zeros([1]), name="hvdc.bench.barrier", op=hvd.Sum)

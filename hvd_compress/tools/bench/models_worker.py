@@ -70,27 +70,15 @@ def run_torch(a):
 
 
 def run_tf(a):
-    import tensorflow as tf
-    tf.config.threading.set_intra_op_parallelism_threads(a.threads)
-    tf.config.threading.set_inter_op_parallelism_threads(a.threads)
-    import horovod.tensorflow as hvd
-
     from .architectures import tf_model
-    hvd.init()
-    tf.random.set_seed(a.seed)
+    from .e2e_worker import distributed_step, init_tf
+    tf, hvd = init_tf(a.threads, a.seed)
     model, make_batch, loss_obj = tf_model(a.model, a.size)
     x, y = make_batch(a.batch, seed=a.seed + hvd.rank())
     opt = tf.keras.optimizers.SGD(learning_rate=0.01, momentum=0.9)
     comp = _compression(a.scheme, "tensorflow")
 
-    @tf.function
-    def train(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_obj(y, model(x, training=True))
-        tape = hvd.DistributedGradientTape(tape, compression=comp, sparse_as_dense=True)
-        grads = tape.gradient(loss, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
+    train = distributed_step(tf, hvd, model, loss_obj, opt, comp)
     hvd.broadcast_variables(model.variables, root_rank=0)
     times = _clock(lambda: float(train(x, y)), _untimed_steps(a, comp) + a.steps)
     tensors = [v.shape.as_list() for v in model.trainable_variables]
