@@ -218,7 +218,7 @@ class Compressor:
     def decompress(self, tensor, ctx):
         if ctx is None:  # passthrough, and Horovod's sparse path
             return tensor
-        return ctx.adapter.decompress(self, tensor, ctx)
+        return self.adapter_for(ctx.roles.B.name).decompress(self, tensor, ctx)
 
     # --- per-tensor plan (overridden by Policy and Schedule) ---------------------
     def plan_for(self, key, numel, shape):
@@ -254,7 +254,7 @@ class Compressor:
             # "config", so the state stays strings and tensors only)
             out["owner"] = json.dumps({"rank": where[0], "world_size": where[1]})
         for name, adapter in self._adapters.items():
-            out[name] = adapter.state_dict()
+            out[name] = adapter.roles.store.state_dict()
         return out
 
     def load_state_dict(self, state, allow_other_rank=False):
@@ -274,7 +274,9 @@ class Compressor:
                              f"state_dict per rank (or pass allow_other_rank=True)")
         for name, sub in state.items():
             if name not in ("config", "owner"):
-                self.adapter_for(name).load_state_dict(sub)
+                adapter = self.adapter_for(name)
+                if adapter.roles.store.load_state_dict(sub):  # the state replaced: what was in flight is stale
+                    adapter.forget_in_flight()
 
     def reset_state(self):
         """Forget residuals and counters (e.g. after an elastic membership change)."""
@@ -283,7 +285,7 @@ class Compressor:
 
     def tf_checkpointable(self):
         """A ``tf.Module`` tracking the TF state variables, for ``tf.train.Checkpoint``."""
-        return self.adapter_for("tensorflow").checkpointable()
+        return self.adapter_for("tensorflow").state_module
 
     # --- framework adapters ----------------------------------------------------------
     #: the frameworks a compressor keeps state for, by the names its adapters go under

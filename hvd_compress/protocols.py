@@ -80,6 +80,7 @@ class Backend(Protocol):
     def orthonormalize(self, m): ...  # orthonormal columns spanning m's (QR)
 
     # randomness without global state: the same seed gives the same draws on every rank
+    def seed_for(self, base, step): ...  # the seed of base's draws at step (an int, or a TF tensor)
     def uniform(self, n, seed, like): ...  # U[0, 1) float32
     def randperm_prefix(self, n, k, seed, like): ...  # k distinct sorted indices in [0, n)
 
@@ -125,3 +126,56 @@ class Memory(Protocol):
 
 #: a scheme's private random draws: n -> U[0, 1) float32
 Uniform = Callable[[int], Tensor]
+
+
+# --- the roles a framework hands a transport (hvd_compress.transports.base.Roles) ---------------
+@runtime_checkable
+class Collectives(Protocol):
+    """Side collectives under deterministic names, the same on every rank;
+    each returns a handle that :meth:`wait` turns into the result (graph
+    frameworks: the result itself)."""
+    packs_gathers: bool  # several fixed-length parts may travel as one allgather of bytes
+
+    def allgather(self, tensor, name: str, process_set): ...
+    def allgather_fixed(self, tensor, name: str, process_set, rank: int, size: int): ...  # same shape on every rank
+    def allreduce_sum(self, tensor, name: str, process_set): ...
+    def alltoall(self, tensor, name: str, process_set): ...  # equal splits along the first dimension
+    def wait(self, handle): ...
+    def nbytes(self, tensor): ...
+    def dynamic_length(self, tensor): ...  # the element count of a 1-D tensor of data-dependent length
+
+
+@runtime_checkable
+class StateStore(Protocol):
+    """Per-parameter state kept between steps, by key, in the slots of
+    :mod:`hvd_compress.feedback.memory` (``residual``, ``momentum``, ...)."""
+    B: Backend
+
+    def get_memory(self, name: str, key: str, numel: int, like): ...  # made (zeros) at first use
+    def set_memory(self, name: str, key: str, value): ...  # returns a dependency (TF) or None
+    def get_state(self, key: str, name: str, init: Callable[[], Tensor]): ...  # scheme state (PowerSGD's Q)
+    def set_state(self, key: str, name: str, value): ...
+    def workspace(self, key: str) -> dict: ...  # scratch buffers reused from step to step
+    def next_step(self, key: str): ...  # counts one more communication; returns the count
+    def record_bytes(self, comp, key: str, scheme, numel: int, nbytes): ...
+
+
+@runtime_checkable
+class CodecProvider(Protocol):
+    """The fused codecs of one framework (:mod:`hvd_compress.codecs`), or None
+    where the scheme's eager code runs."""
+    on_chunks: bool  # codecs may run on views of a tensor (two-phase's chunks)
+
+    def fused_codec(self, scheme: Scheme, memory: Optional[Memory], x): ...
+    def lowrank_codec(self, scheme: Scheme, memory: Optional[Memory], x): ...
+    def fused_momentum(self, memory: Memory, key: str, numel: int, x, ws: dict, out): ...
+
+
+@runtime_checkable
+class SecondRounds(Protocol):
+    """When the second collective of a two-round transport starts: the
+    adapter's only part in a transport's flow, since the order spans tensors."""
+    defers: bool  # second rounds wait for a decompress, then start together in key order
+
+    def defer(self, pending) -> None: ...
+    def launch(self, pending) -> None: ...  # this pending's (and, deferring, every waiting one's)

@@ -1,11 +1,12 @@
 """The flow shared by the framework adapters: from Horovod's ``compress`` call
 to a transport, and back in ``decompress``.
 
-An adapter owns one framework's per-parameter state (residuals, step
-counters, scheme state) and its collectives.  What moves a payload between
-ranks is a :class:`~hvd_compress.transports.Transport`, picked per tensor;
-subclasses supply finding the caller's parameter name and process set, state
-storage, and the collectives.
+An adapter finds the caller's parameter and process set, and composes the
+roles a :class:`~hvd_compress.transports.Transport` is handed
+(:class:`~hvd_compress.transports.base.Roles`): the framework's collectives,
+its per-parameter state store, its codec provider, and when second rounds
+start (:class:`SecondRounds`).  The transport, picked per tensor, moves the
+payload with those and never calls back here.
 """
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..cross_rank import stable_hash
-from ..schemes.base import SeededDraws
-from .param_state import StateTable
+from ..schemes.base import EncodeContext, SeededDraws
 from ..transports import Call, transport_for
+from ..transports.base import Gradient, Group
 from ..transports.two_phase import choose_two_phase  # noqa: F401  (re-exported)
 
 
@@ -25,7 +26,7 @@ PAIR_SWAP_ENV = "HVDC_PAIR_SWAP_MIN_BYTES"
 
 
 def pair_swap_min_bytes(chosen=None):
-    """From how many bytes up an adapter's ``allgather_fixed`` between 2 ranks
+    """From how many bytes up the collectives' ``allgather_fixed`` between 2 ranks
     travels as a reduce-scatter instead of an allgather: ``HVDC_PAIR_SWAP_MIN_BYTES``
     (a byte count; it must be the same on every rank) where set, else
     ``chosen`` (what ``Auto``'s link probe chose, the same on every rank; None:
@@ -55,118 +56,99 @@ class CallerInfo:
     owns_input: bool = False
 
 
-class AdapterBase:
-    B = None  # the framework's backend
-    #: start second rounds of all pending tensors together (eager frameworks)
-    defer_second_rounds = False
-    #: the fused codecs encode views of a tensor and update state in place, so
-    #: two-phase may run them chunk by chunk (torch; TF's codecs are graph ops
-    #: bound to a whole residual variable)
-    fused_codecs_on_chunks = False
-    #: a payload of several fixed-length parts travels as one allgather of its bytes
-    #: (``to_bytes``/``from_bytes``; torch); else one allgather per part (TF's graph)
-    packs_gathers = False
+class SecondRounds:
+    """When a two-round transport's second collective starts: at its own
+    ``finish`` (graph frameworks, where every round is an op of one step)."""
+    defers = False
+
+    def defer(self, pending):
+        """Remember a two-round tensor whose second round is not launched yet."""
+
+    def launch(self, pending):
+        """Start ``pending``'s second round."""
+        pending.transport.launch_second_round(pending)
+
+    def compressed(self, key, info):
+        """Called after each tensor's ``compress``."""
+
+    def forget(self):
+        """Drop whatever is waiting (an elastic reset)."""
+
+
+class DeferredRounds(SecondRounds):
+    """Eager frameworks (torch): second rounds wait for the first
+    ``decompress`` of a step, then start together, in sorted key order,
+    before anyone waits: ``decompress`` is called in hook order, which
+    differs between ranks, and waiting on one tensor's second round before
+    every rank has launched it would deadlock."""
+    defers = True
 
     def __init__(self):
-        self.reset()
+        self.waiting = []
+        self._round_keys = set()
+
+    def defer(self, pending):
+        self.waiting.append(pending)
+
+    def compressed(self, key, info):
+        """Once every tensor the optimizer reduces has been compressed this
+        round (the count from its parameter list; unknown: right away), launch
+        the two-phase first rounds waiting, together: one alltoall for all.
+        The set is the same on every rank (all of the optimizer's tensors), so
+        is the batch; tensors never compressed here (sparse gradients) leave
+        the batch to the first decompress (:meth:`launch`)."""
+        self._round_keys.add(key)
+        if info.params and len(self._round_keys) < len(info.params):
+            return
+        self._round_keys = set()
+        waiting = sorted((p for p in self.waiting if getattr(p, "chunk_payloads", None) is not None),
+                         key=lambda p: p.key)
+        for transport in dict.fromkeys(p.transport for p in waiting):
+            transport.launch_first_rounds([p for p in waiting if p.transport is transport])
+
+    def launch(self, pending):
+        waiting = sorted(self.waiting, key=lambda p: p.key)
+        if not any(p is pending for p in waiting):
+            waiting.append(pending)
+        self.forget()
+        waiting = [p for p in waiting if not p.second_round_launched]
+        # each transport launches its own together (PowerSGD batches its QRs), in key order
+        for transport in dict.fromkeys(p.transport for p in waiting):
+            transport.launch_second_rounds([p for p in waiting if p.transport is transport])
+
+    def forget(self):
+        self.waiting = []
+        self._round_keys = set()
+
+
+class AdapterBase:
+    """Subclasses hand :meth:`__init__` their roles and supply finding the
+    caller (``_caller_info``, ``_fallback_key``, ``_check_fingerprint``)
+    and the elastic hooks."""
+
+    def __init__(self, roles):
+        #: what every transport is handed (:class:`~hvd_compress.transports.base.Roles`)
+        self.roles = roles
+        #: the framework's backend
+        self.B = roles.B
+        self._fingerprint_checked = False
 
     # --- framework specifics -------------------------------------------------
-    def caller_info(self, tensor) -> CallerInfo:
+    def _caller_info(self, tensor) -> CallerInfo:
         raise NotImplementedError
 
-    def pin_shape(self, tensor, info):
+    def _pin_shape(self, tensor, info):
         """The tensor, with its static shape completed where the framework
         lost it and the caller knows it (eager frameworks: always known)."""
         return tensor
 
-    def next_step(self, key):
-        raise NotImplementedError
-
-    def get_memory(self, name, key, numel, like):
-        """Error-feedback state ``name`` ("residual", "momentum") of a tensor."""
-        raise NotImplementedError
-
-    def set_memory(self, name, key, value):
-        """Store new state; return a dependency the outputs must wait on."""
-        raise NotImplementedError
-
-    def allgather(self, tensor, name, process_set):
-        raise NotImplementedError
-
-    def allgather_fixed(self, tensor, name, process_set, rank, size):
-        """An allgather of a tensor whose shape is the same on every rank (the
-        caller knows it is: a fixed-length part, or a packed payload of them).
-        The same result as :meth:`allgather`; an adapter may move it another way."""
-        return self.allgather(tensor, name, process_set)
-
-    def allreduce_sum(self, tensor, name, process_set):
-        raise NotImplementedError
-
-    def alltoall(self, tensor, name, process_set):
-        """Equal splits along the first dimension."""
-        raise NotImplementedError
-
-    def get_state(self, key, name, init):
-        """Scheme state that persists across steps (PowerSGD's Q)."""
-        raise NotImplementedError
-
-    def fused_codec(self, scheme, memory, x):
-        """A fused kernel codec (:mod:`hvd_compress.kernels`) for this scheme,
-        memory and flat tensor, or None: the eager scheme runs."""
-        return None
-
-    def lowrank_codec(self, scheme, memory, x):
-        """PowerSGD's rounds in preallocated buffers for this flat tensor
-        (:mod:`hvd_compress.codecs.torch_lowrank`), or None: the scheme's
-        eager rounds run."""
-        return None
-
-    def fused_momentum(self, memory, key, numel, x, ws, out):
-        """Momentum-aware error feedback's first half ahead of a fused codec
-        (:class:`~hvd_compress.MomentumMemory`): ``u = m u + x`` into the stored
-        velocity of ``key`` (kept finite) and the direction ``d`` returned
-        (``u``, or ``x + m u`` with Nesterov).  The codec then compresses
-        ``d + residual``, as the eager path does."""
-        raise NotImplementedError
-
-    def workspace(self, key):
-        """Scratch buffers of one parameter, reused from step to step."""
-        return self.params.of(key).workspace
-
-    def set_state(self, key, name, value):
-        raise NotImplementedError
-
-    def defer_second_round(self, pending):
-        """Remember a two-round tensor whose second round is not launched yet."""
-        if self.defer_second_rounds:
-            self.pending_rounds.append(pending)
-
-    def launch_second_rounds(self, pending):
-        """Start the second collective of two-round transports.  Torch starts
-        those of *every* tensor compressed this round, in sorted key order,
-        before waiting on any: decompress is called in hook order, which
-        differs between ranks, and waiting on one tensor's second round before
-        every rank has launched it would deadlock."""
-        pending.transport.launch_second_round(pending)
-
-    def wait(self, handle):
-        raise NotImplementedError
-
-    def nbytes(self, tensor):
-        raise NotImplementedError
-
-    def dynamic_length(self, tensor):
-        """The element count of a 1-D tensor whose length is data-dependent."""
-        return self.B.numel(tensor)
-
-    def record_bytes(self, comp, key, scheme, numel, nbytes):
-        comp.stats.record(key, scheme.name, 4 * numel, nbytes)
-
-    def seed_for(self, base, step):
-        raise NotImplementedError
-
-    def check_fingerprint(self, comp, info):
+    def _check_fingerprint(self, comp, info):
         """Once per compressor: every rank compares its configuration with the others'."""
+        raise NotImplementedError
+
+    def _fallback_key(self, tensor, shape):
+        """Shape plus occurrence count; only deterministic across ranks if
+        tensors of equal shape are compressed in the same order."""
         raise NotImplementedError
 
     # --- elastic Horovod (hvd_compress.elastic) ----------------------------------------
@@ -186,7 +168,8 @@ class AdapterBase:
     def forget_in_flight(self):
         """Drop what belongs to the world before a reset: second rounds not
         launched, the fingerprint agreement."""
-        raise NotImplementedError
+        self.roles.rounds.forget()
+        self._fingerprint_checked = False
 
     def step_counts(self):
         """{key: communications so far} (plain ints)."""
@@ -197,63 +180,52 @@ class AdapterBase:
         raise NotImplementedError
 
     def reset(self):
-        #: parameter key -> its ParamState
-        self.params = StateTable()
-        self.pending_rounds = []
+        """Forget every parameter's state and what is in flight."""
+        self.roles.store.reset()
+        self.forget_in_flight()
 
     # --- the shared flow ----------------------------------------------------------
     def compress(self, comp, tensor):
         B = self.B
-        info = self.caller_info(tensor)
-        tensor = self.pin_shape(tensor, info)
+        info = self._caller_info(tensor)
+        tensor = self._pin_shape(tensor, info)
         shape, numel, dtype = B.shape(tensor), B.numel(tensor), B.dtype_name(tensor)
-        key = info.key if info.key is not None else self.fallback_key(tensor, shape)
-        check = self.check_fingerprint(comp, info)
+        key = info.key if info.key is not None else self._fallback_key(tensor, shape)
+        check = self._check_fingerprint(comp, info)
         phases = comp.plan_for(key, numel, shape)
-        call = self._call(comp, key, B.cast(B.flatten(tensor), "float32"), self.next_step(key), info, shape, dtype,
-                          numel)
+        call = self._call(comp, key, B.cast(B.flatten(tensor), "float32"), self.roles.store.next_step(key), info,
+                          shape, dtype, numel)
         if len(phases) == 1:
             out, pending = self._compress_with(phases[0], call)
         else:
             out, pending = self._compress_scheduled(phases, call)
-        self.compressed(key, info)
+        self.roles.rounds.compressed(key, info)
         return (B.identity_with_deps(out, [check]) if check is not None else out), pending
-
-    def compressed(self, key, info):
-        """Called after each tensor's ``compress`` (eager frameworks batch
-        the two-phase first rounds of a round's tensors here)."""
 
     def _call(self, comp, key, x, step, info, shape, dtype, numel):
         """The :class:`~hvd_compress.transports.Call` of one tensor, before a
         phase has chosen its scheme and memory."""
         B = self.B
         private = stable_hash(comp.seed, key, info.rank)
-        return Call(adapter=self, comp=comp, key=key, coll_key=key, x=x, step=step, rank=info.rank,
-                    size=info.size, process_set=info.process_set, shape=shape, dtype=dtype, numel=numel,
-                    scheme=None, memory=None, out=x if info.owns_input else None,
-                    private_uniform=SeededDraws(B, self.seed_for(private, step), like=x),
-                    shared_seed=self.seed_for(stable_hash(comp.seed, key), step),
-                    scheme_state=self.params.of(key).scheme)
+        context = EncodeContext(key=key, step=step, rank=info.rank, size=info.size,
+                                uniform=SeededDraws(B, B.seed_for(private, step), like=x),
+                                shared_seed=B.seed_for(stable_hash(comp.seed, key), step), shape=shape,
+                                state=self.roles.store.params.of(key).scheme)
+        grad = Gradient(key=key, coll_key=key, shape=shape, dtype=dtype, numel=numel,
+                        out=x if info.owns_input else None)
+        return Call(roles=self.roles, comp=comp, grad=grad, group=Group(info.rank, info.size, info.process_set),
+                    x=x, context=context)
 
     def _compress_scheduled(self, phases, call):
         """Eager frameworks: the phase follows the Python step counter
         (communications done so far, the same on every rank)."""
         done = int(call.step) - 1
         i = max(j for j, phase in enumerate(phases) if phase.start <= done)
-        return self._compress_with(phases[i], replace(call, coll_key=f"{call.key}@{i}"))
+        return self._compress_with(phases[i], call.renamed(f"{call.key}@{i}"))
 
     def _compress_with(self, phase, call):
-        transport = transport_for(phase.scheme, phase.transport, call.size, call.numel, call.shape)
+        transport = transport_for(phase.scheme, phase.transport, call.group.size, call.grad.numel, call.grad.shape)
         return transport.start(replace(call, scheme=phase.scheme, memory=phase.memory))
 
     def decompress(self, comp, output, pending):
         return pending.transport.finish(pending, output)
-
-    def resolve_now(self, comp, out, pending):
-        """The unscaled flat fp32 sum over ranks, right away (graph frameworks)."""
-        return pending.transport.resolve_now(pending, out)
-
-    def fallback_key(self, tensor, shape):
-        """Shape plus occurrence count; only deterministic across ranks if
-        tensors of equal shape are compressed in the same order."""
-        raise NotImplementedError

@@ -1,8 +1,9 @@
 """What hvd_compress keeps for one parameter between steps, on one rank.
 
-The adapters store one :class:`ParamState` per parameter key; transports
-reach it through the adapter's ``get_memory``/``set_memory`` and
-``get_state``/``set_state``, by the names below.  The values are plain
+The state stores (:class:`hvd_compress.protocols.StateStore`) keep one
+:class:`ParamState` per parameter key; transports reach it through the
+store's ``get_memory``/``set_memory`` and ``get_state``/``set_state``, by the
+slot names of :mod:`hvd_compress.feedback.memory`.  The values are plain
 tensors in PyTorch and ``tf.Variable``s in TensorFlow; each adapter has one
 pair of functions that turns its states into a checkpoint and back.
 """
@@ -12,10 +13,8 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator
 
-#: the memory-state name of the error-feedback residual
-RESIDUAL = "residual"
-#: the memory-state name of the two-phase owner's second-stage residual
-OWNED_CHUNK_RESIDUAL = "owned_chunk_residual"
+from ..feedback.memory import OWNED_CHUNK_RESIDUAL, RESIDUAL  # noqa: F401  (the slot names, re-exported)
+
 #: how checkpoints and ``residuals`` views name the owner's residual: the key plus this
 OWNED_CHUNK_SUFFIX = "#owned_chunk"
 

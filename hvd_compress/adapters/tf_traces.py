@@ -11,57 +11,18 @@ same compressor retraces it with other variables.
 
 * **Keys** follow the ``tf.Variable`` object, not its position in the list
   Horovod reduces (:class:`VariableKeys`).
-* **State** is made once per key, by :func:`state_variable`, outside TF's
+* **State** is made once per key, by :func:`state_variable`
+  (:func:`hvd_compress.backend.tf_backend.state_variable`), outside TF's
   rule against variables made after a function's first call.
 * **Compressors built inside the traced step** (Horovod's own TF2 examples)
   hand their calls to the first one so built (:func:`owner_across_traces`).
 """
 from __future__ import annotations
 
-import threading
 import weakref
 
-import tensorflow as tf
-
+from ..backend.tf_backend import state_variable  # noqa: F401  (made outside every trace; re-exported)
 from ..integration import horovod_internals
-
-
-def state_variable(initial_value, dtype, name=None):
-    """A non-trainable ``tf.Variable`` of compressor state, made outside any trace.
-
-    ``compress`` runs while a ``tf.function`` traces.  TF refuses variables
-    created by any but the first trace of a function ("tf.function only
-    supports singleton tf.Variables created on the first call"), even under
-    ``tf.init_scope()``: the refusal is a variable creator that the tracing
-    function puts on the creator stack of the outer (eager) context too.
-    That rule guards against a variable made anew at every trace; compressor
-    state is made once per key and kept in the adapter's dicts, as a variable
-    made before the ``tf.function`` would be, so it is made here the same way:
-    eagerly, in a short-lived thread, whose creator stack is empty.  It is
-    placed where ``tf.init_scope()`` would place it (the device scope around
-    the step, if any)."""
-    device = None
-    if dtype != tf.string and tf.config.list_logical_devices("GPU"):
-        with tf.init_scope():
-            device = tf.zeros([]).device
-    made = {}
-
-    def make():
-        try:
-            value = initial_value() if callable(initial_value) else initial_value
-            if device is None:
-                made["variable"] = tf.Variable(value, dtype=dtype, trainable=False, name=name)
-            else:
-                with tf.device(device):
-                    made["variable"] = tf.Variable(value, dtype=dtype, trainable=False, name=name)
-        except BaseException as err:  # noqa: BLE001 - raised again in the caller's thread
-            made["error"] = err
-    thread = threading.Thread(target=make, name="hvd_compress-state")
-    thread.start()
-    thread.join()
-    if "error" in made:
-        raise made["error"]
-    return made["variable"]
 
 
 #: compressors built inside traced functions, by (type, configuration

@@ -375,7 +375,7 @@ class Auto(Compressor):
         on from ``min_bytes`` up, or off (0); TensorFlow's is fixed when the step is traced."""
         self.plan_state.pair_swap_bytes = int(min_bytes)
         if "torch" in self._adapters:
-            self._adapters["torch"].pair_swap_chosen = int(min_bytes) or None
+            self._adapters["torch"].roles.collectives.pair_swap_chosen = int(min_bytes) or None
 
     def labels_from_indices(self, keys, indices):
         """``{key: candidate label}`` from the broadcast indices."""

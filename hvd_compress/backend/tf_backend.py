@@ -197,6 +197,12 @@ class TensorFlowBackend:
     def orthonormalize(self, m):
         return self.tf.linalg.qr(m).q
 
+    def seed_for(self, base, step):
+        """The seed of the draws of ``base`` (a Python int) at ``step`` (a
+        tensor in the traced step): an int64 tensor."""
+        import tensorflow as tf
+        return tf.constant(base % 1_000_000_007, tf.int64) * 1_000_003 + tf.cast(step, tf.int64)
+
     def uniform(self, n, seed, like=None):
         # stateless: the seed tensor (base seed, step) fully determines the draw
         seed = self.tf.cast(seed, self.tf.int64)
@@ -230,3 +236,44 @@ def _exclude_from_autograph():
     if not any(isinstance(r, config_lib.DoNotConvert) and r._prefix == "hvd_compress"
                for r in config.CONVERSION_RULES):
         config.CONVERSION_RULES = (config_lib.DoNotConvert("hvd_compress"),) + tuple(config.CONVERSION_RULES)
+
+
+def state_variable(initial_value, dtype, name=None):
+    """A non-trainable ``tf.Variable`` of compressor state, made outside any trace.
+
+    ``compress`` runs while a ``tf.function`` traces.  TF refuses variables
+    created by any but the first trace of a function ("tf.function only
+    supports singleton tf.Variables created on the first call"), even under
+    ``tf.init_scope()``: the refusal is a variable creator that the tracing
+    function puts on the creator stack of the outer (eager) context too.
+    That rule guards against a variable made anew at every trace; compressor
+    state is made once per key and kept in the state store's dicts, as a
+    variable made before the ``tf.function`` would be, so it is made here the
+    same way: eagerly, in a short-lived thread, whose creator stack is empty.
+    It is placed where ``tf.init_scope()`` would place it (the device scope
+    around the step, if any)."""
+    import threading
+
+    import tensorflow as tf
+    device = None
+    if dtype != tf.string and tf.config.list_logical_devices("GPU"):
+        with tf.init_scope():
+            device = tf.zeros([]).device
+    made = {}
+
+    def make():
+        try:
+            value = initial_value() if callable(initial_value) else initial_value
+            if device is None:
+                made["variable"] = tf.Variable(value, dtype=dtype, trainable=False, name=name)
+            else:
+                with tf.device(device):
+                    made["variable"] = tf.Variable(value, dtype=dtype, trainable=False, name=name)
+        except BaseException as err:  # noqa: BLE001 - raised again in the caller's thread
+            made["error"] = err
+    thread = threading.Thread(target=make, name="hvd_compress-state")
+    thread.start()
+    thread.join()
+    if "error" in made:
+        raise made["error"]
+    return made["variable"]

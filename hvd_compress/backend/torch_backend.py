@@ -205,6 +205,10 @@ class TorchBackend:
         return self.torch.linalg.qr(m).Q
 
     # --- randomness without global side effects ---------------------------------
+    def seed_for(self, base, step):
+        """The seed of the draws of ``base`` (a Python int) at ``step``: a Python int."""
+        return (base * 1_000_003 + int(step)) & 0x7FFF_FFFF_FFFF_FFFF
+
     def uniform(self, n, seed, like):
         """U[0,1) from a private generator seeded by ``seed`` (a Python int or a
         0-d integer tensor); the global RNG is never touched."""

@@ -17,7 +17,7 @@ Threshold and DGC (``values=None``), SignSGD, EFSignSGD, OneBit, QSGD, TernGrad,
 (drawing TF's own stateless numbers for the seed), BF16, and FP16 with error feedback or momentum (without either,
 TF's cast is one pass already), with plain error feedback, none, or
 momentum-aware error feedback (:class:`~hvd_compress.MomentumMemory`: the
-adapter's ``fused_momentum`` forms the direction first, in two elementwise
+codec provider's ``fused_momentum`` forms the direction first, in two elementwise
 ops).  Every other scheme, memory (DGC's) or device runs the eager code.
 """
 from __future__ import annotations
@@ -45,15 +45,15 @@ def _scale_args(scale):
 class TFCodec:
     """Encode (with error feedback) and decode of one scheme, fused."""
 
-    def __init__(self, ops, adapter, scheme):
-        self.ops, self.adapter, self.scheme = ops, adapter, scheme
+    def __init__(self, ops, store, scheme):
+        self.ops, self.store, self.scheme = ops, store, scheme
 
     def residual_handles(self, r, ctx):
         """The resource list an encode op updates in place: the residual
         variable of this key (``r``, its value, is not used), or none."""
         if r is None:
             return []
-        return [self.adapter.residual_variable(ctx.key).handle]
+        return [self.store.residual_variable(ctx.key).handle]
 
     def decode_reduced(self, reduced, numel, out, ws):
         raise NotImplementedError
@@ -86,8 +86,8 @@ class TopKCodec(TFCodec):
         code = self.scheme.index_code(n)
         return k, code, index_code_nbytes(code, n, k), _ef_low_bits(n, k)
 
-    def __init__(self, ops, adapter, scheme):
-        super().__init__(ops, adapter, scheme)
+    def __init__(self, ops, store, scheme):
+        super().__init__(ops, store, scheme)
         #: the payload part of the values: float32, or bfloat16 bits with values=BF16()
         self.val_part, self.val_dtype = ("v.bits", tf.int16) if type(scheme.values) is BF16 else ("val", tf.float32)
 
@@ -151,8 +151,8 @@ class SignCodec(TFCodec):
     #: the payload part that carries the scales, by mode
     SCALE_PART = {SignMode.SIGNSGD: None, SignMode.EFSIGNSGD: "scale", SignMode.ONEBIT: "means"}
 
-    def __init__(self, ops, adapter, scheme, mode):
-        super().__init__(ops, adapter, scheme)
+    def __init__(self, ops, store, scheme, mode):
+        super().__init__(ops, store, scheme)
         self.mode = mode
         self.part = self.SCALE_PART[mode]
 
@@ -171,8 +171,8 @@ class SignCodec(TFCodec):
 class HalfCodec(TFCodec):
     """FP16 (by Horovod's allreduce) and BF16 (its bits by allgather)."""
 
-    def __init__(self, ops, adapter, scheme, bf16):
-        super().__init__(ops, adapter, scheme)
+    def __init__(self, ops, store, scheme, bf16):
+        super().__init__(ops, store, scheme)
         self.bf16 = bf16
 
     def encode(self, x, r, ws, ctx):
@@ -264,7 +264,7 @@ def _on_cpu(x):
     return "CPU" in device or (not device and not tf.config.list_logical_devices("GPU"))
 
 
-def codec_for(scheme, memory, x, adapter):
+def codec_for(scheme, memory, x, store):
     """The fused TF codec of ``scheme`` for the flat float32 tensor ``x``, or
     None where the eager path runs: kernels off or unbuilt, not a CPU float32
     tensor of a static size below 2**31, DGC's memory, a scheme not fused here (see the module's docstring), a
@@ -277,41 +277,41 @@ def codec_for(scheme, memory, x, adapter):
         return None  # DGC's memory masks its momentum by what was sent: the eager path
     make = _maker(scheme, memory, n)
     ops = load() if make is not None else None
-    return make(ops, adapter) if ops is not None else None
+    return make(ops, store) if ops is not None else None
 
 
 def _maker(scheme, memory, n):
-    """(ops, adapter) -> the codec of this scheme, or None where none is fused."""
+    """(ops, store) -> the codec of this scheme, or None where none is fused."""
     cls = type(scheme)
     if cls is TopK:
         k = scheme.fixed_k(n)
         if (scheme.values is not None and type(scheme.values) is not BF16) or not fuses_topk(n, k):
             return None
-        return lambda ops, adapter: TopKCodec(ops, adapter, scheme)
+        return lambda ops, store: TopKCodec(ops, store, scheme)
     if cls in (Threshold, DGC):
         if scheme.values is not None:
             return None
-        return lambda ops, adapter: (DGCCodec if cls is DGC else SentSelectCodec)(ops, adapter, scheme)
+        return lambda ops, store: (DGCCodec if cls is DGC else SentSelectCodec)(ops, store, scheme)
     if cls is FP16 and memory is None:
         return None  # TF's own cast is one pass already
     if cls in (SignSGD, EFSignSGD, OneBit):
         mode = {SignSGD: SignMode.SIGNSGD, EFSignSGD: SignMode.EFSIGNSGD, OneBit: SignMode.ONEBIT}[cls]
-        return lambda ops, adapter: SignCodec(ops, adapter, scheme, mode)
+        return lambda ops, store: SignCodec(ops, store, scheme, mode)
     if cls in (FP16, BF16):
-        return lambda ops, adapter: HalfCodec(ops, adapter, scheme, cls is BF16)
+        return lambda ops, store: HalfCodec(ops, store, scheme, cls is BF16)
     if cls is RandomK:
-        return (lambda ops, adapter: RandomKCodec(ops, adapter, scheme)) if n > 0 else None
+        return (lambda ops, store: RandomKCodec(ops, store, scheme)) if n > 0 else None
     if cls in (QSGD, TernGrad):
-        return lambda ops, adapter: (QSGDCodec if cls is QSGD else TernGradCodec)(ops, adapter, scheme)
-    return (lambda ops, adapter: Int8Codec(ops, adapter, scheme)) if cls is Int8 else None
+        return lambda ops, store: (QSGDCodec if cls is QSGD else TernGradCodec)(ops, store, scheme)
+    return (lambda ops, store: Int8Codec(ops, store, scheme)) if cls is Int8 else None
 
 
 class _TimingResidual:
-    """Stands in for the adapter where a codec is timed outside a step (Auto's
-    calibration): every key's residual is one scratch variable."""
+    """Stands in for the state store where a codec is timed outside a step
+    (Auto's calibration): every key's residual is one scratch variable."""
 
     def __init__(self, numel):
-        from ..adapters.tf_traces import state_variable  # made outside every trace: Auto times codecs at a trace
+        from ..backend.tf_backend import state_variable  # made outside every trace: Auto times codecs at a trace
         self.variable = state_variable(lambda: tf.zeros([numel], tf.float32), tf.float32)
 
     def residual_variable(self, key):

@@ -56,7 +56,7 @@ import ctypes
 
 import torch
 
-from ..feedback.memory import ResidualMemory
+from ..feedback.memory import RESIDUAL, ResidualMemory, compensate, update
 from ..kernels import native
 from ..kernels.constants import LowRankLimit
 from ..kernels.native import enabled
@@ -107,7 +107,7 @@ def _check(rc, what):
 
 class LowRankCodec:
     """One tensor's rounds; per-parameter buffers live in ``ws`` (the
-    parameter's workspace), the residual and ``Q`` in the adapter's state."""
+    parameter's workspace), the residual and ``Q`` in the state store."""
 
     def __init__(self, scheme, memory):
         self.scheme, self.memory = scheme, memory
@@ -116,7 +116,7 @@ class LowRankCodec:
         self.in_place_residual = memory is not None and type(memory) is ResidualMemory
 
     # --- start: M, and P_i = M Q -----------------------------------------------------------
-    def first_round(self, adapter, key, x, q, shape, ws):
+    def first_round(self, store, key, x, q, shape, ws):
         """(P_i flat as sent, M as ``n x m``, acc flat, memory state or None).
 
         ``q`` is the stored ``m x r`` Q (its transpose is kept contiguous)."""
@@ -128,14 +128,13 @@ class LowRankCodec:
         if self.memory is None:
             acc = x
         elif self.in_place_residual:
-            acc = adapter.get_memory("residual", key, x.numel(), x)
+            acc = store.get_memory(RESIDUAL, key, x.numel(), x)
             if lib is not None:  # M = x + residual into the residual and P = M Q in one pass
                 _check(lib.hvdc_lowrank_first(_ptr(x), _ptr(acc), n, m, r, _ptr(q), _ptr(p_wire)), "first")
                 return p_wire.reshape(-1), acc.reshape(n, m), acc, state
             acc.add_(x)  # the residual becomes M = x + residual; finish subtracts what was sent
         else:
-            from ..transports.base import compensate
-            acc, state = compensate(adapter, self.memory, key, x.numel(), x)
+            acc, state = compensate(store, self.memory, key, x.numel(), x)
         mat = acc.reshape(n, m)
         if lib is not None and mat.is_contiguous():  # q's transpose is contiguous (codec_q lays it out so)
             _check(lib.hvdc_lowrank_first(_ptr(mat), None, n, m, r, _ptr(q), _ptr(p_wire)), "first")
@@ -179,7 +178,7 @@ class LowRankCodec:
         return q_wire.reshape(-1), qt_local
 
     # --- finish: the aggregate, the residual, the next Q -----------------------------------
-    def finish(self, adapter, key, p, qt_local, q_sum, scale, acc, mat, state, ws, out):
+    def finish(self, store, key, p, qt_local, q_sum, scale, acc, mat, state, ws, out):
         """Write ``P (sum Q_i)^T * scale`` into ``out`` (flat; a fresh tensor
         when None) and update the memory; returns (out, dependencies)."""
         n, m = mat.shape
@@ -203,13 +202,12 @@ class LowRankCodec:
                 _check(lib.hvdc_lowrank_finish(_ptr(p), p.stride(0), p.stride(1), n, m, r, _ptr(qt_scaled),
                                                _ptr(qt_local), _ptr(mat), _ptr(agg)), "finish")
             else:
-                _outer_and_residual(p, qt_scaled, qt_local, agg, mat, ws, adapter.B.host_reads_are_free(mat))
+                _outer_and_residual(p, qt_scaled, qt_local, agg, mat, ws, store.B.host_reads_are_free(mat))
         else:
             # the memory's update first: ``acc`` may share the gradient's buffer that ``out`` is
             sent = torch.empty((n, m), dtype=torch.float32, device=mat.device)  # the memory may keep it
             _outer(p, qt_local, sent, ws, lib)
-            from ..transports.base import update
-            deps = update(adapter, self.memory, key, acc, sent.reshape(-1), state)
+            deps = update(store, self.memory, key, acc, sent.reshape(-1), state)
             _outer(p, qt_scaled, agg, ws, lib)
         return out, deps
 

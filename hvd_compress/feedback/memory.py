@@ -3,12 +3,24 @@ steps so that nothing a lossy scheme drops is lost.
 
 A memory turns the raw gradient into the tensor to compress
 (:meth:`ResidualMemory.compensate`) and updates its state from what was actually sent
-(:meth:`ResidualMemory.update`).  States are dicts of flat fp32 tensors; the adapters own
-their storage (plain tensors in torch, ``tf.Variable`` in TF) and checkpoints.
+(:meth:`ResidualMemory.update`).  States are dicts of flat fp32 tensors, kept
+between steps by a state store (plain tensors in torch, ``tf.Variable`` in TF;
+:class:`hvd_compress.protocols.StateStore`) under the slot names below;
+:func:`compensate` and :func:`update` run a memory on the stored state of one
+parameter.
 """
 from __future__ import annotations
 
+from typing import Any, Tuple
+
 from ..schemes.base import check_range
+
+#: the state slot of the error-feedback residual
+RESIDUAL = "residual"
+#: the state slot of the velocity of DGC's and of the momentum memory
+MOMENTUM = "momentum"
+#: the state slot of the two-phase owner's second-stage residual (the chunk it owns)
+OWNED_CHUNK_RESIDUAL = "owned_chunk_residual"
 
 
 def finite_or_zero(B, r):
@@ -21,7 +33,7 @@ class ResidualMemory:
     """Plain error feedback (Seide et al. 2014; Stich et al. 2018;
     Karimireddy et al. 2019): ``acc = g + e``; ``e' = acc - sent``.
     Over any number of steps ``sum(sent) + e == sum(g)``."""
-    names = ("residual",)
+    names = (RESIDUAL,)
 
     def compensate(self, B, x, state):
         return x + state["residual"]
@@ -180,3 +192,25 @@ def momentum_memory(scheme, momentum=0.0, nesterov=False, error_feedback=None):
     if ef not in (True, False):
         raise ValueError(f"error_feedback must be True, False or None (scheme default); got {error_feedback!r}")
     return MomentumMemory(momentum, nesterov, error_feedback=ef)
+
+
+def compensate(store, memory, key: str, numel: int, x, slots=None) -> Tuple[Any, dict]:
+    """``memory.compensate`` on the stored state of ``key``: (what to encode, state).
+
+    ``store`` keeps the state between steps (:class:`hvd_compress.protocols.StateStore`);
+    ``slots`` maps a memory state name to the slot it is stored in (the
+    two-phase owner keeps its residual in :data:`OWNED_CHUNK_RESIDUAL`).  The
+    state dict goes unchanged to :func:`update`: a memory may leave values
+    there for its update (the velocity of DGC's and the momentum memory)."""
+    slots = slots or {}
+    state = {name: store.get_memory(slots.get(name, name), key, numel, x) for name in memory.names}
+    return memory.compensate(store.B, x, state), state
+
+
+def update(store, memory, key: str, acc, sent, state: dict, slots=None) -> list:
+    """``memory.update`` and storing the new state (the slots as in
+    :func:`compensate`); returns the dependencies (TF assign ops) that the
+    outputs must wait on."""
+    slots = slots or {}
+    new_state = memory.update(store.B, acc, sent, state)
+    return [store.set_memory(slots.get(name, name), key, new_state[name]) for name in memory.names]

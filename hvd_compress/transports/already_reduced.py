@@ -23,6 +23,6 @@ class ResolvedTransport(Transport):
         raise TypeError("the resolved transport is built by the TF adapter's schedule, not started")
 
     def finish(self, pending, reduced):
-        scale = op_scale(pending.adapter.B, reduced, pending.size)
+        scale = op_scale(pending.roles.B, reduced, pending.group.size)
         apply_scale = pending.apply_scale
         return to_gradient(pending, pending.dense * (apply_scale * scale + (1.0 - apply_scale)))

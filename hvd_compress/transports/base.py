@@ -9,44 +9,81 @@ the tensor Horovod allreduces (the payload itself, or a 1-element
 placeholder) with a typed :class:`Pending`.  ``finish`` runs inside
 ``decompress`` with what Horovod's allreduce returned and gives back the dense
 gradient in the caller's shape and dtype.  Transports hold no state of their
-own: per-parameter state lives in the adapter, which also issues every
-collective, so the same transport serves PyTorch and TensorFlow.
+own: everything framework-specific is handed to them in :class:`Roles` --
+the collectives, the per-parameter state store, the codec provider and when
+second rounds start -- so the same transport serves PyTorch and TensorFlow,
+and reads top to bottom without calling back into the adapter.
 """
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Optional, Tuple
 
+from ..feedback.memory import RESIDUAL, MOMENTUM, compensate, update
 from ..schemes.base import EncodeContext
+
+
+@dataclass(eq=False)
+class Roles:
+    """What a framework hands a transport, role by role
+    (:mod:`hvd_compress.protocols` writes each contract down)."""
+    B: Any  # the backend: tensor operations
+    collectives: Any  # Collectives: allgather, allreduce, alltoall, wait, byte packing
+    store: Any  # StateStore: per-parameter memory, scheme state, workspaces, byte counts
+    codecs: Any  # CodecProvider: the fused codec of a scheme and memory, or None
+    rounds: Any  # SecondRounds: when a two-round transport's second collective starts
+
+
+@dataclass(eq=False)
+class Gradient:
+    """The gradient of one call as ``finish`` gives it back, and its names."""
+    key: str  # the parameter's key; names its state
+    coll_key: str  # names its collectives (the key, plus "@<phase>" under a schedule)
+    shape: tuple  # restored by ``finish``
+    dtype: str  # restored by ``finish``
+    numel: int
+    #: where a fused decode may write the result: the flat gradient itself when
+    #: Horovod's optimizer replaces the gradient by the result (as Horovod's own
+    #: in-place allreduce does), else None (a fresh output)
+    out: Any = None
+
+
+@dataclass(eq=False)
+class Group:
+    """The ranks a tensor is reduced over."""
+    rank: int  # this process's rank in the process set
+    size: int  # number of ranks in the process set
+    process_set: Any
 
 
 @dataclass(eq=False)
 class Call:
     """One ``compress`` call of one tensor, as a transport receives it."""
-    adapter: Any  # the framework adapter: collectives and per-parameter state
-    comp: Any  # the Compressor: seed and stats
-    key: str  # the parameter's key; names its state
-    coll_key: str  # names its collectives (the key, plus "@<phase>" under a schedule)
+    roles: Roles
+    comp: Any  # the Compressor: its seed
+    grad: Gradient
+    group: Group
     x: Any  # the gradient, flat, in float32
-    step: Any  # this tensor's communication count (a Python int, or a TF tensor)
-    rank: int  # this process's rank in the process set
-    size: int  # number of ranks in the process set
-    process_set: Any
-    shape: tuple  # the gradient's shape, restored by ``finish``
-    dtype: str  # the gradient's dtype, restored by ``finish``
-    numel: int
-    scheme: Any
-    memory: Any  # what error feedback keeps between steps (a Memory), or None
-    private_uniform: Callable[[int], Any]  # n -> U[0,1) draws private to this rank, key and step
-    shared_seed: Any  # the same on every rank for this key and step (Random-K's indices)
-    scheme_state: dict  # the scheme's state kept across steps, handed to it as EncodeContext.state
-    #: where a fused decode may write the result: ``x`` itself when it is the
-    #: gradient Horovod's optimizer replaces by the result (as Horovod's own
-    #: in-place allreduce does), else None (a fresh output)
-    out: Any = None
+    #: what the scheme may know besides the tensor: key, step (a Python int or a TF
+    #: tensor), rank, size, draws private to this rank, the shared seed, its state
+    context: EncodeContext
+    scheme: Any = None
+    memory: Any = None  # what error feedback keeps between steps (a Memory), or None
 
     @property
-    def backend(self):
-        return self.adapter.B
+    def key(self):
+        return self.grad.key
+
+    @property
+    def size(self):
+        return self.group.size
+
+    @property
+    def step(self):
+        return self.context.step
+
+    def renamed(self, coll_key):
+        """This call with its collectives named by ``coll_key``."""
+        return replace(self, grad=replace(self.grad, coll_key=coll_key))
 
 
 @dataclass(eq=False)
@@ -55,19 +92,16 @@ class Pending:
 
     Compared by identity: two tensors in flight are never the same pending."""
     transport: Any  # the Transport whose ``finish`` resolves this
-    adapter: Any
-    key: str
-    coll_key: str
+    roles: Roles
+    grad: Gradient
+    group: Group
     scheme: Any
-    shape: tuple
-    dtype: str
-    numel: int
-    size: int
-    process_set: Any
-    #: the fused codec that encoded the payload (None: the eager scheme), and
-    #: the buffer its decode writes into (see :attr:`Call.out`)
+    #: the fused codec that encoded the payload (None: the eager scheme)
     codec: Any = None
-    out: Any = None
+
+    @property
+    def key(self):
+        return self.grad.key
 
 
 @dataclass(eq=False)
@@ -79,9 +113,7 @@ class TwoRoundPending(Pending):
 
 def pending_fields(call: Call):
     """The :class:`Pending` fields every transport fills from its call."""
-    return dict(adapter=call.adapter, key=call.key, coll_key=call.coll_key, scheme=call.scheme,
-                shape=call.shape, dtype=call.dtype, numel=call.numel, size=call.size,
-                process_set=call.process_set, out=call.out)
+    return dict(roles=call.roles, grad=call.grad, group=call.group, scheme=call.scheme)
 
 
 class Transport:
@@ -112,68 +144,45 @@ class Transport:
         (what ``start`` returned): graph frameworks, inside one branch of a
         schedule.  The placeholder Horovod would have scaled is replaced by
         ``size``, which means scale 1."""
-        B = pending.adapter.B
-        pending = replace(pending, dtype="float32")
-        unscaled = B.full(1, float(pending.size), "float32", like=out)
+        B = pending.roles.B
+        pending = as_float32(pending)
+        unscaled = B.full(1, float(pending.group.size), "float32", like=out)
         return B.flatten(self.finish(pending, unscaled))
 
 
 # --- the steps every transport shares ------------------------------------------------------
-def encode_context(call: Call) -> EncodeContext:
-    """What the scheme may know about this call besides the tensor."""
-    return EncodeContext(key=call.key, step=call.step, rank=call.rank, size=call.size,
-                         uniform=call.private_uniform, shared_seed=call.shared_seed, shape=call.shape,
-                         state=call.scheme_state)
+def as_float32(pending: Pending) -> Pending:
+    """``pending`` whose ``finish`` returns float32 (a schedule's branches agree on the dtype)."""
+    return replace(pending, grad=replace(pending.grad, dtype="float32"))
 
 
-def compensate(adapter, memory, key: str, numel: int, x) -> Tuple[Any, dict]:
-    """``memory.compensate`` on the stored state of ``key``: (what to encode, state).
-
-    The state dict goes unchanged to :func:`update`: a memory may leave values
-    there for its update (the velocity of DGC's and the momentum memory)."""
-    state = {name: adapter.get_memory(name, key, numel, x) for name in memory.names}
-    return memory.compensate(adapter.B, x, state), state
-
-
-def update(adapter, memory, key: str, acc, sent, state: dict) -> list:
-    """``memory.update`` and storing the new state; returns the dependencies
-    (TF assign ops) that the outputs must wait on."""
-    new_state = memory.update(adapter.B, acc, sent, state)
-    return [adapter.set_memory(name, key, new_state[name]) for name in memory.names]
-
-
-def fused_codec(call: Call):
-    """The fused kernel codec for this call (:mod:`hvd_compress.kernels`), or
-    None where the eager scheme runs."""
-    return call.adapter.fused_codec(call.scheme, call.memory, call.x)
-
-
-def encode_with_feedback(adapter, scheme, x, context: EncodeContext, memory, key: str, numel: int, codec=None,
-                         out=None):
+def encode_with_feedback(call: Call, codec=None):
     """get memory -> compensate -> encode -> update -> set memory; returns
     (payload, dependencies).  Without a memory the scheme is told that
     nobody reads its dense ``sent`` (``need_sent=False``).  A fused ``codec``
-    does all of it in its kernels, updating the stored state in place (``out``:
-    the gradient buffer it may use as scratch, see :attr:`Call.out`)."""
+    does all of it in its kernels, updating the stored state in place."""
+    store, memory, key, numel = call.roles.store, call.memory, call.grad.key, call.grad.numel
     if codec is not None:
-        return fused_encode(adapter, codec, x, context, memory, key, numel, out), []
+        return fused_encode(call, codec), []
     if memory is None:
-        payload, _ = scheme.encode(adapter.B, x, replace(context, need_sent=False))
+        payload, _ = call.scheme.encode(call.roles.B, call.x, replace(call.context, need_sent=False))
         return payload, []
-    acc, state = compensate(adapter, memory, key, numel, x)
-    payload, sent = scheme.encode(adapter.B, acc, context)
-    return payload, update(adapter, memory, key, acc, sent, state)
+    acc, state = compensate(store, memory, key, numel, call.x)
+    payload, sent = call.scheme.encode(call.roles.B, acc, call.context)
+    return payload, update(store, memory, key, acc, sent, state)
 
 
-def fused_encode(adapter, codec, x, context, memory, key, numel, out):
+def fused_encode(call: Call, codec):
     """:func:`encode_with_feedback` by a fused codec: the momentum pass first
-    where the memory keeps a velocity, then the codec on ``d + residual``."""
-    ws = adapter.workspace(key)
-    if memory is not None and "momentum" in memory.names:
-        x = adapter.fused_momentum(memory, key, numel, x, ws, out)
-    keeps_residual = memory is not None and "residual" in memory.names
-    residual = adapter.get_memory("residual", key, numel, x) if keeps_residual else None
-    return codec.encode(x, residual, ws, context)
+    where the memory keeps a velocity, then the codec on ``d + residual``
+    (the gradient buffer ``call.grad.out`` may serve as scratch)."""
+    store, memory, key, numel, x = call.roles.store, call.memory, call.grad.key, call.grad.numel, call.x
+    ws = store.workspace(key)
+    if memory is not None and MOMENTUM in memory.names:
+        x = call.roles.codecs.fused_momentum(memory, key, numel, x, ws, call.grad.out)
+    keeps_residual = memory is not None and RESIDUAL in memory.names
+    residual = store.get_memory(RESIDUAL, key, numel, x) if keeps_residual else None
+    return codec.encode(x, residual, ws, call.context)
 
 
 def local_and_wire(payload: dict):
@@ -206,17 +215,17 @@ def op_scale(B, reduced, size: int):
 def to_gradient(pending: Pending, dense, reduced=None, deps: Optional[list] = None):
     """Scale by the op's factor (when ``reduced`` is given), wait on ``deps``,
     and cast and reshape to the gradient's dtype and shape."""
-    B = pending.adapter.B
+    B = pending.roles.B
     if reduced is not None:
-        dense = dense * op_scale(B, reduced, pending.size)
+        dense = dense * op_scale(B, reduced, pending.group.size)
     if deps:
         dense = B.identity_with_deps(dense, deps)
-    return B.reshape(B.cast(dense, pending.dtype), pending.shape)
+    return B.reshape(B.cast(dense, pending.grad.dtype), pending.grad.shape)
 
 
 def placeholder(call: Call, deps: list):
     """The 1-element float32 tensor of value 1 handed to Horovod's allreduce,
     after ``deps``: whatever Horovod scales it by is the op's scaling."""
-    B = call.backend
+    B = call.roles.B
     ones = B.ones(1, "float32", like=call.x)
     return B.identity_with_deps(ones, deps) if deps else ones

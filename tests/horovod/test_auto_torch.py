@@ -106,7 +106,7 @@ def held_residual(auto, name, shape):
     """This rank's residual of a tensor, a two-phase owner's stage-2 residual
     folded in at its chunk (zeros where none is kept)."""
     from hvd_compress.adapters.torch_adapter import folded_residual
-    state = auto.adapter_for("torch").params.of(name)
+    state = auto.adapter_for("torch").roles.store.params.of(name)
     if state.residual is None:  # none keeps no residual until a lossy scheme has run
         return torch.zeros(shape)
     return folded_residual(state.residual, state.owned_chunk_residual, RANK, SIZE, name).view(shape)
@@ -133,7 +133,7 @@ def test_auto_picks_the_transport_the_model_predicts_faster(monkeypatch):
     said = choose(numel, shape, SIZE, SLOW, auto.candidates, costs).label
     assert said == ("TopK(0.01)/two_phase" if SIZE >= 3 else "TopK(0.01)")
     assert auto.current_plan()["net.weight"] == said, auto.describe()
-    owned = auto.adapter_for("torch").params.of("net.weight").owned_chunk_residual
+    owned = auto.adapter_for("torch").roles.store.params.of("net.weight").owned_chunk_residual
     assert (owned is not None) == (SIZE >= 3)
     applied = -model.net.weight.detach()  # lr 1, op Sum, start at 0
     held = hvd.allreduce(held_residual(auto, "net.weight", shape), op=hvd.Sum, name="test.auto.two_phase.res")

@@ -19,7 +19,7 @@ rank can compute every rank's ``G``, so each checks the result against the
 independent numpy reference (``tests/reference.py``), over several steps with
 error feedback.  The stochastic schemes' draws are reproduced:
 ``tf.random.stateless_uniform([n], seed=(s // 2**31, s % 2**31))`` with
-``s = TFAdapter.seed_for(stable_hash(seed, key, rank), step)``, where ``key``
+``s = TensorFlowBackend.seed_for(stable_hash(seed, key, rank), step)``, where ``key``
 is the variable's name (``'TopK/big/weight:0'``), ``rank`` the rank in the
 process set and ``step`` counts communications per key from 1; Random-K's
 coordinates come from the shared seed ``seed_for(stable_hash(seed, key), step)``.
@@ -65,6 +65,7 @@ import hvd_compress  # noqa: E402
 from hvd_compress.backend import backend_for  # noqa: E402
 from hvd_compress.cross_rank import collective_name, stable_hash  # noqa: E402
 from hvd_compress.adapters.tf_adapter import TFAdapter  # noqa: E402
+from hvd_compress.backend import TensorFlowBackend  # noqa: E402
 
 _WORLD = world_size_from_env()
 SUBSET = hvd.ProcessSet(list(range(_WORLD - 1))) if _WORLD >= 2 else None  # [0] at np=2, [0, 1] at np=3
@@ -97,7 +98,7 @@ def _stateless(n, seed):
 def uniform_fn_for(comp, key):
     """The adapter's private draws, reproduced: ``uniform_fn(step, set_rank, n)``."""
     def fn(step, set_rank, n):
-        seed = int(TFAdapter.seed_for(None, stable_hash(comp.seed, key, set_rank), step + 1).numpy())
+        seed = int(TensorFlowBackend.seed_for(None, stable_hash(comp.seed, key, set_rank), step + 1).numpy())
         return _stateless(n, seed)
     return fn
 
@@ -105,7 +106,7 @@ def uniform_fn_for(comp, key):
 def indices_fn_for(comp, key):
     """Random-K's coordinates: the product's randperm_prefix from the documented shared seed."""
     def fn(step, numel, k):
-        seed = TFAdapter.seed_for(None, stable_hash(comp.seed, key), step + 1)
+        seed = TensorFlowBackend.seed_for(None, stable_hash(comp.seed, key), step + 1)
         return check_indices(TFB.randperm_prefix(numel, k, seed).numpy(), numel, k)
     return fn
 
@@ -605,7 +606,7 @@ SWAP_AT = 1 << 20  # HVDC_PAIR_SWAP_MIN_BYTES in these tests
 
 @pytest.mark.skipif(SIZE != 2, reason="the swap is for 2 ranks; at others allgather_fixed is the allgather")
 def test_large_fixed_payload_swapped_exactly(monkeypatch):
-    """With HVDC_PAIR_SWAP_MIN_BYTES set, ``TFAdapter.allgather_fixed`` in a tf.function gives
+    """With HVDC_PAIR_SWAP_MIN_BYTES set, ``TFCollectives.allgather_fixed`` in a tf.function gives
     hvd.allgather's bytes exactly (odd byte lengths, int8, -0.0 and NaN payloads included) and moves
     a payload of that size by a reduce-scatter, smaller ones by the allgather.  (The transport's
     use of it is tested in torch: test_top_k_through_the_swap_matches_the_allgather.)"""
@@ -628,7 +629,7 @@ def test_large_fixed_payload_swapped_exactly(monkeypatch):
 
     @tf.function(autograph=False)
     def both():
-        got = {k: adapter.allgather_fixed(t, f"tf.swap.{k}", hvd.global_process_set, RANK, SIZE)
+        got = {k: adapter.roles.collectives.allgather_fixed(t, f"tf.swap.{k}", hvd.global_process_set, RANK, SIZE)
                for k, t in cases.items()}
         want = {k: hvd.allgather(t, name=f"tf.swap.want.{k}") for k, t in cases.items()}
         return got, want

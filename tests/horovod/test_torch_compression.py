@@ -9,7 +9,7 @@ each rank checks the result against the independent numpy reference
 (``tests/reference.py``) computed from all ranks' inputs -- over several steps,
 with error feedback, and for the stochastic schemes by reproducing the
 adapter's draws: ``torch.rand(n)`` from a private ``torch.Generator`` seeded
-with ``TorchAdapter.seed_for(stable_hash(seed, key, rank), step)`` (the rank
+with ``TorchBackend.seed_for(stable_hash(seed, key, rank), step)`` (the rank
 is the one in the optimizer's process set, ``step`` counts compress calls
 per key from 1), and Random-K's coordinates from the shared seed
 ``seed_for(stable_hash(seed, key), step)``.  PowerSGD and Lossless, which the
@@ -308,7 +308,7 @@ SWAP_AT = 1 << 20  # HVDC_PAIR_SWAP_MIN_BYTES in these tests
 
 @pytest.mark.skipif(SIZE != 2, reason="the swap is for 2 ranks; at others allgather_fixed is the allgather")
 def test_large_fixed_payload_swapped_exactly(monkeypatch):
-    """With HVDC_PAIR_SWAP_MIN_BYTES set, ``TorchAdapter.allgather_fixed`` gives hvd.allgather's bytes
+    """With HVDC_PAIR_SWAP_MIN_BYTES set, ``TorchCollectives.allgather_fixed`` gives hvd.allgather's bytes
     exactly (odd byte lengths, -0.0 and NaN payloads included) and moves a payload of that size by a
     reduce-scatter (a PairSwap handle); smaller ones, and any with it unset, by the allgather."""
     from hvd_compress.adapters.torch_adapter import PairSwap, TorchAdapter
@@ -325,8 +325,8 @@ def test_large_fixed_payload_swapped_exactly(monkeypatch):
             monkeypatch.delenv("HVDC_PAIR_SWAP_MIN_BYTES", raising=False)
         else:
             monkeypatch.setenv("HVDC_PAIR_SWAP_MIN_BYTES", str(SWAP_AT))
-        handles[k] = adapter.allgather_fixed(t, f"swap.{k}", hvd.global_process_set, RANK, SIZE)
-    got = {k: adapter.wait(h) for k, h in handles.items()}
+        handles[k] = adapter.roles.collectives.allgather_fixed(t, f"swap.{k}", hvd.global_process_set, RANK, SIZE)
+    got = {k: adapter.roles.collectives.wait(h) for k, h in handles.items()}
     want = {k: hvd.allgather(t, name=f"swap.want.{k}") for k, t in cases.items()}
     for k in cases:
         assert isinstance(handles[k], PairSwap) == (k in ("odd", "floats")), (k, type(handles[k]))

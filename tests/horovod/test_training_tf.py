@@ -45,7 +45,7 @@ from tf_linear_training import mlp, mse_tape_step  # noqa: E402
 import hvd_compress as hc  # noqa: E402
 from hvd_compress import Policy, Rule, Schedule  # noqa: E402
 from hvd_compress.cross_rank import stable_hash  # noqa: E402
-from hvd_compress.adapters.tf_adapter import TFAdapter  # noqa: E402
+from hvd_compress.backend import TensorFlowBackend  # noqa: E402
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
@@ -90,9 +90,9 @@ def tape_run(comp, specs, steps, on_step=None, **tape_kw):
 
 def tf_uniform_fn(comp, key):
     """The adapter's private draws: stateless_uniform seeded with
-    ``TFAdapter.seed_for(stable_hash(seed, key, set_rank), step)``, step counting from 1."""
+    ``TensorFlowBackend.seed_for(stable_hash(seed, key, set_rank), step)``, step counting from 1."""
     def fn(step0, rank, n):
-        s = int(TFAdapter.seed_for(None, stable_hash(comp.seed, key, rank), step0 + 1).numpy())
+        s = int(TensorFlowBackend.seed_for(None, stable_hash(comp.seed, key, rank), step0 + 1).numpy())
         return tf.random.stateless_uniform([n], seed=tf.constant([s // 2**31, s % 2**31], tf.int64),
                                            dtype=tf.float32).numpy()
     return fn

@@ -35,7 +35,7 @@ from compression_cases import simulate as ref_simulate
 import hvd_compress as hc
 from hvd_compress import Policy, Rule, Schedule
 from hvd_compress.cross_rank import stable_hash
-from hvd_compress.adapters.torch_adapter import TorchAdapter
+from hvd_compress.backend import TorchBackend
 from torch_params import Params
 
 hvd.init()
@@ -81,9 +81,9 @@ def everyone(values, name):
 
 def torch_uniform_fn(comp, key):
     """The adapter's private draws: ``torch.rand`` from a generator seeded with
-    ``TorchAdapter.seed_for(stable_hash(seed, key, set_rank), step)``, step counting from 1."""
+    ``TorchBackend.seed_for(stable_hash(seed, key, set_rank), step)``, step counting from 1."""
     def fn(step0, rank, n):
-        seed = TorchAdapter.seed_for(None, stable_hash(comp.seed, key, rank), step0 + 1)
+        seed = TorchBackend.seed_for(None, stable_hash(comp.seed, key, rank), step0 + 1)
         gen = torch.Generator().manual_seed(seed & 0x7FFF_FFFF_FFFF_FFFF)
         return torch.rand(n, generator=gen, dtype=torch.float32).numpy()
     return fn

@@ -9,7 +9,7 @@ checks them against the numpy reference of the two-phase math
 (tests/two_phase_reference.py) over 3 steps with error feedback, together with its own
 stage-1 residual variable and the stage-2 residual variable of the chunk it owns.
 QSGD's and TernGrad's draws are reproduced: ``tf.random.stateless_uniform([c],
-seed=(s // 2**31, s % 2**31))`` with ``s = TFAdapter.seed_for(stable_hash(seed, key, i,
+seed=(s // 2**31, s % 2**31))`` with ``s = TensorFlowBackend.seed_for(stable_hash(seed, key, i,
 "two_phase") + j, step)`` for chunk ``j`` on rank ``i`` (stage 1) and ``s =
 seed_for(stable_hash(seed, key, j, "phase2"), step)`` on owner ``j`` (stage 2); ``key``
 is the variable's name.  Top-K's selection uses ``tf.math.top_k`` on the same magnitudes
@@ -44,7 +44,7 @@ import hvd_compress  # noqa: E402
 from hvd_compress.compressor import Compressor  # noqa: E402
 from hvd_compress.cross_rank import stable_hash  # noqa: E402
 from hvd_compress.schemes import DGC, Int8, RandomK, Threshold, TopK  # noqa: E402
-from hvd_compress.adapters.tf_adapter import TFAdapter  # noqa: E402
+from hvd_compress.backend import TensorFlowBackend  # noqa: E402
 
 
 def _world_size_from_env():
@@ -73,7 +73,7 @@ def _stateless(n, seed):
 
 
 def _seed(base, step):
-    return int(TFAdapter.seed_for(None, base, step).numpy())
+    return int(TensorFlowBackend.seed_for(None, base, step).numpy())
 
 
 def draws(comp, key):

@@ -10,7 +10,7 @@ of the two-phase math (tests/two_phase_reference.py, built on tests/reference.py
 3 steps with error feedback: the aggregated gradient, its own stage-1 residual and the
 stage-2 residual of the chunk it owns.  QSGD's and TernGrad's draws are reproduced:
 stage 1, chunk ``j`` on rank ``i``: ``torch.rand(c)`` from a generator seeded with
-``TorchAdapter.seed_for(stable_hash(seed, key, i, "two_phase") + j, step)``; stage 2 on
+``TorchBackend.seed_for(stable_hash(seed, key, i, "two_phase") + j, step)``; stage 2 on
 owner ``j``: ``seed_for(stable_hash(seed, key, j, "phase2"), step)``.  So is Top-K's
 tie-break (frequent among an owner's sums of Int8-quantized values): the reference selects
 with torch.topk on the same fp32 magnitudes.
@@ -36,7 +36,7 @@ import hvd_compress  # noqa: E402
 from hvd_compress.compressor import Compressor  # noqa: E402
 from hvd_compress.cross_rank import stable_hash  # noqa: E402
 from hvd_compress.schemes import DGC, FP16, Int8, PowerSGD, RandomK, Threshold, TopK  # noqa: E402
-from hvd_compress.adapters.torch_adapter import TorchAdapter  # noqa: E402
+from hvd_compress.backend import TorchBackend  # noqa: E402
 from torch_params import Params  # noqa: E402
 
 
@@ -82,10 +82,10 @@ def draws(comp, key):
     """(uniform1, uniform2) for tests/two_phase_reference.simulate (ranks in the global set)."""
     def u1(step, i, j, n):
         base = stable_hash(comp.seed, key, i, "two_phase") + j
-        return _rand(TorchAdapter.seed_for(None, base, step + 1), n)
+        return _rand(TorchBackend.seed_for(None, base, step + 1), n)
 
     def u2(step, j, n):
-        return _rand(TorchAdapter.seed_for(None, stable_hash(comp.seed, key, j, "phase2"), step + 1), n)
+        return _rand(TorchBackend.seed_for(None, stable_hash(comp.seed, key, j, "phase2"), step + 1), n)
     return u1, u2
 
 

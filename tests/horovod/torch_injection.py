@@ -12,7 +12,7 @@ from compression_cases import simulate as ref_simulate
 
 from hvd_compress.backend import backend_for
 from hvd_compress.cross_rank import stable_hash
-from hvd_compress.adapters.torch_adapter import TorchAdapter
+from hvd_compress.backend import TorchBackend
 from torch_params import Params
 
 TB = backend_for(torch.zeros(0))
@@ -59,7 +59,7 @@ def run_injected(comp, steps=3, specs=SPECS, order=None, bpps=1, grad=G, **opt_k
 def uniform_fn_for(comp, key):
     """The adapter's private draws, reproduced: ``uniform_fn(step, set_rank, n)``."""
     def fn(step, set_rank, n):
-        seed = TorchAdapter.seed_for(None, stable_hash(comp.seed, key, set_rank), step + 1)
+        seed = TorchBackend.seed_for(None, stable_hash(comp.seed, key, set_rank), step + 1)
         gen = torch.Generator().manual_seed(seed & 0x7FFF_FFFF_FFFF_FFFF)
         return torch.rand(n, generator=gen, dtype=torch.float32).numpy()
     return fn
@@ -69,7 +69,7 @@ def indices_fn_for(comp, key):
     """Random-K's shared-seed coordinates: drawn by the product's randperm_prefix from the
     documented shared seed (so equal on every rank), checked for sanity here."""
     def fn(step, numel, k):
-        seed = TorchAdapter.seed_for(None, stable_hash(comp.seed, key), step + 1)
+        seed = TorchBackend.seed_for(None, stable_hash(comp.seed, key), step + 1)
         return check_indices(TB.randperm_prefix(numel, k, seed, like=torch.zeros(1)).numpy(), numel, k)
     return fn
 

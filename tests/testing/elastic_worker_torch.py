@@ -82,7 +82,7 @@ grad_sums = {k: [torch.zeros_like(p, dtype=torch.float64) for p in models[k].par
 def folded_residuals(kind):
     """This rank's residual of every parameter, stage-2 residual added at the
     place of the chunk it owns (ceil(n / size) elements per chunk), as numpy."""
-    params = compressions[kind].adapters["torch"].params if "torch" in compressions[kind].adapters else {}
+    params = compressions[kind].adapters["torch"].roles.store.params if "torch" in compressions[kind].adapters else {}
     out = []
     for name, p in models[kind].named_parameters():
         r = np.zeros(p.numel())

@@ -5,6 +5,7 @@ import torch
 
 from hvd_compress.adapters.base import CallerInfo
 from hvd_compress.adapters.torch_adapter import TorchAdapter
+from hvd_compress.adapters.torch_collectives import TorchCollectives
 
 
 class World:
@@ -19,18 +20,11 @@ class World:
         return kind, name
 
 
-class InProcessAdapter(TorchAdapter):
-    """Rank ``rank`` of ``world``; every tensor it compresses is keyed ``key``."""
+class InProcessCollectives(TorchCollectives):
+    """The collectives of rank ``rank`` of ``world``: list exchanges."""
 
-    def __init__(self, world, rank, key="w"):
-        super().__init__()
-        self.world, self.rank, self.key = world, rank, key
-
-    def caller_info(self, tensor):
-        return CallerInfo(self.key, None, self.rank, self.world.size)
-
-    def check_fingerprint(self, comp, info):
-        return None
+    def __init__(self, world, rank):
+        self.world, self.rank = world, rank
 
     def allgather(self, tensor, name, process_set):
         return self.world.post("allgather", name, self.rank, tensor)
@@ -56,3 +50,35 @@ class InProcessAdapter(TorchAdapter):
         # alltoall with equal splits: the slice of every sender's tensor meant for this rank
         m = got[0].numel() // self.world.size
         return torch.cat([t[self.rank * m:(self.rank + 1) * m] for t in got])
+
+
+class InProcessAdapter(TorchAdapter):
+    """Rank ``rank`` of ``world``; every tensor it compresses is keyed ``key``."""
+
+    def __init__(self, world, rank, key="w"):
+        super().__init__()
+        self.roles.collectives = InProcessCollectives(world, rank)
+        self.key = key
+
+    # the world and rank are its collectives' (a test may move the adapter to another world)
+    @property
+    def world(self):
+        return self.roles.collectives.world
+
+    @world.setter
+    def world(self, world):
+        self.roles.collectives.world = world
+
+    @property
+    def rank(self):
+        return self.roles.collectives.rank
+
+    @rank.setter
+    def rank(self, rank):
+        self.roles.collectives.rank = rank
+
+    def _caller_info(self, tensor):
+        return CallerInfo(self.key, None, self.rank, self.world.size)
+
+    def _check_fingerprint(self, comp, info):
+        return None

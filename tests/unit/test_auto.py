@@ -547,14 +547,14 @@ def test_the_two_rank_swap_follows_the_probed_link(link, size, swap, monkeypatch
         auto.plan_for(key, numel, shape)
     auto.decide(5, OneRankCalibration(link, size), step_times=[0.0, 0.01])
     adapter = auto.adapters["torch"]
-    assert auto.plan_state.pair_swap_bytes == swap and adapter.pair_swap_chosen == (swap or None)
-    assert pair_swap_min_bytes(adapter.pair_swap_chosen) == (swap or None)
+    assert auto.plan_state.pair_swap_bytes == swap and adapter.roles.collectives.pair_swap_chosen == (swap or None)
+    assert pair_swap_min_bytes(adapter.roles.collectives.pair_swap_chosen) == (swap or None)
     monkeypatch.setenv(PAIR_SWAP_ENV, "7")
-    assert pair_swap_min_bytes(adapter.pair_swap_chosen) == 7
+    assert pair_swap_min_bytes(adapter.roles.collectives.pair_swap_chosen) == 7
     again = hvd_compress.Auto(calibration_steps=5, codec_costs={"Int8": 1e-9})
     again.use_adapter("torch", TorchAdapter())
     again.load_state_dict(auto.state_dict())
-    assert again.adapters["torch"].pair_swap_chosen == (swap or None)
+    assert again.adapters["torch"].roles.collectives.pair_swap_chosen == (swap or None)
 
 
 def test_on_shared_cores_the_largest_probe_outweighs_the_waits():

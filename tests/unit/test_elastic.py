@@ -35,7 +35,7 @@ def _steps(comps, adapters, world, ids, step0, steps, numel, grad_sum):
         started = [comp.compress(torch.from_numpy(g.copy())) for comp, g in zip(comps, grads)]
         for adapter, (_, pending) in zip(adapters, started):
             if isinstance(pending, TwoRoundPending):
-                adapter.launch_second_rounds(pending)
+                adapter.roles.rounds.launch(pending)
         got = [comp.decompress(torch.full((1,), float(world.size)), pending)
                for comp, (_, pending) in zip(comps, started)]
         for g in got[1:]:
@@ -45,7 +45,7 @@ def _steps(comps, adapters, world, ids, step0, steps, numel, grad_sum):
 
 
 def _folded(adapter, rank, size):
-    state = adapter.params["w"]
+    state = adapter.roles.store.params["w"]
     return folded_residual(state.residual, state.owned_chunk_residual, rank, size).numpy().astype(np.float64)
 
 
@@ -64,7 +64,7 @@ def test_fold_keeps_conservation_when_a_rank_leaves_and_one_joins(make, numel):
     for comp, adapter in zip(comps, adapters):
         comp.use_adapter("torch", adapter)
     applied = _steps(comps, adapters, world, [0, 1, 2], 0, 4, numel, grad_sum)
-    assert all(a.params["w"].owned_chunk_residual is not None for a in adapters)
+    assert all(a.roles.store.params["w"].owned_chunk_residual is not None for a in adapters)
     # the departed rank's residual at the change, folded as its mass was reported
     departed = _folded(adapters[2], 2, 3)
     tensors, sumsq = adapters[2].residual_mass(2, 3)
@@ -75,8 +75,8 @@ def test_fold_keeps_conservation_when_a_rank_leaves_and_one_joins(make, numel):
         before = _folded(adapters[rank], rank, 3)
         adapters[rank].fold_owned_chunks(rank, 3)
         adapters[rank].forget_in_flight()
-        assert adapters[rank].params["w"].owned_chunk_residual is None
-        np.testing.assert_array_equal(adapters[rank].params["w"].residual.numpy().astype(np.float64), before)
+        assert adapters[rank].roles.store.params["w"].owned_chunk_residual is None
+        np.testing.assert_array_equal(adapters[rank].roles.store.params["w"].residual.numpy().astype(np.float64), before)
     world2 = World(2)
     for rank in (0, 1):
         adapters[rank].world, adapters[rank].rank = world2, rank
@@ -119,9 +119,9 @@ def test_residual_mass_counts_nonzero_residuals_and_owned_chunks():
     comp = hvd_compress.TopK(0.2, transport="two_phase")
     adapter = InProcessAdapter(world, 0)
     comp.use_adapter("torch", adapter)
-    adapter.params.of("a").residual = torch.tensor([3.0, 0.0, 0.0, 0.0])
-    adapter.params.of("a").owned_chunk_residual = torch.tensor([0.0, 4.0])
-    adapter.params.of("b").residual = torch.zeros(3)
+    adapter.roles.store.params.of("a").residual = torch.tensor([3.0, 0.0, 0.0, 0.0])
+    adapter.roles.store.params.of("a").owned_chunk_residual = torch.tensor([0.0, 4.0])
+    adapter.roles.store.params.of("b").residual = torch.zeros(3)
     tensors, sumsq = adapter.residual_mass(0, 2)
     assert tensors == 1 and sumsq == pytest.approx(25.0)
     assert set(adapter.residuals) == {"a", "a" + OWNED_CHUNK_SUFFIX, "b"}
@@ -136,7 +136,7 @@ def test_departed_mass_counts_only_processes_that_left():
 
 def test_step_counts_round_trip_and_absent_keys_restart():
     adapter = InProcessAdapter(World(1), 0)
-    adapter.next_step("a"), adapter.next_step("a"), adapter.next_step("b")
+    adapter.roles.store.next_step("a"), adapter.roles.store.next_step("a"), adapter.roles.store.next_step("b")
     assert adapter.step_counts() == {"a": 2, "b": 1}
     adapter.set_step_counts({"a": 7, "c": 3})
     assert adapter.step_counts() == {"a": 7, "c": 3}
@@ -149,16 +149,16 @@ def test_tf_adapter_folds_the_owned_chunk_and_drops_its_variable():
     from hvd_compress.adapters.param_state import OWNED_CHUNK_RESIDUAL, RESIDUAL
     from hvd_compress.adapters.tf_adapter import TFAdapter, fold_into
     adapter = TFAdapter()
-    adapter._memory_variable(RESIDUAL, "w", lambda: tf.constant([1.0, 0, 0, 0, 0]))
-    adapter._memory_variable(OWNED_CHUNK_RESIDUAL, "w", lambda: tf.constant([2.0, 3.0]))
+    adapter.roles.store.memory_variable(RESIDUAL, "w", lambda: tf.constant([1.0, 0, 0, 0, 0]))
+    adapter.roles.store.memory_variable(OWNED_CHUNK_RESIDUAL, "w", lambda: tf.constant([2.0, 3.0]))
     tensors, sumsq = adapter.residual_mass(1, 3)  # chunks of 2: rank 1 owns elements 2 and 3
     assert tensors == 1 and sumsq == pytest.approx(1 + 4 + 9)
     adapter.fold_owned_chunks(1, 3)
     np.testing.assert_array_equal(adapter.residuals["w"].numpy(), [1, 0, 2, 3, 0])
-    assert set(adapter.residuals) == {"w"} and adapter.params["w"].owned_chunk_residual is None
+    assert set(adapter.residuals) == {"w"} and adapter.roles.store.params["w"].owned_chunk_residual is None
     with pytest.raises(RuntimeError, match="cannot be folded back"):
         fold_into(np.zeros(5), np.ones(2), 0, 2)
-    adapter.next_step("w")
+    adapter.roles.store.next_step("w")
     adapter.set_step_counts({"w": 5, "v": 2})
     assert adapter.step_counts() == {"w": 5, "v": 2}
 
@@ -172,21 +172,21 @@ def test_unregistered_compressor_is_refused_in_an_elastic_job(monkeypatch):
 
 def test_forget_in_flight_makes_the_fingerprint_agreed_again():
     adapter = InProcessAdapter(World(2), 0)
-    adapter.fingerprint_checked, adapter.pending_rounds = True, ["x"]
+    adapter._fingerprint_checked, adapter.roles.rounds.waiting = True, ["x"]
     adapter.forget_in_flight()
-    assert adapter.fingerprint_checked is False and adapter.pending_rounds == []
+    assert adapter._fingerprint_checked is False and adapter.roles.rounds.waiting == []
 
 
 def test_auto_replans_after_a_reset_and_keeps_its_residuals():
     auto = hvd_compress.Auto()
     adapter = InProcessAdapter(World(2), 0)
     auto._adapters["torch"] = adapter
-    adapter.params.of("w").residual = torch.ones(4)
+    adapter.roles.store.params.of("w").residual = torch.ones(4)
     auto.plan_state.history = [(5, {}, 0)]
     auto.plan_state.tensors = {"w": (4, (4,))}
     auto.replan_after_reset()
     assert auto.plan_state.history == [] and auto.plan_state.tensors == {} and auto.plan_state.early_link is None
-    assert torch.equal(adapter.params["w"].residual, torch.ones(4))
+    assert torch.equal(adapter.roles.store.params["w"].residual, torch.ones(4))
 
 
 def test_auto_with_a_tensorflow_state_is_refused_naming_what_is_allowed():

@@ -544,12 +544,12 @@ def _flow(spec, monkeypatch, fused, steps=3, n=20_000, owned=True):
     comp = local_compressor(eval("hc." + spec, {"hc": hc, "Int8": hc.schemes.Int8, "BF16": hc.schemes.BF16}), "torch")
     adapter = comp.adapters["torch"]
     if not owned:  # a direct hvd.allreduce(t, compression=...): the caller keeps t
-        info = adapter.caller_info
+        info = adapter._caller_info
 
         def not_owned(tensor):
             from dataclasses import replace
             return replace(info(tensor), owns_input=False)
-        adapter.caller_info = not_owned
+        adapter._caller_info = not_owned
     gen = torch.Generator().manual_seed(9)
     outs, inputs = [], []
     for _ in range(steps):

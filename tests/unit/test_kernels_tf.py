@@ -283,8 +283,8 @@ def test_adapter_flow_fused_equals_eager(spec, monkeypatch):
             return comp.decompress(out, ctx)
         outs = [step(g).numpy() for g in grads]
         adapter = comp.adapters["tensorflow"]
-        residual = adapter.residual_variable(BENCH_KEY)  # None without error feedback
-        velocity = adapter.params.of(BENCH_KEY).get_memory("momentum")  # None without a momentum
+        residual = adapter.roles.store.residual_variable(BENCH_KEY)  # None without error feedback
+        velocity = adapter.roles.store.params.of(BENCH_KEY).get_memory("momentum")  # None without a momentum
         results[kernels] = (outs, None if residual is None else residual.numpy(),
                             None if velocity is None else velocity.numpy())
         graph_ops = {op.type for op in step.get_concrete_function(grads[0]).graph.get_operations()}

@@ -73,8 +73,8 @@ def test_torch_checkpoint_round_trip_keeps_the_entry_names():
 def test_adapter_views_read_and_write_the_states():
     adapter = TorchAdapter()
     adapter.residuals["a"] = torch.tensor([3.0, 0.0])
-    adapter.params.of("a").memory["momentum"] = torch.tensor([1.0])
-    assert adapter.params["a"].residual.tolist() == [3.0, 0.0]
+    adapter.roles.store.params.of("a").memory["momentum"] = torch.tensor([1.0])
+    assert adapter.roles.store.params["a"].residual.tolist() == [3.0, 0.0]
     assert set(adapter.memories) == {"momentum"} and set(adapter.memories["momentum"]) == {"a"}
     comp = hvd_compress.TopK(0.5)
     comp.use_adapter("torch", adapter)

@@ -49,7 +49,7 @@ def _mismatches(protocol, implementation):
 
 def test_protocols_declare_what_they_should():
     _, backend_methods = _members(protocols.Backend)
-    assert len(backend_methods) == 51 and {"split", "uniform", "identity_with_deps", "copy"} <= set(backend_methods)
+    assert len(backend_methods) == 52 and {"split", "uniform", "identity_with_deps", "copy"} <= set(backend_methods)
     _, scheme_methods = _members(protocols.Scheme)
     assert {"encode", "decode_one", "aggregate", "decode_reduced", "transport_for", "stage2"} <= set(scheme_methods)
 

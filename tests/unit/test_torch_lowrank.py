@@ -38,7 +38,7 @@ def run(make, grads, kernels, monkeypatch, shape):
         started = [comp.compress(torch.from_numpy(g.copy()).reshape(shape)) for comp, g in zip(comps, step_grads)]
         for comp, (_, pending) in zip(comps, started):
             if isinstance(pending, TwoRoundPending):
-                comp.adapters["torch"].launch_second_rounds(pending)
+                comp.adapters["torch"].roles.rounds.launch(pending)
         reduced = sum(t for t, _ in started) / size
         got = [comp.decompress(reduced.clone(), pending).numpy().copy() for comp, (_, pending) in zip(comps, started)]
         wire = {name[-1]: t[0].numpy().copy() for (kind, name), t in world.posted.items()}
@@ -123,7 +123,7 @@ def test_first_q_is_the_seeded_start(monkeypatch):
     comp = Compressor(schemes.PowerSGD(3), error_feedback=True)
     adapter = comp.use_adapter("torch", InProcessAdapter(World(1), 0))
     _, pending = comp.compress(torch.ones(40, 30))
-    q = adapter.params.of("w").scheme["Q"]
+    q = adapter.roles.store.params.of("w").scheme["Q"]
     expected = starting_q(adapter.B, pending.q_seed, (30, 3), torch.zeros(1))
     assert torch.equal(q, expected) and q.t().is_contiguous()
 
@@ -142,7 +142,7 @@ def test_buffers_are_reused_and_the_result_written_into_the_gradient(monkeypatch
         out, ctx = comp.compress(grad)
         dense = comp.decompress(out, ctx)
         assert dense.data_ptr() == grad.data_ptr()
-        state = comp.adapters["torch"].params.of(BENCH_KEY)
+        state = comp.adapters["torch"].roles.store.params.of(BENCH_KEY)
         seen.append({"residual": state.residual.data_ptr(), "Q": state.scheme["Q"].data_ptr(),
                      **{k: v.data_ptr() for k, v in state.workspace.items()}})
     assert seen[1] == seen[2] and {"lowrank.P", "lowrank.Q", "lowrank.Qt_local"} <= set(seen[2])

@@ -18,7 +18,7 @@ import hvd_compress
 from hvd_compress import Compressor, DGCMemory, ResidualMemory, schemes
 from hvd_compress.transports import (ALLGATHER, ALLREDUCE, LOW_RANK, TWO_PHASE, Pending, TwoRoundPending,
                                      transport_for)
-from in_process_world import InProcessAdapter, World
+from in_process_world import InProcessAdapter, InProcessCollectives, World
 
 
 def run(make, grads, size):
@@ -36,7 +36,7 @@ def run(make, grads, size):
         started = [comp.compress(torch.from_numpy(g)) for comp, g in zip(comps, step_grads)]
         for adapter, (_, pending) in zip(adapters, started):
             if isinstance(pending, TwoRoundPending):
-                adapter.launch_second_rounds(pending)
+                adapter.roles.rounds.launch(pending)
         reduced = sum(t for t, _ in started) / size
         got = [comp.decompress(reduced.clone(), pending) for comp, (_, pending) in zip(comps, started)]
         for g in got[1:]:
@@ -94,23 +94,23 @@ def test_pendings_are_typed_and_hold_no_untyped_bags(make, shape, pending_type):
     (lambda: hvd_compress.Threshold(1.0), 4),  # lengths differ by rank: a gather per part and per length
 ], ids=["topk", "topk-int8", "efsignsgd", "threshold"])
 def test_packed_gather_gives_the_per_part_gathers_result(make, gathers_per_step, monkeypatch):
-    """The torch adapter sends a payload's fixed-length parts as one allgather
+    """The torch collectives send a payload's fixed-length parts as one allgather
     of their bytes (3 ranks: the second and third ranks' parts sit at
     offsets not aligned for their dtype); the aggregates and residuals are
     those of one allgather per part, bit for bit."""
     shape, size = (37, 29), 3
     grads = _grads(shape, size, 3)
     names = []
-    gather = InProcessAdapter.allgather
+    gather = InProcessCollectives.allgather
 
     def counting(self, tensor, name, process_set):
         names.append(name)
         return gather(self, tensor, name, process_set)
 
-    monkeypatch.setattr(InProcessAdapter, "allgather", counting)
+    monkeypatch.setattr(InProcessCollectives, "allgather", counting)
     packed, packed_comps = run(make, grads, size)
     assert len(names) == 3 * size * gathers_per_step, names
-    monkeypatch.setattr(InProcessAdapter, "packs_gathers", False)
+    monkeypatch.setattr(InProcessCollectives, "packs_gathers", False)
     per_part, per_part_comps = run(make, grads, size)
     for a, b in zip(packed, per_part):
         assert a.tobytes() == b.tobytes()

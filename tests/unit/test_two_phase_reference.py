@@ -20,6 +20,7 @@ from in_process_world import InProcessAdapter, World
 import hvd_compress
 from hvd_compress.cross_rank import stable_hash
 from hvd_compress.adapters.torch_adapter import TorchAdapter
+from hvd_compress.backend import TorchBackend
 
 SUM_SCHEMES = ["Int8", "Int8-block64", "EFSignSGD", "OneBit", "TopK", "TopK-Int8", "BF16", "QSGD16", "TernGrad"]
 
@@ -116,7 +117,7 @@ def emulate(sid, size, shape, steps, key="w"):
         world.posted.clear()
         ctxs = [comp.compress(torch.from_numpy(T.G(key, r, step, shape))) for r, comp in enumerate(comps)]
         for ad, (_, ctx) in zip(adapters, ctxs):
-            ad.launch_second_rounds(ctx)
+            ad.roles.rounds.launch(ctx)
         out.append([comp.decompress(torch.ones(1), ctx).numpy().reshape(-1) for comp, (_, ctx) in zip(comps, ctxs)])
     return out, comps
 
@@ -127,10 +128,10 @@ def _draws(comp, key):
         return torch.rand(n, generator=gen, dtype=torch.float32).numpy()
 
     def u1(step, i, j, n):
-        return rand(TorchAdapter.seed_for(None, stable_hash(comp.seed, key, i, "two_phase") + j, step + 1), n)
+        return rand(TorchBackend.seed_for(None, stable_hash(comp.seed, key, i, "two_phase") + j, step + 1), n)
 
     def u2(step, j, n):
-        return rand(TorchAdapter.seed_for(None, stable_hash(comp.seed, key, j, "phase2"), step + 1), n)
+        return rand(TorchBackend.seed_for(None, stable_hash(comp.seed, key, j, "phase2"), step + 1), n)
     return u1, u2
 
 
@@ -180,7 +181,7 @@ def test_fused_chunks_match_the_reference(sid, shape, size):
         pytest.skip("the C kernels are not built (HVDC_KERNELS=0 or no compiler): only the eager path runs")
     test_library_two_phase_matches_the_reference_in_process(sid, shape, size)
     _, comps = emulate(sid, size, shape, 1)
-    used = "two_phase.chunk0" in comps[0].adapters["torch"].workspace("w")
+    used = "two_phase.chunk0" in comps[0].adapters["torch"].roles.store.workspace("w")
     chunk = -(-int(np.prod(shape)) // size)
     assert used == _kernels_encode(sid, chunk), f"{sid}: fused chunk encode used={used}"
     if sid in ("Int8", "TopK", "EFSignSGD"):

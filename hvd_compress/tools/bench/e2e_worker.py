@@ -319,12 +319,12 @@ def _breakdown_step(a, hvd, dopt, comp, model, loss_fn, x, y):
     timed steps go to the result as ``breakdown_steps``."""
     import horovod.torch.optimizer as hvd_optimizer
 
-    from ...adapters.torch_adapter import TorchAdapter
+    from ...adapters.torch_collectives import TorchCollectives
     clock = a.breakdown_clock = StepBreakdown()
     comp.compress = clock.timed("encode", comp.compress)
     comp.decompress = clock.timed("decompress", comp.decompress)
     hvd_optimizer.synchronize = clock.timed("wait_allreduce", hvd_optimizer.synchronize)
-    TorchAdapter.wait = clock.timed("wait_gather", TorchAdapter.wait)
+    TorchCollectives.wait = clock.timed("wait_gather", TorchCollectives.wait)
 
     def step():
         clock.now = {}

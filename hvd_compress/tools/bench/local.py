@@ -20,16 +20,9 @@ from ...adapters.base import CallerInfo
 BENCH_KEY = "bench.weight"
 
 
-def _local_class(base):
-    class Local(base):
-        key = BENCH_KEY
-
-        def caller_info(self, tensor):
-            # as under Horovod's optimizer: the gradient is replaced by the result
-            return CallerInfo(self.key, None, 0, 1, owns_input=True)
-
-        def check_fingerprint(self, comp, info):
-            return None  # one rank: nobody to compare the configuration with
+def _one_rank(collectives_class):
+    class OneRank(collectives_class):
+        """Collectives of a world of one rank: an allgather or a sum-allreduce returns its input."""
 
         def allgather(self, tensor, name, process_set):
             return tensor
@@ -39,6 +32,24 @@ def _local_class(base):
 
         def wait(self, handle):
             return handle
+
+    return OneRank
+
+
+def _local_class(base):
+    class Local(base):
+        key = BENCH_KEY
+
+        def __init__(self):
+            super().__init__()
+            self.roles.collectives = _one_rank(type(self.roles.collectives))()
+
+        def _caller_info(self, tensor):
+            # as under Horovod's optimizer: the gradient is replaced by the result
+            return CallerInfo(self.key, None, 0, 1, owns_input=True)
+
+        def _check_fingerprint(self, comp, info):
+            return None  # one rank: nobody to compare the configuration with
 
     Local.__name__ = Local.__qualname__ = "Local" + base.__name__
     return Local
