@@ -62,7 +62,7 @@ class TFCodec:
 class Int8Codec(TFCodec):
     def encode(self, x, r, ws, ctx):
         n = int(x.shape[0])
-        block = self.scheme._block(n)
+        block = self.scheme.block_for(n)
         q, scale = self.ops.hvdc_int8_encode(x=x, r=self.residual_handles(r, ctx), n=n, block=block,
                                              nb=max(1, ceil_div(n, block)))
         return {"q": q, "scale": scale}
@@ -70,7 +70,7 @@ class Int8Codec(TFCodec):
     def aggregate(self, payloads, numel, local, scale, out, ws):
         s, scaled = _scale_args(scale)
         return self.ops.hvdc_int8_decode_sum(qs=[p["q"] for p in payloads], scales=[p["scale"] for p in payloads],
-                                             s=s, n=numel, block=self.scheme._block(numel), scaled=scaled)
+                                             s=s, n=numel, block=self.scheme.block_for(numel), scaled=scaled)
 
 
 class TopKCodec(TFCodec):

@@ -32,7 +32,7 @@ from .torch_sparse import DGCCodec, ThresholdCodec, TopKCodec
 class Int8Codec(Codec):
     def encode(self, x, r, ws, ctx):
         n = x.numel()
-        block = self.scheme._block(n)
+        block = self.scheme.block_for(n)
         q = buffer(ws, "q", n, torch.int8)
         scales = buffer(ws, "scale", max(1, ceil_div(n, block)), torch.float32)
         self.lib.hvdc_int8_encode(_p(x), _p(r), n, block, _p(q), _p(scales))
@@ -42,7 +42,7 @@ class Int8Codec(Codec):
         out = output(ws, out, numel)
         qs = [p["q"] for p in payloads]
         ss = [p["scale"] for p in payloads]
-        self.lib.hvdc_int8_decode_sum(len(qs), _ptrs(qs), _ptrs(ss), numel, self.scheme._block(numel),
+        self.lib.hvdc_int8_decode_sum(len(qs), _ptrs(qs), _ptrs(ss), numel, self.scheme.block_for(numel),
                                       *_scale_args(scale), _p(out))
         return out
 

@@ -50,12 +50,13 @@ class Int8(Scheme):
         # per-block scales: one per block_size elements, so their count follows the kept count too
         return ("q",) if self.block_size is None else ("q", "scale")
 
-    def _block(self, n):
+    def block_for(self, n):
+        """The elements per scale of an ``n``-element tensor."""
         return max(1, n if self.block_size is None else min(self.block_size, n))
 
     def encode(self, B, x, ctx):
         n = B.numel(x)
-        xb, _ = _blocks(B, x, self._block(n))
+        xb, _ = _blocks(B, x, self.block_for(n))
         amax = B.abs_max(xb, axis=1)
         # only an all-zero block gets the dummy scale 1; a NaN/Inf amax stays in the
         # scale so the non-finite value reaches the receivers (and equals ``sent``)
@@ -66,11 +67,11 @@ class Int8(Scheme):
 
     def decode_one(self, B, payload, numel, ctx=None):
         q = B.cast(payload["q"], "float32")
-        xb, _ = _blocks(B, q, self._block(numel))
+        xb, _ = _blocks(B, q, self.block_for(numel))
         return B.flatten(xb * B.reshape(payload["scale"], (-1, 1)))[:numel]
 
     def payload_nbytes(self, numel):
-        return numel + 4 * max(1, ceil_div(numel, self._block(numel)))
+        return numel + 4 * max(1, ceil_div(numel, self.block_for(numel)))
 
 
 @register(kind="quantizer", compare="reducing",

@@ -93,7 +93,8 @@ class _Sparsifier(Scheme):
         pairs = [self._unpack(B, p, numel) for p in payloads]
         return B.scatter_add(numel, B.concat([i for i, _ in pairs]), B.concat([v for _, v in pairs]))
 
-    def _kept_nbytes(self, numel, k):
+    def kept_nbytes(self, numel, k):
+        """The payload bytes of ``k`` kept elements of ``numel`` (their codes and values)."""
         idx = index_code_nbytes(self.index_code(numel), numel, k)
         val = 4 * k if self.values is None else self.values.payload_nbytes(k)
         return idx + val
@@ -142,7 +143,7 @@ class TopK(_Sparsifier):
         return self._pack(B, x, idx, ctx)
 
     def payload_nbytes(self, numel):
-        return self._kept_nbytes(numel, _k_for(self.ratio, numel))
+        return self.kept_nbytes(numel, _k_for(self.ratio, numel))
 
 
 @register(kind="sparsifier",

@@ -92,8 +92,8 @@ class WaitClock:
     def install(self):
         import horovod.torch as hvd
         inner = hvd.synchronize
-        if getattr(inner, "_hvdc_wait_clock", None) is not None:
-            return inner._hvdc_wait_clock
+        if getattr(inner, "hvdc_wait_clock", None) is not None:
+            return inner.hvdc_wait_clock
         clock = self
 
         def synchronize(handle):
@@ -102,7 +102,7 @@ class WaitClock:
                 return inner(handle)
             finally:
                 clock.total += time.perf_counter() - t0
-        synchronize._hvdc_wait_clock = clock
+        synchronize.hvdc_wait_clock = clock
         hvd.synchronize = synchronize
         return clock
 

@@ -101,9 +101,9 @@ def payload_nbytes(spec: str, numel: int):
     n = s.payload_nbytes(numel)
     if n is not None:
         return n + extra, True
-    if hasattr(s, "ratio") and hasattr(s, "_kept_nbytes"):
+    if hasattr(s, "ratio") and hasattr(s, "kept_nbytes"):
         import math
         k = max(1, min(numel, int(math.ceil(s.ratio * numel))))
         # two variable-length parts (indices, values): one 4-byte length each
-        return s._kept_nbytes(numel, k) + extra + 8, False
+        return s.kept_nbytes(numel, k) + extra + 8, False
     return None, False
