@@ -59,7 +59,7 @@ from compression_cases import (EF_DEFAULT_OFF, EXTRA, IDS, SCHEMES, TRAIN_IDS, G
                                covered_names, exported_schemes, ref, residual_tolerance, shuffle_zstd_nbytes,
                                uncovered, world_size_from_env)
 from compression_cases import simulate as ref_simulate  # noqa: E402
-from tf_linear_training import LinearTraining, dataset, flat_weights, linear_model  # noqa: E402
+from tf_linear_training import CaptureSGD, Inject, LinearTraining, dataset, flat_weights, linear_model  # noqa: E402
 
 import hvd_compress  # noqa: E402
 from hvd_compress.backend import backend_for  # noqa: E402
@@ -521,42 +521,6 @@ def test_legacy_optimizer_backward_passes_per_step_refused_eagerly_by_horovod():
 
 
 # --- Keras model.fit ----------------------------------------------------------------------------------
-class Inject(tf.keras.layers.Layer):
-    """One weight per spec; the input row is the concatenation of the flat G's, and the
-    output is sum(w * G): with a mean-of-output loss and batch size 1, grad w == G."""
-
-    def __init__(self, specs, **kw):
-        super().__init__(**kw)
-        self.specs = specs
-
-    def build(self, input_shape):
-        self.ws = {s: self.add_weight(name=s, shape=shape, initializer="zeros") for s, shape in self.specs.items()}
-
-    def call(self, x):
-        out, off = 0.0, 0
-        for s, shape in self.specs.items():
-            n = int(np.prod(shape))
-            g = tf.reshape(x[:, off:off + n], [-1, *shape])
-            out = out + tf.reduce_sum(self.ws[s][None] * g, axis=list(range(1, len(shape) + 1)))
-            off += n
-        return out[:, None]
-
-
-class CaptureSGD(tf.keras.optimizers.legacy.SGD):
-    """SGD that also keeps the (aggregated) gradients it applies, for the test to read."""
-
-    def apply_gradients(self, grads_and_vars, *args, **kwargs):
-        grads_and_vars = list(grads_and_vars)
-        if not hasattr(self, "captured"):
-            with tf.init_scope():
-                self.captured = {v.name: tf.Variable(tf.zeros_like(v), trainable=False) for _, v in grads_and_vars}
-                self.applied = tf.Variable(0, dtype=tf.int64, trainable=False)
-        for g, v in grads_and_vars:
-            self.captured[v.name].assign(g)
-        self.applied.assign_add(1)
-        return super().apply_gradients(grads_and_vars, *args, **kwargs)
-
-
 class Recorder(tf.keras.callbacks.Callback):
     """After every batch: if the optimizer applied gradients, keep a copy of them."""
 

@@ -38,9 +38,11 @@ import tensorflow as tf  # noqa: E402
 import horovod.tensorflow as hvd  # noqa: E402
 import horovod.tensorflow.keras as hvdk  # noqa: E402
 
-from compression_cases import G, local_grads, ref, tolerance  # noqa: E402
+from compression_cases import G, local_grads, ref  # noqa: E402
 from compression_cases import simulate as ref_simulate  # noqa: E402
-from tf_linear_training import mlp, mse_tape_step  # noqa: E402
+from tf_linear_training import CaptureSGD, Inject, mlp, mse_tape_step  # noqa: E402
+from training_cases import (SCHED_SPECS, assert_close, dgc_warmup_schedule, explicit_schedule, phase_table,  # noqa: E402
+                            schedule_reference)
 
 import hvd_compress as hc  # noqa: E402
 from hvd_compress import Policy, Rule, Schedule  # noqa: E402
@@ -53,11 +55,6 @@ f32 = np.float32
 
 
 # --- helpers -----------------------------------------------------------------------------------------
-def assert_close(sid, got, want, what):
-    want = np.asarray(want, f32).reshape(-1)
-    np.testing.assert_allclose(np.asarray(got).reshape(-1), want, **tolerance(sid, want), err_msg=what)
-
-
 def everyone(values, name):
     return hvd.allgather(tf.constant([list(values)], tf.int64), name=name).numpy().tolist()
 
@@ -99,42 +96,6 @@ def tf_uniform_fn(comp, key):
 
 
 # --- Keras model.fit with injected gradients (as in test_tf_compression.py) -----------------------------------
-class Inject(tf.keras.layers.Layer):
-    """One weight per spec; the input row is the concatenation of the flat G's and the
-    output is sum(w * G): with a mean-of-output loss and batch size 1, grad w == G."""
-
-    def __init__(self, specs, **kw):
-        super().__init__(**kw)
-        self.specs = specs
-
-    def build(self, input_shape):
-        self.ws = {s: self.add_weight(name=s, shape=shape, initializer="zeros") for s, shape in self.specs.items()}
-
-    def call(self, x):
-        out, off = 0.0, 0
-        for s, shape in self.specs.items():
-            n = int(np.prod(shape))
-            g = tf.reshape(x[:, off:off + n], [-1, *shape])
-            out = out + tf.reduce_sum(self.ws[s][None] * g, axis=list(range(1, len(shape) + 1)))
-            off += n
-        return out[:, None]
-
-
-class CaptureSGD(tf.keras.optimizers.legacy.SGD):
-    """SGD that keeps the (aggregated) gradients it applies, for the test to read."""
-
-    def apply_gradients(self, grads_and_vars, *args, **kwargs):
-        grads_and_vars = list(grads_and_vars)
-        if not hasattr(self, "captured"):
-            with tf.init_scope():
-                self.captured = {v.name: tf.Variable(tf.zeros_like(v), trainable=False) for _, v in grads_and_vars}
-                self.applied = tf.Variable(0, dtype=tf.int64, trainable=False)
-        for g, v in grads_and_vars:
-            self.captured[v.name].assign(g)
-        self.applied.assign_add(1)
-        return super().apply_gradients(grads_and_vars, *args, **kwargs)
-
-
 class Recorder(tf.keras.callbacks.Callback):
     """After every batch: the compressor's step counters and byte counts; after every
     applied update: the aggregated gradients."""
@@ -145,7 +106,7 @@ class Recorder(tf.keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         ad = self.comp.adapters.get("tensorflow")
-        steps = {k: int(v.numpy()) for k, v in ad.steps.items()} if ad else {}
+        steps = {k: int(v.numpy()) for k, v in ad.state_module.steps.items()} if ad else {}
         self.batches.append((steps, {k: v["payload_bytes"] for k, v in self.comp.stats.per_tensor().items()}))
         n = int(self.opt.applied.numpy()) if hasattr(self.opt, "applied") else 0
         if n != self.seen:
@@ -320,41 +281,6 @@ def test_sparse_embedding_gradients_bypass_compression_unless_sparse_as_dense():
 
 
 # --- 2. warmup / schedules -------------------------------------------------------------------------------
-SCHED_SPECS = {"w": (40, 25), "b": (100,)}
-
-
-def explicit_schedule():
-    return Schedule([(0, hc.none()), (3, hc.TopK(0.25)), (6, hc.TopK(0.01))])
-
-
-def dgc_warmup_schedule():
-    return Schedule.dgc_warmup(warmup_steps=2, steps_per_stage=2, final_ratio=0.01, start_ratio=0.25, factor=5.0)
-
-
-def phase_table(sched):
-    return [(start, c.scheme.name, c.scheme.config(), c.error_feedback) for start, c in sched.phases]
-
-
-def schedule_reference(table, grads, op="average"):
-    """grads[step][rank] -> (aggregated per step, (scheme, payload bytes) per step, final
-    residual per rank); see test_training_torch.schedule_reference."""
-    size = len(grads[0])
-    residual = [np.zeros_like(grads[0][0]) for _ in range(size)]
-    agg, nbytes = [], []
-    for c, per_rank in enumerate(grads):
-        _, name, cfg, ef = [p for p in table if p[0] <= c][-1]
-        sents = []
-        for r, g in enumerate(per_rank):
-            acc = (g + residual[r]).astype(f32) if ef else g
-            s = ref.sent(name, cfg, acc)
-            if ef:
-                residual[r] = (acc - s).astype(f32)
-            sents.append(s)
-        agg.append(ref.op_scale(name, ref.aggregate(name, sents), size, op))
-        nbytes.append((name, ref.payload_bytes(name, cfg, grads[0][0].size)))
-    return agg, nbytes, residual
-
-
 def _grads(spec, shape, steps, bpps=1):
     per_rank = [local_grads(spec, shape, r, steps, bpps) for r in range(SIZE)]
     return [[per_rank[r][s] for r in range(SIZE)] for s in range(steps)]

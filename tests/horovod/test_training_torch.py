@@ -29,7 +29,9 @@ import torch
 
 import horovod.torch as hvd
 
-from compression_cases import G, local_grads, ref, tolerance
+from compression_cases import G, local_grads, ref
+from training_cases import (SCHED_SPECS, assert_close, dgc_warmup_schedule, explicit_schedule, phase_table,
+                            schedule_reference)
 from compression_cases import simulate as ref_simulate
 
 import hvd_compress as hc
@@ -66,11 +68,6 @@ def run_injected(comp, specs, steps, bpps=1, named=True, on_step=None, **opt_kw)
         if on_step is not None:
             on_step(step)
     return out
-
-
-def assert_close(sid, got, want, what):
-    want = np.asarray(want, f32).reshape(-1)
-    np.testing.assert_allclose(np.asarray(got).reshape(-1), want, **tolerance(sid, want), err_msg=what)
 
 
 def everyone(values, name):
@@ -216,45 +213,6 @@ def test_describe_lists_every_parameter_with_rule_and_bytes():
 
 
 # --- 2. warmup / schedules -------------------------------------------------------------------------------
-SCHED_SPECS = {"w": (40, 25), "b": (100,)}
-
-
-def explicit_schedule():
-    return Schedule([(0, hc.none()), (3, hc.TopK(0.25)), (6, hc.TopK(0.01))])
-
-
-def dgc_warmup_schedule():
-    # dense for 2 communications, then 25%, 5%, 1% for 2 each
-    return Schedule.dgc_warmup(warmup_steps=2, steps_per_stage=2, final_ratio=0.01, start_ratio=0.25, factor=5.0)
-
-
-def phase_table(sched):
-    """[(start, scheme name, scheme config, error feedback)] from the schedule's phases."""
-    return [(start, c.scheme.name, c.scheme.config(), c.error_feedback) for start, c in sched.phases]
-
-
-def schedule_reference(table, grads, op="average"):
-    """grads[step][rank] -> (aggregated per step, payload bytes per step (this rank), final
-    residual per rank).  Phase of communication c (0-based): the last phase starting at or
-    before c; the residual is kept per tensor across phases (a phase without error feedback
-    neither uses nor changes it)."""
-    size = len(grads[0])
-    residual = [np.zeros_like(grads[0][0]) for _ in range(size)]
-    agg, nbytes = [], []
-    for c, per_rank in enumerate(grads):
-        _, name, cfg, ef = [p for p in table if p[0] <= c][-1]
-        sents = []
-        for r, g in enumerate(per_rank):
-            acc = (g + residual[r]).astype(f32) if ef else g
-            s = ref.sent(name, cfg, acc)
-            if ef:
-                residual[r] = (acc - s).astype(f32)
-            sents.append(s)
-        agg.append(ref.op_scale(name, ref.aggregate(name, sents), size, op))
-        nbytes.append((name, ref.payload_bytes(name, cfg, grads[0][0].size)))
-    return agg, nbytes, residual
-
-
 @pytest.mark.parametrize("which, bpps", [("explicit", 1), ("explicit", 2), ("dgc_warmup", 1), ("dgc_warmup", 2)])
 def test_schedule_switches_at_the_communication_step(which, bpps):
     """Schedule([(0, none()), (3, TopK(0.25)), (6, TopK(0.01))]) and Schedule.dgc_warmup: the

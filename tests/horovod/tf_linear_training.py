@@ -1,6 +1,8 @@
 """Small TF models for the integration tests, and one linear model per scheme, all trained in one ``tf.function`` through the stock
 ``hvd.DistributedGradientTape``. Shared by test_tf_compression.py (replicas identical,
-loss falls) and scripts/tf_replica_stress.py (replicas compared after every step)."""
+loss falls) and scripts/tf_replica_stress.py (replicas compared after every step); and the
+Keras pieces that inject chosen gradients into ``model.fit`` (test_tf_compression.py,
+test_training_tf.py)."""
 import numpy as np
 import tensorflow as tf
 import horovod.tensorflow as hvd
@@ -87,3 +89,40 @@ class LinearTraining:
         """Every replica's weights, (size, schemes, weights), by one allgather named ``name``."""
         flat = tf.stack([flat_weights(self.models[sid]) for sid in self.ids])[None]
         return hvd.allgather(flat, name=name).numpy()
+
+
+# --- Keras model.fit with injected gradients ---------------------------------------------------------
+class Inject(tf.keras.layers.Layer):
+    """One weight per spec; the input row is the concatenation of the flat G's, and the
+    output is sum(w * G): with a mean-of-output loss and batch size 1, grad w == G."""
+
+    def __init__(self, specs, **kw):
+        super().__init__(**kw)
+        self.specs = specs
+
+    def build(self, input_shape):
+        self.ws = {s: self.add_weight(name=s, shape=shape, initializer="zeros") for s, shape in self.specs.items()}
+
+    def call(self, x):
+        out, off = 0.0, 0
+        for s, shape in self.specs.items():
+            n = int(np.prod(shape))
+            g = tf.reshape(x[:, off:off + n], [-1, *shape])
+            out = out + tf.reduce_sum(self.ws[s][None] * g, axis=list(range(1, len(shape) + 1)))
+            off += n
+        return out[:, None]
+
+
+class CaptureSGD(tf.keras.optimizers.legacy.SGD):
+    """SGD that also keeps the (aggregated) gradients it applies, for the test to read."""
+
+    def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        grads_and_vars = list(grads_and_vars)
+        if not hasattr(self, "captured"):
+            with tf.init_scope():
+                self.captured = {v.name: tf.Variable(tf.zeros_like(v), trainable=False) for _, v in grads_and_vars}
+                self.applied = tf.Variable(0, dtype=tf.int64, trainable=False)
+        for g, v in grads_and_vars:
+            self.captured[v.name].assign(g)
+        self.applied.assign_add(1)
+        return super().apply_gradients(grads_and_vars, *args, **kwargs)
