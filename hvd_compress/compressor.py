@@ -31,7 +31,7 @@ the adapters read the parameter's name from the calling Horovod frame
 names every side collective, so they agree on all ranks whatever order the
 hooks fire in.  Where no name can be found (a direct call, Horovod's grouped
 TF path), a fallback key is built from the shape and its occurrence count in
-the step; see :meth:`hvd_compress.adapters.base.AdapterBase.fallback_key`.
+the step; see :meth:`hvd_compress.adapters.torch_adapter.TorchAdapter._fallback_key`.
 """
 from __future__ import annotations
 

@@ -315,7 +315,7 @@ class StepBreakdown:
 def _breakdown_step(a, hvd, dopt, comp, model, loss_fn, x, y):
     """The distributed step with :class:`StepBreakdown`'s clocks (rank-local
     wrappers of ``compress``, ``decompress``, the optimizer's
-    ``synchronize`` calls and the adapter's wait); the breakdowns of the
+    ``synchronize`` calls and the collectives' wait); the breakdowns of the
     timed steps go to the result as ``breakdown_steps``."""
     import horovod.torch.optimizer as hvd_optimizer
 
