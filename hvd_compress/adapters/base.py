@@ -132,6 +132,7 @@ class AdapterBase:
         #: the framework's backend
         self.B = roles.B
         self._fingerprint_checked = False
+        self.reset()
 
     # --- framework specifics -------------------------------------------------
     def _caller_info(self, tensor) -> CallerInfo:

@@ -30,7 +30,6 @@ class TFAdapter(AdapterBase):
         store = TFStore()
         super().__init__(Roles(B=store.B, collectives=TFCollectives(), store=store, codecs=TFCodecs(store),
                                rounds=SecondRounds()))
-        self._variable_keys = VariableKeys()
 
     def reset(self):
         """Zero every state variable in place where there are residuals: they
@@ -38,6 +37,7 @@ class TFAdapter(AdapterBase):
         keep using them; else start again from the empty state."""
         if self.roles.store.reset():
             self.forget_in_flight()
+            #: the state key of each tf.Variable seen
             self._variable_keys = VariableKeys()
 
     @property

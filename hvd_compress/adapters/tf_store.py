@@ -25,9 +25,11 @@ class TFStore:
 
     def __init__(self):
         self.B = backend_for(tf.zeros([0]))
-        #: the tf.Module that tracks every state variable (``tf_checkpointable``)
+        #: the tf.Module that tracks every state variable (``tf_checkpointable``),
+        #: made by the first :meth:`reset` (the adapter's, when it is built)
         self.module = None
-        self.reset()
+        #: parameter key -> its ParamState
+        self.params = StateTable()
 
     def reset(self):
         """Zero every state variable in place where there are residuals (they
@@ -48,7 +50,6 @@ class TFStore:
         module = tf.Module(name="hvd_compress_state")
         module.residuals, module.memories, module.steps, module.scheme_state = {}, {}, {}, {}
         self.module = module
-        #: parameter key -> its ParamState
         self.params = StateTable()
         self._byte_counters, self._call_counters, self._scheme_index, self._scheme_names = {}, {}, {}, {}
         return True

@@ -25,10 +25,10 @@ class TorchAdapter(AdapterBase):
         store = TorchStore()
         super().__init__(Roles(B=store.B, collectives=TorchCollectives(), store=store,
                                codecs=TorchCodecs(store), rounds=DeferredRounds()))
-        self._in_flight = {}
 
     def forget_in_flight(self):
         super().forget_in_flight()
+        #: anonymous keys of same-shape tensors still in flight (``_fallback_key``)
         self._in_flight = {}
 
     # views of the per-parameter state by kind: {key: value}
