@@ -9,6 +9,7 @@ is imported):
   twice (everything else they need is handed to them as roles);
 * no adapter-like class (adapters, collectives, stores, codec providers,
   second rounds) has more than 15 public members;
+* a ``Call`` carries its fields in groups;
 * the adapter dispatches to transports instead of comparing transport names.
 
 ``python tests/unit/test_core_shape.py [PACKAGE_DIR]`` prints the numbers.
@@ -294,8 +295,15 @@ def report(root: pathlib.Path) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":
-    print(report(pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else PKG))
+
+def test_a_call_carries_its_fields_in_groups():
+    """What a transport receives is grouped (roles, the gradient's names, the
+    ranks, the scheme's context), not a flat list of loose fields."""
+    from dataclasses import fields
+
+    from hvd_compress.transports.base import Call, Pending
+    assert [f.name for f in fields(Call)] == ["roles", "comp", "grad", "group", "x", "context", "scheme", "memory"]
+    assert len(fields(Pending)) <= 6
 
 
 #: packages that keep their state in one object (Auto's plan, the cost model):
@@ -312,3 +320,7 @@ def test_no_private_fields_of_other_objects(path):
                       and not node.attr.startswith("__")
                       and ast.unparse(node.value) not in ("self", "cls", "super()")})
     assert not reached, f"{path.name} reads private fields of other objects: {reached}"
+
+
+if __name__ == "__main__":
+    print(report(pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else PKG))
