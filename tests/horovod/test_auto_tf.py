@@ -241,7 +241,7 @@ def test_resume_from_a_tf_checkpoint_keeps_the_plan(monkeypatch):
     assert [(s, v) for s, _, v in resumed.plan_state.history] == [(s, v) for s, _, v in history]
     run2.step(4)
     restored = resumed.adapter_for("tensorflow")
-    assert restored.steps["w:0"].numpy() == 4
+    assert restored.state_module.steps["w:0"].numpy() == 4
     assert probes == [] and resumed.current_plan() == plan
     assert applied_schemes(resumed) == expected_schemes(resumed, plan)
     # the restored residual went into step 4's error feedback: it is no longer the saved one

@@ -310,7 +310,8 @@ def test_tape_schedule_switches_at_the_communication_step(which):
     the step variables agree across ranks."""
     sched, got, seen = sched_run(which)
     ad = sched.adapters["tensorflow"]
-    counters = everyone([int(ad.steps[k + ":0"].numpy()) for k in sorted(SCHED_SPECS)], name=f"tf.sched.{which}")
+    counters = everyone([int(ad.state_module.steps[k + ":0"].numpy()) for k in sorted(SCHED_SPECS)],
+                        name=f"tf.sched.{which}")
     table = phase_table(sched)
     for spec, shape in SCHED_SPECS.items():
         agg, nbytes, residual = schedule_reference(table, _grads(spec, shape, 8))
@@ -402,7 +403,7 @@ def _check_dgc(comp, got, keys, steps, bpps):
                                    err_msg=f"velocity of {spec}")
         np.testing.assert_allclose(ad.residuals[key].numpy(), v, rtol=1e-5, atol=1e-5,
                                    err_msg=f"accumulation of {spec}")
-        assert int(ad.steps[key].numpy()) == steps
+        assert int(ad.state_module.steps[key].numpy()) == steps
 
 
 def test_tape_dgc_corrections_match_reference():
@@ -455,7 +456,8 @@ def test_keras_policy_with_dgc_schedule_plain_sgd_trains_and_replicas_identical(
                      callbacks=[hvdk.callbacks.BroadcastGlobalVariablesCallback(0)])
     _replicas_identical(model, "keras_dgc_schedule")
     ad = pol.adapters["tensorflow"]
-    assert {k: int(v.numpy()) for k, v in ad.steps.items()} == {v.name: 15 for v in model.trainable_variables}
+    steps = {k: int(v.numpy()) for k, v in ad.state_module.steps.items()}
+    assert steps == {v.name: 15 for v in model.trainable_variables}
     assert set(ad.memories["momentum"]) == {"dgcfit_fc1/kernel:0", "dgcfit_out/kernel:0"}
     losses = hist.history["loss"]
     assert losses[-1] < 0.8 * losses[0], losses
@@ -482,7 +484,7 @@ def test_keras_accumulation_error_feedback_once_per_communication():
             assert_close("TopK", got[step][spec], np.asarray(sim.aggregated[step]) / f32(div), f"{spec} step {step}")
         np.testing.assert_allclose(ad.residuals[keys[spec]].numpy(), sim.residuals[RANK], rtol=1e-6, atol=1e-5,
                                    err_msg=f"{spec}: residual of the accumulated gradient")
-        assert int(ad.steps[keys[spec]].numpy()) == 3
+        assert int(ad.state_module.steps[keys[spec]].numpy()) == 3
 
 
 # --- 5. checkpoints -------------------------------------------------------------------------------------------------
