@@ -41,8 +41,8 @@ import horovod.tensorflow.keras as hvdk  # noqa: E402
 from compression_cases import G, local_grads, ref  # noqa: E402
 from compression_cases import simulate as ref_simulate  # noqa: E402
 from tf_linear_training import CaptureSGD, Inject, mlp, mse_tape_step  # noqa: E402
-from training_cases import (SCHED_SPECS, assert_close, dgc_warmup_schedule, explicit_schedule, phase_table,  # noqa: E402
-                            schedule_reference)
+from training_cases import SCHED_SPECS, assert_close, dgc_warmup_schedule, explicit_schedule  # noqa: E402
+from training_cases import phase_table, schedule_reference  # noqa: E402
 
 import hvd_compress as hc  # noqa: E402
 from hvd_compress import Policy, Rule, Schedule  # noqa: E402
