@@ -115,5 +115,6 @@ class TorchCollectives:
 
 
 def _dtype(name):
-    """The torch dtype of a :meth:`hvd_compress.backend.torch_backend.TorchBackend.dtype_name` (``float32``, ``uint8``, ...)."""
+    """The torch dtype of a :meth:`hvd_compress.backend.torch_backend.TorchBackend.dtype_name`
+    (``float32``, ``uint8``, ...)."""
     return getattr(torch, name)

@@ -223,7 +223,8 @@ def adapter_callbacks(root: pathlib.Path, transport: str, method: str) -> set:
     for path in (root / "transports").glob("*.py"):
         tree = _parse(path)
         functions.update({n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)})
-        for cls in (n for n in tree.body if isinstance(n, ast.ClassDef) and "Transport" not in _lineage(n.name, classes)):
+        others = [n for n in tree.body if isinstance(n, ast.ClassDef) and "Transport" not in _lineage(n.name, classes)]
+        for cls in others:
             helpers.update({m.name: m for m in cls.body if isinstance(m, ast.FunctionDef)})
     methods = {}
     for cls in reversed(_lineage(transport, classes)):
