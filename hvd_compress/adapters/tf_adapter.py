@@ -119,7 +119,7 @@ class TFAdapter(AdapterBase):
     def _var(self, tracked, key, init, dtype):
         return tracked_variable(tracked, key, init, dtype)
 
-    def resolved_branch(self, call, tag, phase):
+    def _resolved_branch(self, call, tag, phase):
         """A ``tf.switch_case`` branch that runs ``phase`` for this call, its
         collectives named with ``tag``, and returns (the aggregated dense sum,
         whether the op's scaling applies to it)."""
@@ -138,7 +138,7 @@ class TFAdapter(AdapterBase):
         starts = tf.constant([phase.start for phase in phases[1:]], tf.int64)
         index = tf.reduce_sum(tf.cast(tf.cast(call.step, tf.int64) - 1 >= starts, tf.int32))
 
-        dense, apply_scale = tf.switch_case(index, [self.resolved_branch(call, f"@{i}", phase)
+        dense, apply_scale = tf.switch_case(index, [self._resolved_branch(call, f"@{i}", phase)
                                                     for i, phase in enumerate(phases)])
         pending = ResolvedPending(transport=RESOLVED, dense=dense, apply_scale=apply_scale, **pending_fields(call))
         return self.B.identity_with_deps(tf.ones([1], tf.float32), [dense]), pending

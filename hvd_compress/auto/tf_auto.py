@@ -36,7 +36,8 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import tensorflow as tf
 
@@ -289,18 +290,20 @@ def sync_plan(auto):
     adapter = auto.adapters.get("tensorflow")
     if adapter is None:
         return
-    saved = adapter.plan_var.numpy().decode()
-    if saved and saved != adapter.plan_json:
+    run = adapter.run
+    saved = run.plan_var.numpy().decode()
+    if saved and saved != run.plan_json:
         auto.plan_state = type(auto.plan_state).from_json(json.loads(saved))
-        adapter.plan_json = saved
+        run.plan_json = saved
 
 
 def publish_plan(auto):
     """Write the plan to the TF variable (checkpointed with the residuals)."""
     adapter = auto.adapters.get("tensorflow")
     if adapter is not None:
-        adapter.plan_json = json.dumps(auto.plan_state.to_json())
-        adapter.plan_var.assign(adapter.plan_json)
+        run = adapter.run
+        run.plan_json = json.dumps(auto.plan_state.to_json())
+        run.plan_var.assign(run.plan_json)
 
 
 def decide_for(auto, key, step, previous):
@@ -309,22 +312,57 @@ def decide_for(auto, key, step, previous):
     returns its tensor's new mode.  An error is raised again, without
     collectives, by the other tensors' calls of that step."""
     step, previous = int(step.numpy()), int(previous.numpy())
-    adapter = auto.adapters["tensorflow"]
-    with adapter.lock:
-        if adapter.decided != step:
-            adapter.decided, adapter.error = step, None
+    run = auto.adapters["tensorflow"].run
+    with run.lock:
+        if run.decided != step:
+            run.decided, run.error = step, None
             try:
                 sync_plan(auto)
-                auto.decide(step - 1, Calibration(adapter.codec_timings), adapter.step_times())
+                auto.decide(step - 1, Calibration(run.codec_timings), run.step_times())
                 publish_plan(auto)
             except Exception as err:  # noqa: BLE001 - kept, raised again below
-                adapter.error = err
+                run.error = err
                 raise
-        if adapter.error is not None:
-            raise RuntimeError(f"hvd_compress.Auto: this step's plan failed: {adapter.error!r}")
+        if run.error is not None:
+            raise RuntimeError(f"hvd_compress.Auto: this step's plan failed: {run.error!r}")
         label = (auto.plan_state.in_force() or {}).get(key)
         label = NONE_LABEL if label is None else label.label
     return tf.constant(mode_for(auto, label, previous), tf.int32)
+
+
+@dataclass(eq=False)
+class AutoTFRun:
+    """Auto's TensorFlow run state, one object on its adapter: the plan
+    variable (checkpointed), the per-tensor mode variables and calibration
+    stamps, the host callbacks' lock, the check step decided last and its
+    error, the plan as last written to or read from ``plan_var``, and this
+    rank's codec timings by class of tensors
+    (:func:`hvd_compress.auto.planner.timed_row`), made at the trace and kept
+    across resets: the graph is not traced again."""
+    plan_var: Any
+    lock: Any = field(default_factory=threading.Lock)
+    codec_timings: dict = field(default_factory=dict)
+    mode_vars: dict = field(default_factory=dict)
+    timestamps: Any = None
+    decided: Any = None
+    error: Any = None
+    plan_json: str = ""
+
+    def restart(self):
+        """After an elastic reset: nothing decided, every variable zero."""
+        self.decided = self.error = None
+        self.plan_json = ""
+        self.plan_var.assign("")
+        for v in list(self.run.mode_vars.values()) + ([self.run.timestamps] if self.run.timestamps is not None else []):
+            v.assign(tf.zeros_like(v))
+
+    def step_times(self):
+        """perf-counter-like stamps of the calibration steps recorded so far."""
+        if self.run.timestamps is None:
+            return []
+        stamps = self.run.timestamps.numpy().tolist()
+        end = next((i for i, t in enumerate(stamps) if t <= 0), len(stamps))
+        return stamps[:end]  # up to the first step not stamped yet
 
 
 class AutoTFAdapter(TFAdapter):
@@ -332,45 +370,27 @@ class AutoTFAdapter(TFAdapter):
 
     def reset(self):
         super().reset()
-        #: the check step decided last, its error, and the plan as last written to or read from ``plan_var``
-        self.decided = self.error = None
-        self.plan_json = ""
-        if getattr(self, "plan_var", None) is None:
-            self.plan_var = state_variable("", tf.string, name="hvdc_auto_plan")
-            self.state_module.auto_plan = self.plan_var
-            self.mode_vars, self.timestamps = {}, None
-            self.lock = threading.Lock()  # the host callbacks of one step
-            #: this rank's codec timings by class of tensors (:func:`hvd_compress.auto.planner.timed_row`),
-            #: made at the trace and kept across resets: the graph is not traced again
-            self.codec_timings = {}
-            return
-        self.plan_var.assign("")
-        for v in list(self.mode_vars.values()) + ([self.timestamps] if self.timestamps is not None else []):
-            v.assign(tf.zeros_like(v))
-
-    def step_times(self):
-        """perf-counter-like stamps of the calibration steps recorded so far."""
-        if self.timestamps is None:
-            return []
-        stamps = self.timestamps.numpy().tolist()
-        end = next((i for i, t in enumerate(stamps) if t <= 0), len(stamps))
-        return stamps[:end]  # up to the first step not stamped yet
+        if getattr(self, "run", None) is None:
+            self.run = AutoTFRun(state_variable("", tf.string, name="hvdc_auto_plan"))
+            self.state_module.auto_plan = self.run.plan_var
+        else:
+            self.run.restart()
 
     def _stamp(self, auto, key, step):
         """``tf.timestamp()`` of the first tensor's calibration steps."""
         if key != next(iter(auto.plan_state.tensors)):
             return None
         n = auto.calibration_steps + 1
-        if self.timestamps is None:
-            self.timestamps = state_variable(lambda: tf.zeros([n], tf.float64), tf.float64, name="hvdc_auto_stamps")
+        if self.run.timestamps is None:
+            self.run.timestamps = state_variable(lambda: tf.zeros([n], tf.float64), tf.float64, name="hvdc_auto_stamps")
         index = tf.minimum(step - 1, n - 1)
-        value = tf.where(step <= n, tf.timestamp(), tf.gather(self.timestamps, index))
-        return self.timestamps.scatter_nd_update(tf.reshape(index, [1, 1]), tf.reshape(value, [1]))
+        value = tf.where(step <= n, tf.timestamp(), tf.gather(self.run.timestamps, index))
+        return self.run.timestamps.scatter_nd_update(tf.reshape(index, [1, 1]), tf.reshape(value, [1]))
 
     def _mode(self, auto, key, step, stamp):
         """This step's mode of ``key``: the host callback's at check steps, else the variable's."""
         store, slot = tf_checkpoint_slot(self.state_module, "scheme", key, "auto_mode")
-        self.mode_vars[key] = variable = self._var(store, slot, 0.0, tf.float32)
+        self.run.mode_vars[key] = variable = self._var(store, slot, 0.0, tf.float32)
         current = tf.cast(variable.read_value(), tf.int32)
         with tf.control_dependencies([stamp] if stamp is not None else []):
             step_in = tf.identity(step)
@@ -384,12 +404,12 @@ class AutoTFAdapter(TFAdapter):
     def _compress_scheduled(self, phases, call):
         if not isinstance(phases, AutoModes):
             return super()._compress_scheduled(phases, call)
-        time_codecs(call.comp, call.key, call.size, self.codec_timings)
+        time_codecs(call.comp, call.key, call.size, self.run.codec_timings)
         step = tf.cast(call.step, tf.int64)
         stamp = self._stamp(call.comp, call.key, step)
         mode, variable = self._mode(call.comp, call.key, step, stamp)
 
-        dense, apply_scale = tf.switch_case(mode, [self.resolved_branch(call, f"@m{i}", phase)
+        dense, apply_scale = tf.switch_case(mode, [self._resolved_branch(call, f"@m{i}", phase)
                                                    for i, phase in enumerate(phases)])
         with tf.control_dependencies([dense]):  # a flush lasts one step
             kept = variable.assign(tf.cast(tf.where(tf.equal(mode, FLUSH), PLAIN, mode), tf.float32))
