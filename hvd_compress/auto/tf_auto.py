@@ -353,14 +353,14 @@ class AutoTFRun:
         self.decided = self.error = None
         self.plan_json = ""
         self.plan_var.assign("")
-        for v in list(self.run.mode_vars.values()) + ([self.run.timestamps] if self.run.timestamps is not None else []):
+        for v in list(self.mode_vars.values()) + ([self.timestamps] if self.timestamps is not None else []):
             v.assign(tf.zeros_like(v))
 
     def step_times(self):
         """perf-counter-like stamps of the calibration steps recorded so far."""
-        if self.run.timestamps is None:
+        if self.timestamps is None:
             return []
-        stamps = self.run.timestamps.numpy().tolist()
+        stamps = self.timestamps.numpy().tolist()
         end = next((i for i, t in enumerate(stamps) if t <= 0), len(stamps))
         return stamps[:end]  # up to the first step not stamped yet
 
