@@ -36,7 +36,6 @@ the step; see :meth:`hvd_compress.adapters.torch_adapter.TorchAdapter._fallback_
 from __future__ import annotations
 
 import json
-import os
 import types
 from typing import Any, NamedTuple
 
@@ -195,12 +194,6 @@ class Compressor:
 
     # --- Horovod's interface -----------------------------------------------
     def compress(self, tensor):
-        if os.environ.get("HOROVOD_ELASTIC") == "1" and getattr(self, "_elastic", None) is None:
-            raise ElasticNotRegistered(
-                "elastic Horovod (HOROVOD_ELASTIC=1) needs the compressor registered with the elastic state, or its "
-                "error-feedback residuals and step counters would not follow state.restore() and membership "
-                "changes: call hvd_compress.elastic.register(state, compression) after building "
-                "hvd.elastic.TorchState / TensorFlowKerasState")
         B = backend_for(tensor)
         if not B.is_floating(tensor):
             return tensor, None  # integers and bools always pass through
@@ -213,6 +206,10 @@ class Compressor:
         if not self._recipe_checked:
             self._recipe_checked = True
             check_optimizer_momentum(self, B.name, tensor)
+            # a step may come before the elastic state exists (Horovod's own TF2 examples run one to
+            # build the variables): register() adopts what this compressor holds by then
+            from .integration.elastic import note_use
+            note_use(self)
         return self.adapter_for(B.name).compress(self, tensor)
 
     def decompress(self, tensor, ctx):

@@ -22,7 +22,7 @@ from .base import AdapterBase, CallerInfo, SecondRounds
 from .param_state import OWNED_CHUNK_SUFFIX
 from .tf_collectives import TFCollectives
 from .tf_store import TFStore, tf_checkpoint_slot, tracked_variable  # noqa: F401  (tf_checkpoint_slot re-exported)
-from .tf_traces import VariableKeys
+from .tf_traces import VariableKeys, note_traced_graph
 
 
 class TFAdapter(AdapterBase):
@@ -56,6 +56,7 @@ class TFAdapter(AdapterBase):
 
     def _caller_info(self, tensor):
         import horovod.tensorflow as hvd
+        note_traced_graph()  # this trace holds ps.rank() and ps.size(): elastic Horovod retraces it
         caller = horovod_internals.find_tf_caller(tensor)
         ps = caller.process_set if caller.process_set is not None else hvd.global_process_set
         if caller.variables is None:

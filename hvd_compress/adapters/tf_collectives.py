@@ -16,7 +16,8 @@ class TFCollectives:
 
     def allgather(self, tensor, name, process_set):
         import horovod.tensorflow as hvd
-        return hvd.allgather(tensor, name=name, process_set=process_set, ignore_name_scope=True)
+        return hvd.allgather(tensor, name=recognised_by_horovod("HorovodAllgather", name), process_set=process_set,
+                             ignore_name_scope=True)
 
     def allgather_fixed(self, tensor, name, process_set, rank, size):
         """Between 2 ranks, where ``HVDC_PAIR_SWAP_MIN_BYTES`` is set and the
@@ -36,7 +37,8 @@ class TFCollectives:
         mine_words = tf.bitcast(tf.reshape(tf.pad(mine, [[0, 4 * words - nbytes]]), [words, 4]), tf.int32)
         zeros = tf.zeros([words], tf.int32)
         rows = tf.stack([zeros, mine_words] if rank == 0 else [mine_words, zeros])
-        received = hvd.reducescatter(rows, op=hvd.Sum, name=name, process_set=process_set, ignore_name_scope=True)
+        received = hvd.reducescatter(rows, op=hvd.Sum, name=recognised_by_horovod("HorovodAllgather", name),
+                                     process_set=process_set, ignore_name_scope=True)
         peer = tf.reshape(tf.bitcast(received, tf.uint8), [-1])[:nbytes]
         both = tf.concat([mine, peer] if rank == 0 else [peer, mine], 0)
         if tensor.dtype != tf.uint8:
@@ -45,12 +47,14 @@ class TFCollectives:
 
     def allreduce_sum(self, tensor, name, process_set):
         import horovod.tensorflow as hvd
-        return hvd.allreduce(tensor, op=hvd.Sum, name=name, process_set=process_set, ignore_name_scope=True)
+        return hvd.allreduce(tensor, op=hvd.Sum, name=recognised_by_horovod("HorovodAllreduce", name),
+                             process_set=process_set, ignore_name_scope=True)
 
     def alltoall(self, tensor, name, process_set):
         """Equal splits along the first dimension."""
         import horovod.tensorflow as hvd
-        return hvd.alltoall(tensor, name=name, process_set=process_set, ignore_name_scope=True)
+        return hvd.alltoall(tensor, name=recognised_by_horovod("HorovodAllgather", name), process_set=process_set,
+                            ignore_name_scope=True)
 
     def wait(self, handle):
         return handle
@@ -64,3 +68,19 @@ class TFCollectives:
     def dynamic_length(self, tensor):
         """The element count of a 1-D tensor whose length is data-dependent."""
         return tf.size(tensor)
+
+
+def recognised_by_horovod(marker, name):
+    """The TF node name of one of hvd_compress's collectives in a traced step:
+    ``marker/name``, ``marker`` being ``HorovodAllgather`` or ``HorovodAllreduce``.
+
+    Horovod 0.28.1's TF ``hvd.elastic.run`` treats a failed step as a lost
+    worker (restore, reset, go on) only when the error's text holds one of
+    those words, and otherwise returns as if training had finished.  Inside a
+    trace TF names the failing op by its node name: with the marker in it, a
+    failure in hvd_compress's collectives is recognised by the
+    ``hvd.elastic.run`` of Horovod's own scripts, decorated before
+    ``register`` could replace it.  The collective's name among the ranks
+    stays ``name``: Horovod takes the part after the last ``/`` under
+    ``ignore_name_scope=True``."""
+    return f"{marker}/{name}"

@@ -98,3 +98,45 @@ class VariableKeys:
 
     def key_of(self, variable):
         return self._by_id.get(id(variable))
+
+
+#: every graph being traced when hvd_compress built ops into it, and the graphs
+#: around it (a ``tf.function`` called inside another's trace has that one as
+#: its ``outer_graph``): the traces that hold this world's rank and size
+_GRAPHS_WITH_OUR_OPS = weakref.WeakSet()
+
+
+def note_traced_graph():
+    """Remember the graph now being traced, and the ones around it, as
+    holding hvd_compress's ops (:func:`functions_holding_our_ops`)."""
+    graph = tf.compat.v1.get_default_graph()
+    while graph is not None and getattr(graph, "outer_graph", None) is not None:
+        _GRAPHS_WITH_OUR_OPS.add(graph)
+        graph = graph.outer_graph
+
+
+def functions_holding_our_ops():
+    """Every live ``tf.function`` with a trace that holds hvd_compress's ops,
+    the user's own included (found among the live objects: a module-level
+    step is referenced by nothing hvd_compress can see)."""
+    import gc
+
+    from tensorflow.python.eager.polymorphic_function.polymorphic_function import Function
+    found = []
+    for obj in gc.get_objects():
+        if isinstance(obj, Function):
+            traces = obj._list_all_concrete_functions()
+            if any(getattr(t, "graph", None) in _GRAPHS_WITH_OUR_OPS for t in traces):
+                found.append(obj)
+    return found
+
+
+def drop_traces(function):
+    """Make ``function`` (a ``tf.function``) trace again at its next call;
+    its variables stay (TF does not make them again on a retrace)."""
+    cache = getattr(function, "_function_cache", None)
+    if cache is None or not hasattr(cache, "clear"):
+        raise RuntimeError("hvd_compress.elastic: tf.function keeps its traces elsewhere in this TensorFlow "
+                           f"({tf.__version__}); a step traced before a membership change would keep the old "
+                           "number of workers")
+    cache.clear()

@@ -6,7 +6,13 @@ In a Horovod elastic script, one line after building the state::
     state = hvd.elastic.TorchState(model=model, optimizer=optimizer, epoch=0)
     hvd_compress.elastic.register(state, compression)
 
-(``hvd.elastic.TensorFlowKerasState`` likewise).  From then on:
+(``hvd.elastic.TensorFlowKerasState`` likewise; ``register(state)`` adopts
+every compressor used so far, such as one built inside a traced step).  A
+compressor may run steps before it is registered (Horovod's TF2 examples run
+one before the state exists): ``register`` adopts its residuals and counters.
+A ``state.commit()`` or a reset while a compressor in use is not registered
+raises :class:`~hvd_compress.compressor.ElasticNotRegistered`, naming the call
+to add.  From then on:
 
 * ``state.commit()`` snapshots the compressor's state on this rank
   (error-feedback residuals, momentum velocities, step counters, PowerSGD's Q,
@@ -29,11 +35,11 @@ In a Horovod elastic script, one line after building the state::
   fixed schemes that are allowed there).  Surviving
   ranks keep their residuals: they are keyed by parameter name, not by rank.
   TensorFlow: hvd_compress's traced graph holds the rank and the number of
-  ranks, so Horovod's cached allreduce function for this compressor and a
-  Keras model's ``train_function`` are dropped and traced again
-  (:func:`hvd_compress.integration.elastic_internals.retrace_after_reset`); a ``tf.function``
-  of your own around ``DistributedGradientTape`` must be built again in a
-  reset callback.
+  ranks, so every ``tf.function`` whose trace holds hvd_compress's ops
+  (Horovod's cached allreduce function, a Keras model's ``train_function``,
+  a module-level step of your own) drops its traces and traces again at its
+  next call (:func:`hvd_compress.integration.elastic_internals.retrace_after_reset`),
+  before any reset callback of yours runs.
 * ``state.sync()`` broadcasts only what must be equal on every rank: the
   per-tensor step counters (schedules and seeded draws read them), so that a
   joining worker continues the survivors' count.  Joining workers start with
@@ -55,12 +61,14 @@ lost: the folded residuals of the survivors carry the rest.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import os
 import uuid
+import weakref
 
-from ..compressor import Compressor
+from ..compressor import Compressor, ElasticNotRegistered
 
 log = logging.getLogger("hvd_compress.elastic")
 
@@ -85,15 +93,85 @@ def run(func):
     return tf_elastic_run(func)
 
 
-def register(state, compression):
+def register(state, compression=None):
     """Make ``compression`` follow ``state``'s commit / restore / sync and
-    Horovod's resets; returns the :class:`ElasticCompression` handler.
+    Horovod's resets; returns the :class:`ElasticCompression` handler (a list
+    of them when ``compression`` is None).
 
     ``state``: a Horovod elastic state (``hvd.elastic.TorchState``,
     ``hvd.elastic.TensorFlowKerasState``, ...); ``compression``: the
-    hvd_compress compressor given to the optimizer.  Register each compressor
-    once."""
-    return ElasticCompression(state, compression)
+    hvd_compress compressor given to the optimizer, or None for every
+    hvd_compress compressor this process has used so far (for a compressor
+    built inside a traced step, as in Horovod's own TF2 examples).  Register
+    each compressor once.  A compressor used before ``register`` is adopted:
+    its residuals and step counters so far are this state's, as of now."""
+    if compression is not None:
+        return ElasticCompression(state, compression)
+    used = [c for c in list(_USED) if getattr(c, "_elastic", None) is None]
+    if not used:
+        raise ValueError("hvd_compress.elastic.register(state): no hvd_compress compressor has compressed a "
+                         "tensor in this process yet; pass the one given to the optimizer: "
+                         "hvd_compress.elastic.register(state, compression)")
+    return [ElasticCompression(state, c) for c in sorted(used, key=lambda c: c._first_use)]
+
+
+#: compressors that have compressed a tensor in this process, in the order of their first use
+_USED = weakref.WeakSet()
+_USE_ORDER = itertools.count()
+
+
+def note_use(compression):
+    """Called at a compressor's first ``compress``: remember it for
+    ``register(state)``, and in an elastic job (``HOROVOD_ELASTIC=1``) make
+    Horovod's states refuse a commit, restore or reset while it is not
+    registered (:func:`_refuse_unregistered`)."""
+    compression._first_use = next(_USE_ORDER)
+    _USED.add(compression)
+    if os.environ.get("HOROVOD_ELASTIC") == "1":
+        _guard_horovod_states()
+
+
+def unregistered_in_use():
+    """The compressors used in this process and registered with no elastic state."""
+    return [c for c in list(_USED) if getattr(c, "_elastic", None) is None]
+
+
+def _refuse_unregistered(what):
+    """Raise :class:`~hvd_compress.compressor.ElasticNotRegistered` if a
+    compressor in use is not registered: ``what`` (a commit, a restore, a
+    membership change) would leave its residuals and step counters behind."""
+    unregistered = unregistered_in_use() if os.environ.get("HOROVOD_ELASTIC") == "1" else []
+    if unregistered:
+        raise ElasticNotRegistered(
+            f"elastic Horovod (HOROVOD_ELASTIC=1): {what} with {unregistered[0]!r} not registered with the elastic "
+            f"state; its error-feedback residuals and step counters would not follow it. Call "
+            f"hvd_compress.elastic.register(state, compression) after building hvd.elastic.TorchState / "
+            f"TensorFlowKerasState / KerasState (register(state) adopts every compressor used so far)")
+
+
+_GUARDED = []
+
+
+def _guard_horovod_states():
+    """Wrap ``horovod.common.elastic.State.commit`` and ``on_reset`` (every
+    elastic state's, once per process) so that they refuse to run while a
+    compressor in use is not registered.  ``on_reset`` follows every
+    restore and every membership change in Horovod's ``run``."""
+    if _GUARDED:
+        return
+    from horovod.common.elastic import State
+    commit, on_reset = State.commit, State.on_reset
+
+    def guarded_commit(self):
+        _refuse_unregistered("state.commit()")
+        return commit(self)
+
+    def guarded_on_reset(self):
+        _refuse_unregistered("a reset (state.restore() or a membership change)")
+        return on_reset(self)
+
+    State.commit, State.on_reset = guarded_commit, guarded_on_reset
+    _GUARDED.append((commit, on_reset))
 
 
 def _framework_of(state):
@@ -172,8 +250,9 @@ class ElasticCompression:
         self.ops = _HorovodOps("horovod.torch" if self.framework == "torch" else "horovod.tensorflow")
         self.compression = compression
         self.state = state
-        #: the compressor's state_dict() at the last commit (None: none yet, i.e. empty)
-        self._saved = None
+        #: the compressor's state_dict() at the last commit, or at register: what a compressor used
+        #: before register holds belongs to the state from now (None: never used, i.e. empty)
+        self._saved = compression.state_dict() if compression.adapters else None
         #: (rank, size) at which the current two-phase chunks were cut, and at the last commit
         self._world = self.ops.rank_and_size()
         self._saved_world = self._world
@@ -199,7 +278,13 @@ class ElasticCompression:
         object.__setattr__(state, "save", save_with_compression)
         object.__setattr__(state, "restore", restore_with_compression)
         object.__setattr__(state, "sync", sync_with_compression)
-        state.register_reset_callbacks([self.on_reset])
+        # first: the user's own reset callbacks may run a step (Horovod's Keras example fits one batch),
+        # which must see the residuals folded and the traced functions dropped
+        callbacks = getattr(state, "_reset_callbacks", None)
+        if isinstance(callbacks, list):
+            callbacks.insert(0, self.on_reset)
+        else:
+            state.register_reset_callbacks([self.on_reset])
 
     # --- the adapters that hold state ----------------------------------------------------
     def _adapters(self):

@@ -2,7 +2,8 @@
 beside :mod:`hvd_compress.integration.horovod_internals` (whose version check covers it):
 
 * :func:`retrace_after_reset` drops the traced allreduce functions Horovod
-  caches per compression, so a step after a membership change traces
+  caches per compression and the traces of every ``tf.function`` holding
+  hvd_compress's ops, so a step after a membership change traces
   hvd_compress's graph again for the new world;
 * :func:`tf_elastic_run` is Horovod's TF ``hvd.elastic.run`` with a failure
   test that also knows named collectives (:func:`is_tf_collective_failure`),
@@ -25,9 +26,10 @@ def retrace_after_reset(compression, state):
     it as ``_allreduce_grads``.  The entries made with ``compression`` are
     dropped and made again, the state's optimizer (if it holds one of them)
     gets the new one, and a Keras model's ``train_function`` is dropped so
-    that ``fit`` traces anew.  A step function of the user's own
-    (``tf.function`` around a ``DistributedGradientTape``) must be built anew
-    after a reset: ``state.register_reset_callbacks``."""
+    that ``fit`` traces anew.  Every other live ``tf.function`` with a trace
+    that holds hvd_compress's ops (a module-level step of the user's around a
+    ``DistributedGradientTape``) drops its traces, so its next call traces
+    again for the new world (:func:`hvd_compress.adapters.tf_traces.functions_holding_our_ops`)."""
     import horovod.tensorflow as hvd_tf
     wrapper = hvd_tf._make_cached_allreduce_grads_fn
     cells = dict(zip(wrapper.__code__.co_freevars, wrapper.__closure__ or ()))
@@ -47,6 +49,9 @@ def retrace_after_reset(compression, state):
     model = getattr(state, "model", None)
     if model is not None and hasattr(model, "train_function"):
         model.train_function = None
+    from ..adapters.tf_traces import drop_traces, functions_holding_our_ops
+    for function in functions_holding_our_ops():  # the user's own steps among them
+        drop_traces(function)
 
 
 #: text by which a TensorFlow error is a failed Horovod collective: the op types that name Horovod's

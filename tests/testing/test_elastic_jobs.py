@@ -78,17 +78,27 @@ def cluster():
         yield c
 
 
-def _hosts_text(with_leaving=True):
-    return "".join(f"{h}\n" for h in STAYING + ((f"{LEAVING}:1",) if with_leaving else ()))
+def staying_and_leaving(cluster):
+    """(the hosts that stay, as ``host:1``; the host that leaves): ``STAYING`` and ``LEAVING`` on
+    this module's cluster, the same roles on another's."""
+    return tuple(f"{h}:1" for h in cluster.hosts[:2]), cluster.hosts[2]
 
 
-def _launch_elastic(cluster, tmp_path, worker, with_leaving, np, gloo_timeout_s, elastic_timeout_s, hang_message):
-    """``horovodrun --min-np 2 --max-np 3`` of ``worker`` from ``el-h1``, with a discovery script
-    that prints the file ``hosts`` (the staying hosts, and ``el-h3`` if ``with_leaving``; the
-    worker rewrites it); returns (output, rc, seconds) and fails the test with ``hang_message``
-    if the job outlives ``JOB_BOUND_S``."""
+def _hosts_text(cluster, with_leaving=True):
+    staying, leaving = staying_and_leaving(cluster)
+    return "".join(f"{h}\n" for h in staying + ((f"{leaving}:1",) if with_leaving else ()))
+
+
+def _launch_elastic(cluster, tmp_path, worker, with_leaving, np, gloo_timeout_s, elastic_timeout_s, hang_message,
+                    extra_args=()):
+    """``horovodrun --min-np 2 --max-np 3`` of ``worker`` from the cluster's first host, with a
+    discovery script that prints the file ``hosts`` (the staying hosts, and ``LEAVING`` if
+    ``with_leaving``; the worker rewrites it); the worker's arguments: that file, the staying
+    hosts, the leaving one, then ``extra_args``.  Returns (output, rc, seconds) and fails the
+    test with ``hang_message`` if the job outlives ``JOB_BOUND_S``."""
     hosts = tmp_path / "hosts"
-    hosts.write_text(_hosts_text(with_leaving))
+    hosts.write_text(_hosts_text(cluster, with_leaving))
+    staying, leaving = staying_and_leaving(cluster)
     discover = tmp_path / "discover.sh"
     discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
     discover.chmod(stat.S_IRWXU)
@@ -99,7 +109,7 @@ def _launch_elastic(cluster, tmp_path, worker, with_leaving, np, gloo_timeout_s,
            "--host-discovery-script", str(discover), "--elastic-timeout", str(elastic_timeout_s),
            "-p", str(cluster.ssh_port), "--ssh-identity-file", cluster.ssh_key,
            "--network-interface", cluster.iface, "--disable-cache", "--gloo",
-           PY, str(worker), str(hosts), ",".join(STAYING), LEAVING]
+           PY, str(worker), str(hosts), ",".join(staying), leaving, *extra_args]
     start = time.monotonic()
     p = cluster.popen(0, cmd, env=env, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                       stdin=subprocess.DEVNULL, text=True)
@@ -191,22 +201,10 @@ import hvd_compress
 import hvd_compress.elastic
 from hvd_compress.integration.fingerprint import ConfigMismatchError
 
-from hvd_compress.compressor import ElasticNotRegistered
-
 hvd.init()
 hosts_file, staying, leaving = sys.argv[1], sys.argv[2].split(","), sys.argv[3]
 host = os.environ.get("HOROVOD_HOSTNAME")
 
-# first, on every rank (the joining one included): a compressor that is not registered with the
-# elastic state is refused at its first compress, before any collective, so the job goes on
-probe = torch.nn.Linear(8, 1)
-hvd.DistributedOptimizer(torch.optim.SGD(probe.parameters(), lr=0.1), compression=hvd_compress.TopK(0.5),
-                         named_parameters=[("unregistered." + n, p) for n, p in probe.named_parameters()])
-try:
-    probe(torch.randn(4, 8)).sum().backward()
-    print(f"MISMATCH_RESULT rank={hvd.rank()} host={host} unregistered accepted", flush=True)
-except ElasticNotRegistered as e:
-    print(f"MISMATCH_RESULT rank={hvd.rank()} host={host} unregistered refused: {e}", flush=True)
 compression = hvd_compress.TopK(0.02 if host == leaving else 0.01)  # the joining worker differs
 model = torch.nn.Linear(64, 16)
 opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
@@ -240,22 +238,14 @@ except ConfigMismatchError as e:
 def test_joining_worker_with_another_configuration_is_an_error_on_every_rank(cluster, tmp_path):
     """2 workers train; a third joins with TopK(0.02) instead of TopK(0.01): at the first exchange
     after the reset every rank, the joining one included, raises ConfigMismatchError naming the
-    field, and the job ends (non-zero) instead of hanging.  Before that, every rank checks that a
-    compressor not registered with the elastic state raises ElasticNotRegistered at its first
-    compress (HOROVOD_ELASTIC=1, set by horovodrun), naming hvd_compress.elastic.register."""
+    field, and the job ends (non-zero) instead of hanging."""
     worker = tmp_path / "mismatch_worker.py"
     worker.write_text(MISMATCH_WORKER)
     out, rc, elapsed = _launch_elastic(cluster, tmp_path, worker, False, 2, 60, 60,
                                        "the job did not refuse the joining worker")
     print(f"mismatch job: {elapsed:.0f} s")
     assert rc != 0, out[-6000:]
-    unregistered = [line for line in out.splitlines() if "MISMATCH_RESULT" in line and "unregistered" in line]
-    assert len(unregistered) == 3 and all("unregistered refused: elastic Horovod (HOROVOD_ELASTIC=1) needs the "
-                                          "compressor registered" in line and
-                                          "hvd_compress.elastic.register(state, compression)" in line
-                                          for line in unregistered), out[-6000:]
-    refused = [line for line in out.splitlines() if "MISMATCH_RESULT" in line and " refused: " in line
-               and "unregistered" not in line]
+    refused = [line for line in out.splitlines() if "MISMATCH_RESULT" in line and " refused: " in line]
     assert len(refused) == 3, out[-6000:]
     assert any(f"host={LEAVING}" in line for line in refused), refused
     assert all("compression differs" in line and "0.02" in line for line in refused), refused

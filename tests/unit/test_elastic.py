@@ -5,6 +5,11 @@ and step counters round-trip.  The real elastic jobs are in tests/testing/test_e
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+import weakref
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -163,11 +168,78 @@ def test_tf_adapter_folds_the_owned_chunk_and_drops_its_variable():
     assert adapter.step_counts() == {"w": 5, "v": 2}
 
 
-def test_unregistered_compressor_is_refused_in_an_elastic_job(monkeypatch):
-    from hvd_compress.compressor import ElasticNotRegistered
+def test_import_hvd_compress_makes_elastic_available_without_a_framework():
+    """README's line ``hvd_compress.elastic.register(state, compression)`` after ``import
+    hvd_compress``, and the import stays light: neither TensorFlow nor torch is imported."""
+    code = ("import sys, hvd_compress; assert callable(hvd_compress.elastic.register); "
+            "import hvd_compress.elastic as e; assert e is hvd_compress.elastic; "
+            "print(sorted(m for m in ('tensorflow', 'torch', 'horovod') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(hvd_compress.__file__).parents[1])})
+    assert out.stdout.strip() == "[]", out
+
+
+def _one_rank_step(comp, step):
+    """One exchange of a compressor on a one-rank in-process world (op Sum)."""
+    world = comp.adapters["torch"].world
+    world.posted.clear()
+    _, pending = comp.compress(torch.from_numpy(_grad(0, step, 20)))
+    return comp.decompress(torch.full((1,), float(world.size)), pending)
+
+
+@pytest.fixture
+def one_rank_elastic(monkeypatch):
+    """HOROVOD_ELASTIC=1, a one-rank world for the handler's own collectives, and no
+    compressor of another test among those used in this process."""
     monkeypatch.setenv("HOROVOD_ELASTIC", "1")
-    with pytest.raises(ElasticNotRegistered, match=r"hvd_compress.elastic.register\(state, compression\)"):
-        hvd_compress.TopK(0.1).compress(torch.ones(10))
+    monkeypatch.setattr(hvd_compress.elastic, "_USED", weakref.WeakSet())
+    monkeypatch.setattr(hvd_compress.elastic._HorovodOps, "rank_and_size", lambda self: (0, 1))
+    monkeypatch.setattr(hvd_compress.elastic._HorovodOps, "allgather_object", lambda self, obj, name: [obj])
+
+
+def test_a_compressor_used_before_register_is_adopted(one_rank_elastic):
+    """Horovod's TF2 example runs a step before its state exists: register(state) then takes
+    that compressor's residual as the state's, so a restore before any commit returns to it."""
+    from horovod.common.elastic import ObjectState
+    comp = hvd_compress.TopK(0.2)
+    comp._adapters["torch"] = InProcessAdapter(World(1), 0)
+    _one_rank_step(comp, 0)
+    adopted = comp.adapters["torch"].params["w"].residual.clone()
+    assert adopted.abs().sum() > 0
+    state = ObjectState(bcast_object=lambda obj: obj, get_rank=lambda: 0, step=0)
+    handlers = hvd_compress.elastic.register(state)
+    assert [h.compression for h in handlers] == [comp]
+    _one_rank_step(comp, 1)
+    assert not torch.equal(comp.adapters["torch"].params["w"].residual, adopted)
+    state.restore()
+    assert torch.equal(comp.adapters["torch"].params["w"].residual, adopted)
+    state.commit()  # registered: no refusal
+
+
+def test_a_commit_or_reset_with_an_unregistered_compressor_in_use_is_refused(one_rank_elastic):
+    """Compressing is allowed before register; a commit or a reset is not, and the message
+    names the call to add."""
+    from horovod.common.elastic import ObjectState
+    from hvd_compress.compressor import ElasticNotRegistered
+    comp = hvd_compress.TopK(0.2)
+    comp._adapters["torch"] = InProcessAdapter(World(1), 0)
+    _one_rank_step(comp, 0)
+    state = ObjectState(bcast_object=lambda obj: obj, get_rank=lambda: 0, step=0)
+    with pytest.raises(ElasticNotRegistered, match=r"state\.commit\(\).*hvd_compress\.elastic\.register\(state, "
+                                                   r"compression\)"):
+        state.commit()
+    with pytest.raises(ElasticNotRegistered, match=r"membership change.*hvd_compress\.elastic\.register"):
+        state.on_reset()
+    hvd_compress.elastic.register(state, comp)
+    state.commit()
+
+
+def test_register_without_a_compressor_needs_one_used_already(one_rank_elastic):
+    from horovod.common.elastic import ObjectState
+    state = ObjectState(bcast_object=lambda obj: obj, get_rank=lambda: 0, step=0)
+    with pytest.raises(ValueError, match=r"no hvd_compress compressor has compressed a tensor.*"
+                                         r"register\(state, compression\)"):
+        hvd_compress.elastic.register(state)
 
 
 def test_forget_in_flight_makes_the_fingerprint_agreed_again():
