@@ -224,3 +224,29 @@ def test_every_document_is_linked():
                 targets.add((doc.parent / file_part).resolve())
     orphans = [str(p.relative_to(REPO)) for p in sorted((REPO / "docs").rglob("*.md")) if p.resolve() not in targets]
     assert not orphans, f"documents no page links to: {orphans}"
+
+
+def _code_lines(markdown: str):
+    """Each non-empty line of the ```python blocks of ``markdown``, comment dropped, stripped."""
+    lines = []
+    for block in re.findall(r"```python\n(.*?)```", markdown, flags=re.S):
+        for line in block.splitlines():
+            code = re.sub(r"\s+#.*$", "", line).strip()
+            if code and not code.startswith("#"):
+                lines.append(code)
+    return lines
+
+
+def test_elastic_code_lines_run_in_tests_as_written():
+    """Every code line of docs/guide/elastic.md and of README's elastic section is a line of a
+    script that a test runs: the example-shaped elastic workers, or tests/unit/test_elastic.py,
+    which runs README's block itself."""
+    runners = [*sorted((REPO / "tests" / "testing").glob("elastic_example_*.py")),
+               REPO / "tests" / "unit" / "test_elastic.py"]
+    ran = {line.strip() for path in runners for line in path.read_text(encoding="utf-8").splitlines()}
+    readme = _code_lines((REPO / "README.md").read_text(encoding="utf-8").split("## Elastic training", 1)[1]
+                         .split("\n## ", 1)[0])
+    ran |= set(readme)  # test_readme_elastic_lines_run_as_written runs README's block as it stands
+    documented = readme + _code_lines((REPO / "docs" / "guide" / "elastic.md").read_text(encoding="utf-8"))
+    missing = [line for line in documented if line not in ran]
+    assert documented and not missing, f"elastic code lines no test runs as written: {missing}"

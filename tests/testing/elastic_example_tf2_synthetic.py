@@ -30,7 +30,7 @@ import tensorflow as tf  # noqa: E402
 
 import horovod.tensorflow as hvd  # noqa: E402
 import hvd_compress  # noqa: E402
-from hvd_compress.state import OWNED_CHUNK_SUFFIX  # noqa: E402
+from hvd_compress.adapters.param_state import OWNED_CHUNK_SUFFIX  # noqa: E402
 from elastic_ledger import MembershipSchedule, conservation, folded, print_result  # noqa: E402
 
 HOSTS_FILE, STAYING, LEAVING = sys.argv[1], sys.argv[2].split(","), sys.argv[3]
@@ -84,6 +84,7 @@ INITIAL = {k: [v.numpy() for v in getattr(model, k).trainable_variables] for k i
 
 @tf.function
 def train_one_batch():
+    updates = []
     for kind in KINDS:
         compression = compression_for(kind)
         variables = getattr(model, kind).trainable_variables
@@ -92,7 +93,8 @@ def train_one_batch():
         for total, g in zip(GRAD_SUMS[kind], tape.gradient(loss, variables)):
             total.assign_add(tf.cast(g, tf.float64))
         tape = hvd.DistributedGradientTape(tape, compression=compression, op=hvd.Sum)
-        opt.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        updates += zip(tape.gradient(loss, variables), variables)
+    opt.apply_gradients(updates)  # one optimizer over every variable, in one call
 
 
 def load_batch(seed):
@@ -108,6 +110,12 @@ def step_outside_the_loop():
     train_one_batch()
 
 
+def after_reset():
+    """The survivors' reset callback: when (to time a killed worker's cost), then the step."""
+    print(f"ELASTIC_RESET host={HOST} size={hvd.size()} t={time.time():.3f}", flush=True)
+    step_outside_the_loop()
+
+
 step_outside_the_loop()  # as Horovod's example: the optimizer's variables exist before the state
 
 
@@ -115,7 +123,7 @@ step_outside_the_loop()  # as Horovod's example: the optimizer's variables exist
 def train(state):
     while not SCHEDULE.done(state):
         if SCHEDULE.killing_now(state, HOST):
-            print(f"ELASTIC_KILL host={HOST} step={state.step}", flush=True)
+            print(f"ELASTIC_KILL host={HOST} step={state.step} t={time.time():.3f}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)  # the others wait for this rank in the step's exchanges
         load_batch(1_000_003 * state.step + hvd.rank())
         train_one_batch()
@@ -160,7 +168,7 @@ def residuals(kind):
 
 state = RecordingState(model, opt, step=0, phase=0, phase_step=0, sizes=[], records={}, members=[])
 state.saved_grads = {k: [g.numpy() for g in GRAD_SUMS[k]] for k in KINDS}
-state.register_reset_callbacks([step_outside_the_loop])
+state.register_reset_callbacks([after_reset])
 hvd_compress.elastic.register(state)
 COMPRESSIONS = FIRST_BUILT
 train(state)

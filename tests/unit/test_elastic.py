@@ -179,12 +179,51 @@ def test_import_hvd_compress_makes_elastic_available_without_a_framework():
     assert out.stdout.strip() == "[]", out
 
 
+README_SETUP = """
+import torch
+import horovod.torch as hvd
+hvd.init()
+model = torch.nn.Linear(8, 2)
+compression = __import__("hvd_compress").TopK(0.25)
+optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                     named_parameters=model.named_parameters(), compression=compression)
+"""
+README_CHECK = """
+model(torch.ones(4, 8)).sum().backward()
+optimizer.step()
+state.commit()
+assert compression._elastic is not None and compression._elastic.state is state
+print("README_ELASTIC_OK")
+"""
+
+
+def test_readme_elastic_lines_run_as_written():
+    """README's elastic block, exactly as written, after a model, a Horovod optimizer and its
+    compression (one process, hvd.init()); then a step and a commit."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Elastic training", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "hvd_compress.elastic.register(state, compression)" in block
+    out = subprocess.run([sys.executable, "-c", README_SETUP + block + README_CHECK], capture_output=True,
+                         text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(Path(hvd_compress.__file__).parents[1])})
+    assert "README_ELASTIC_OK" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
+
+
 def _one_rank_step(comp, step):
     """One exchange of a compressor on a one-rank in-process world (op Sum)."""
     world = comp.adapters["torch"].world
     world.posted.clear()
     _, pending = comp.compress(torch.from_numpy(_grad(0, step, 20)))
     return comp.decompress(torch.full((1,), float(world.size)), pending)
+
+
+def _one_rank_torch_state():
+    """Horovod's TorchState, its broadcast (needed by commit) the identity of one rank."""
+    from horovod.torch.elastic import TorchState
+    state = TorchState(model=torch.nn.Linear(2, 1), step=0)
+    state._bcast_object = lambda obj: obj
+    return state
 
 
 @pytest.fixture
@@ -200,13 +239,12 @@ def one_rank_elastic(monkeypatch):
 def test_a_compressor_used_before_register_is_adopted(one_rank_elastic):
     """Horovod's TF2 example runs a step before its state exists: register(state) then takes
     that compressor's residual as the state's, so a restore before any commit returns to it."""
-    from horovod.common.elastic import ObjectState
     comp = hvd_compress.TopK(0.2)
     comp._adapters["torch"] = InProcessAdapter(World(1), 0)
     _one_rank_step(comp, 0)
     adopted = comp.adapters["torch"].params["w"].residual.clone()
     assert adopted.abs().sum() > 0
-    state = ObjectState(bcast_object=lambda obj: obj, get_rank=lambda: 0, step=0)
+    state = _one_rank_torch_state()
     handlers = hvd_compress.elastic.register(state)
     assert [h.compression for h in handlers] == [comp]
     _one_rank_step(comp, 1)
@@ -219,12 +257,11 @@ def test_a_compressor_used_before_register_is_adopted(one_rank_elastic):
 def test_a_commit_or_reset_with_an_unregistered_compressor_in_use_is_refused(one_rank_elastic):
     """Compressing is allowed before register; a commit or a reset is not, and the message
     names the call to add."""
-    from horovod.common.elastic import ObjectState
     from hvd_compress.compressor import ElasticNotRegistered
     comp = hvd_compress.TopK(0.2)
     comp._adapters["torch"] = InProcessAdapter(World(1), 0)
     _one_rank_step(comp, 0)
-    state = ObjectState(bcast_object=lambda obj: obj, get_rank=lambda: 0, step=0)
+    state = _one_rank_torch_state()
     with pytest.raises(ElasticNotRegistered, match=r"state\.commit\(\).*hvd_compress\.elastic\.register\(state, "
                                                    r"compression\)"):
         state.commit()
@@ -235,8 +272,7 @@ def test_a_commit_or_reset_with_an_unregistered_compressor_in_use_is_refused(one
 
 
 def test_register_without_a_compressor_needs_one_used_already(one_rank_elastic):
-    from horovod.common.elastic import ObjectState
-    state = ObjectState(bcast_object=lambda obj: obj, get_rank=lambda: 0, step=0)
+    state = _one_rank_torch_state()
     with pytest.raises(ValueError, match=r"no hvd_compress compressor has compressed a tensor.*"
                                          r"register\(state, compression\)"):
         hvd_compress.elastic.register(state)
