@@ -124,10 +124,11 @@ def functions_holding_our_ops():
     from tensorflow.python.eager.polymorphic_function.polymorphic_function import Function
     found = []
     for obj in gc.get_objects():
-        if isinstance(obj, Function):
-            traces = obj._list_all_concrete_functions()
-            if any(getattr(t, "graph", None) in _GRAPHS_WITH_OUR_OPS for t in traces):
-                found.append(obj)
+        cache = getattr(obj, "_function_cache", None) if isinstance(obj, Function) else None
+        # the cache itself, not _list_all_concrete_functions(): a method's tf.function seen on its
+        # class would trace to answer that
+        if cache is not None and any(getattr(t, "graph", None) in _GRAPHS_WITH_OUR_OPS for t in cache.values()):
+            found.append(obj)
     return found
 
 

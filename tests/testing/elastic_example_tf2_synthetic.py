@@ -1,7 +1,7 @@
 """Worker of tests/testing/test_elastic_examples.py, shaped like Horovod's
 ``examples/elastic/tensorflow2/tensorflow2_synthetic_benchmark_elastic.py``:
 
-    python elastic_example_tf2_synthetic.py HOSTS_FILE STAYING LEAVING {kill,nokill}
+    python elastic_example_tf2_synthetic.py HOSTS_FILE STAYING LEAVING {kill,nokill,kill_only}
 
 * one module-level ``@tf.function`` step without arguments, reading its batch
   from variables, that builds its compressions inside the trace and reduces
@@ -34,7 +34,7 @@ from hvd_compress.adapters.param_state import OWNED_CHUNK_SUFFIX  # noqa: E402
 from elastic_ledger import MembershipSchedule, conservation, folded, print_result  # noqa: E402
 
 HOSTS_FILE, STAYING, LEAVING = sys.argv[1], sys.argv[2].split(","), sys.argv[3]
-SCHEDULE = MembershipSchedule(HOSTS_FILE, STAYING, LEAVING, steps=6, kill=sys.argv[4] == "kill")
+SCHEDULE = MembershipSchedule(HOSTS_FILE, STAYING, LEAVING, steps=6, mode=sys.argv[4])
 HOST = os.environ.get("HOROVOD_HOSTNAME", "?")
 KINDS = ("topk", "powersgd", "int8")
 LR, D_IN, D_OUT, BATCH = 0.05, 64, 16, 32

@@ -1,7 +1,7 @@
 """Worker of tests/testing/test_elastic_examples.py, shaped like Horovod's
 ``examples/elastic/pytorch/pytorch_mnist_elastic.py``:
 
-    python elastic_example_torch_mnist.py HOSTS_FILE STAYING LEAVING {kill,nokill}
+    python elastic_example_torch_mnist.py HOSTS_FILE STAYING LEAVING {kill,nokill,kill_only}
 
 * a ``DataLoader`` over an ``hvd.elastic.ElasticSampler``, ``for state.epoch``
   and ``for state.batch`` loops under ``@hvd.elastic.run``, a commit every batch;
@@ -29,7 +29,7 @@ import hvd_compress
 from elastic_ledger import MembershipSchedule, conservation, folded, print_result
 
 HOSTS_FILE, STAYING, LEAVING = sys.argv[1], sys.argv[2].split(","), sys.argv[3]
-SCHEDULE = MembershipSchedule(HOSTS_FILE, STAYING, LEAVING, steps=6, kill=sys.argv[4] == "kill")
+SCHEDULE = MembershipSchedule(HOSTS_FILE, STAYING, LEAVING, steps=6, mode=sys.argv[4])
 HOST = os.environ.get("HOROVOD_HOSTNAME", "?")
 LR, BATCH, EPOCHS = 0.05, 16, 1000
 

@@ -12,7 +12,8 @@ it, so every change lands at a known step):
   the worker on the leaving host kills itself with SIGKILL before its next
   step, while the others wait for it in that step's exchanges;
 * phase 6 waits for 2 workers, phase 7 runs ``steps``; then the job is done.
-  Without the kill the job is done after phase 5.
+  Without the kill the job is done after phase 5.  ``kill_only``: phase 1 goes
+  straight to phase 6 (no host removed or added, a worker killed).
 
 Ledger: at every commit each rank allgathers (its process id, the float64 sum
 of the gradients it computed, its error-feedback residuals with any two-phase
@@ -46,10 +47,12 @@ class MembershipSchedule:
     """The phase machine above; ``state`` carries ``phase``, ``phase_step``
     and ``step`` (Horovod elastic state attributes: synced and rolled back)."""
 
-    def __init__(self, hosts_file, staying, leaving, steps, kill):
+    def __init__(self, hosts_file, staying, leaving, steps, mode):
+        if mode not in ("kill", "nokill", "kill_only"):
+            raise ValueError(f"mode must be kill, nokill or kill_only; got {mode!r}")
         self.hosts_file, self.staying, self.leaving = hosts_file, staying, leaving
-        self.steps, self.kill = steps, kill
-        self.last_phase = 8 if kill else 6
+        self.steps, self.kill, self.kill_only = steps, mode != "nokill", mode == "kill_only"
+        self.last_phase = 8 if self.kill else 6
 
     def done(self, state):
         return state.phase >= self.last_phase
@@ -67,6 +70,8 @@ class MembershipSchedule:
         if state.step - state.phase_step < self.steps:
             return
         state.phase, state.phase_step = state.phase + 1, state.step
+        if self.kill_only and state.phase == 2:
+            state.phase = 6
         if rank == 0 and state.phase in (2, 4):
             write_hosts(self.hosts_file, hosts_text(self.staying, self.leaving, with_leaving=state.phase == 4))
 

@@ -102,9 +102,10 @@ def _launch_elastic(cluster, tmp_path, worker, with_leaving, np, gloo_timeout_s,
     discover = tmp_path / "discover.sh"
     discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
     discover.chmod(stat.S_IRWXU)
-    env = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1",
-           "HOROVOD_GLOO_TIMEOUT_SECONDS": str(gloo_timeout_s), "OMP_NUM_THREADS": "1",
+    env = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    if gloo_timeout_s is not None:  # None: Horovod's default
+        env["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(gloo_timeout_s)
     cmd = [str(Path(cluster.venv_bin) / "horovodrun"), "-np", str(np), "--min-np", "2", "--max-np", "3",
            "--host-discovery-script", str(discover), "--elastic-timeout", str(elastic_timeout_s),
            "-p", str(cluster.ssh_port), "--ssh-identity-file", cluster.ssh_key,
