@@ -7,8 +7,10 @@ several schemes side by side:
 * ``elastic_example_tf2_synthetic.py``: a module-level ``@tf.function`` tape
   step that builds its compressions inside the trace and runs once before the
   state exists; ``hvd.elastic.run`` decorated before ``register(state)``;
-  TopK(0.01), PowerSGD(4), Int8 two-phase.  Host removed, added back, then a
-  worker killed.
+  TopK(0.01), PowerSGD(4), Int8 two-phase.  Host removed and added back; with
+  ``HVDC_TEST_TF_ELASTIC_KILL=1`` then a worker killed too (544 s on the loaded
+  2-core machine, too long for CI; scripts/elastic_kill_bound.py measures what
+  a kill costs).
 * ``elastic_example_torch_mnist.py``: a ``DataLoader`` over an
   ``ElasticSampler``, epoch and batch loops, the module-level ``compression``
   registered after the state; TopK(0.01), PowerSGD(4), Int8 two-phase and
@@ -33,10 +35,10 @@ from test_elastic_jobs import _launch_elastic, staying_and_leaving
 
 HERE = Path(__file__).resolve().parent
 PREFIX = "ex"
-#: Gloo's timeout for the TF job: a joining TF worker starts within it on the loaded 2-core machine,
-#: and a killed worker's survivors give up on it within it (docs/guide/elastic.md); the environment
-#: variable HVDC_TEST_TF_GLOO_TIMEOUT_S sets another, to measure the cost of a kill with it
-TF_GLOO_TIMEOUT_S = int(os.environ.get("HVDC_TEST_TF_GLOO_TIMEOUT_S", "60"))
+#: Gloo's timeout for the TF job: a joining TF worker starts within it on the loaded 2-core machine
+#: (at 60 s the survivors' rendezvous gave up on it at a load average of 20); HVDC_TEST_TF_GLOO_TIMEOUT_S
+#: sets another
+TF_GLOO_TIMEOUT_S = int(os.environ.get("HVDC_TEST_TF_GLOO_TIMEOUT_S", "120"))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -72,23 +74,28 @@ def _check_kind(r, departed, holds_residuals=True):
     assert r["lost_reported"]["norm"] == pytest.approx(r["lost_expected_norm"], rel=1e-5, abs=1e-9), r
 
 
-def test_tf2_synthetic_shape_host_removed_added_back_and_worker_killed(cluster, tmp_path):
+def test_tf2_synthetic_shape_host_removed_and_added_back(cluster, tmp_path):
+    """CI runs the removal and the return (3, 2, 3 workers); ``HVDC_TEST_TF_ELASTIC_KILL=1`` also
+    kills the worker on the returned host (3, 2, 3, 2), which costs the survivors about
+    ``TF_GLOO_TIMEOUT_S`` more (scripts/elastic_kill_bound.py measures it)."""
     _, leaving = staying_and_leaving(cluster)
+    kill = os.environ.get("HVDC_TEST_TF_ELASTIC_KILL") == "1"
     out, rc, elapsed = _launch_elastic(cluster, tmp_path, HERE / "elastic_example_tf2_synthetic.py", True, 3,
                                        TF_GLOO_TIMEOUT_S, 120, "the TF2 synthetic-shaped job did not end",
-                                       extra_args=["kill"])
+                                       extra_args=["kill" if kill else "nokill"])
     assert rc == 0, out[-6000:]
     result = _result(out)
     print(f"tf2 synthetic-shaped job: {elapsed:.0f} s, sizes {result['sizes']}")
-    assert _changes(result["sizes"]) == [3, 2, 3, 2], result["sizes"]
+    assert _changes(result["sizes"]) == ([3, 2, 3, 2] if kill else [3, 2, 3]), result["sizes"]
     assert f"{leaving}[0] has been removed from elastic job" in out
-    assert f"ELASTIC_KILL host={leaving}" in out
-    assert re.search(r"Process \d+ exit with status code (137|255)\.", out), out[-6000:]
     assert result["identical"], "replicas differ after the membership changes"
     for kind in ("topk", "powersgd", "int8"):
-        _check_kind(result["kinds"][kind], departed=2)
-    print(f"tf2 synthetic-shaped job, HOROVOD_GLOO_TIMEOUT_SECONDS={TF_GLOO_TIMEOUT_S}: the kill to each "
-          f"survivor's reset callback: {_kill_to_resets(out)} s")
+        _check_kind(result["kinds"][kind], departed=2 if kill else 1)
+    if kill:
+        assert f"ELASTIC_KILL host={leaving}" in out
+        assert re.search(r"Process \d+ exit with status code (137|255)\.", out), out[-6000:]
+        print(f"HOROVOD_GLOO_TIMEOUT_SECONDS={TF_GLOO_TIMEOUT_S}: the kill to each survivor's reset callback: "
+              f"{_kill_to_resets(out)} s")
 
 
 def _kill_to_resets(out):
