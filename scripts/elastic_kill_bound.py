@@ -22,21 +22,26 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests" / "testing")]
 
 from hvd_compress.tools.testing import cluster as cl  # noqa: E402
 from hvd_compress.tools.testing.cluster import Cluster  # noqa: E402
 from test_elastic_examples import _kill_to_resets  # noqa: E402
-from test_elastic_jobs import _launch_elastic  # noqa: E402
+from test_elastic_jobs import JOB_BOUND_S, _launch_elastic  # noqa: E402
 
 WORKER = REPO / "tests" / "testing" / "elastic_example_tf2_synthetic.py"
 
 
 def one_run(cluster, timeout):
     with tempfile.TemporaryDirectory() as tmp:
-        out, rc, seconds = _launch_elastic(cluster, Path(tmp), WORKER, True, 3,
-                                           timeout, 120, "the job did not end", extra_args=["kill_only"])
+        try:
+            out, rc, seconds = _launch_elastic(cluster, Path(tmp), WORKER, True, 3,
+                                               timeout, 120, "the job did not end", extra_args=["kill_only"])
+        except pytest.fail.Exception as hung:  # killed at the launcher's bound: its output is in the message
+            out, rc, seconds = str(hung), "hung", JOB_BOUND_S
     killed = re.search(r"ELASTIC_KILL .* t=([\d.]+)", out)
     errors = [line for line in out.splitlines() if re.search(r"Error|what\(\)|Timed out|timeout", line)]
     return {"gloo_timeout_s": timeout, "rc": rc, "job_s": round(seconds),

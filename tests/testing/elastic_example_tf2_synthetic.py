@@ -31,7 +31,7 @@ import tensorflow as tf  # noqa: E402
 import horovod.tensorflow as hvd  # noqa: E402
 import hvd_compress  # noqa: E402
 from hvd_compress.adapters.param_state import OWNED_CHUNK_SUFFIX  # noqa: E402
-from elastic_ledger import MembershipSchedule, conservation, folded, print_result  # noqa: E402
+from elastic_ledger import MembershipSchedule, conservation, folded, print_result, recording_state  # noqa: E402
 
 HOSTS_FILE, STAYING, LEAVING = sys.argv[1], sys.argv[2].split(","), sys.argv[3]
 SCHEDULE = MembershipSchedule(HOSTS_FILE, STAYING, LEAVING, steps=6, mode=sys.argv[4])
@@ -134,23 +134,18 @@ def train(state):
         state.commit()
 
 
-class RecordingState(hvd.elastic.TensorFlowKerasState):
-    """Horovod's state; each commit also allgathers every rank's records (ledger)."""
+def grad_sums_now():
+    return {k: [g.numpy() for g in GRAD_SUMS[k]] for k in KINDS}
 
-    def save(self):
-        mine = {k: {"grads": [g.numpy().reshape(-1) for g in GRAD_SUMS[k]], "residuals": residuals(k)}
-                for k in KINDS}
-        gathered = hvd.allgather_object((hvd_compress.elastic.PROCESS_ID, mine), name="test.records")
-        self.records = {**self.records, **dict(gathered)}
-        self.members = [pid for pid, _ in gathered]
-        self.saved_grads = {k: [g.numpy() for g in GRAD_SUMS[k]] for k in KINDS}
-        super().save()
 
-    def restore(self):
-        super().restore()
-        for k in KINDS:
-            for g, saved in zip(GRAD_SUMS[k], self.saved_grads[k]):
-                g.assign(saved)
+def put_back(saved):
+    for k in KINDS:
+        for g, value in zip(GRAD_SUMS[k], saved[k]):
+            g.assign(value)
+
+
+def records_of_this_rank():
+    return {k: {"grads": [g.numpy().reshape(-1) for g in GRAD_SUMS[k]], "residuals": residuals(k)} for k in KINDS}
 
 
 def residuals(kind):
@@ -166,8 +161,10 @@ def residuals(kind):
     return out
 
 
+RecordingState = recording_state(hvd.elastic.TensorFlowKerasState, hvd.allgather_object, hvd_compress.elastic.PROCESS_ID,
+                                 records_of_this_rank, grad_sums_now, put_back)
 state = RecordingState(model, opt, step=0, phase=0, phase_step=0, sizes=[], records={}, members=[])
-state.saved_grads = {k: [g.numpy() for g in GRAD_SUMS[k]] for k in KINDS}
+state.saved_grads = grad_sums_now()
 state.register_reset_callbacks([after_reset])
 hvd_compress.elastic.register(state)
 COMPRESSIONS = FIRST_BUILT

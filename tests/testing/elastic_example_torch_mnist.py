@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 import horovod.torch as hvd
 import hvd_compress
-from elastic_ledger import MembershipSchedule, conservation, folded, print_result
+from elastic_ledger import MembershipSchedule, conservation, folded, print_result, recording_state
 
 HOSTS_FILE, STAYING, LEAVING = sys.argv[1], sys.argv[2].split(","), sys.argv[3]
 SCHEDULE = MembershipSchedule(HOSTS_FILE, STAYING, LEAVING, steps=6, mode=sys.argv[4])
@@ -103,29 +103,23 @@ def residuals(kind):
     return out
 
 
-class RecordingState(hvd.elastic.TorchState):
-    """Horovod's state; each commit also allgathers every rank's records (ledger)."""
-
-    def save(self):
-        mine = {k: {"grads": [g.numpy().reshape(-1).copy() for g in GRAD_SUMS[k]], "residuals": residuals(k)}
-                for k in KINDS}
-        gathered = hvd.allgather_object((hvd_compress.elastic.PROCESS_ID, mine), name="test.records")
-        self.records = {**self.records, **dict(gathered)}
-        self.members = [pid for pid, _ in gathered]
-        self.saved_grads = {k: [g.clone() for g in GRAD_SUMS[k]] for k in KINDS}
-        super().save()
-
-    def restore(self):
-        super().restore()
-        for k in KINDS:
-            for g, saved in zip(GRAD_SUMS[k], self.saved_grads[k]):
-                g.copy_(saved)
+def all_grad_sums():
+    """Every kind's gradient sums, in one list (what a commit snapshots and a restore puts back)."""
+    return [g for k in KINDS for g in GRAD_SUMS[k]]
 
 
+def records_of_this_rank():
+    return {k: {"grads": [g.numpy().reshape(-1).copy() for g in GRAD_SUMS[k]], "residuals": residuals(k)}
+            for k in KINDS}
+
+
+RecordingState = recording_state(hvd.elastic.TorchState, hvd.allgather_object, hvd_compress.elastic.PROCESS_ID,
+                                 records_of_this_rank, lambda: [g.clone() for g in all_grad_sums()],
+                                 lambda saved: [g.copy_(value) for g, value in zip(all_grad_sums(), saved)])
 state = RecordingState(models, optimizers["topk"], sampler=train_sampler, epoch=0, batch=0, step=0, phase=0,
                        phase_step=0, sizes=[], records={}, members=[],
                        **{f"optimizer_{k}": optimizers[k] for k in KINDS if k != "topk"})
-state.saved_grads = {k: [g.clone() for g in GRAD_SUMS[k]] for k in KINDS}
+state.saved_grads = [g.clone() for g in all_grad_sums()]
 hvd_compress.elastic.register(state, compression)
 for kind in KINDS[1:]:
     hvd_compress.elastic.register(state, COMPRESSIONS[kind])

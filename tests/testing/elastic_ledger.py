@@ -113,3 +113,25 @@ def conservation(initial, final, lr, records, members, kind):
 
 def print_result(result):
     print("ELASTIC_RESULT " + json.dumps(result), flush=True)
+
+
+def recording_state(base, allgather_object, process_id, records_of_this_rank, snapshot, put_back):
+    """A subclass of Horovod's elastic state class ``base`` whose commits also
+    allgather every rank's ``(process_id, records_of_this_rank())`` into
+    ``state.records`` / ``state.members`` (kwargs of the state: they roll back
+    with it) and keep ``snapshot()`` of this rank's gradient sums, which a
+    restore hands to ``put_back``."""
+
+    class RecordingState(base):
+        def save(self):
+            gathered = allgather_object((process_id, records_of_this_rank()), name="test.records")
+            self.records = {**self.records, **dict(gathered)}
+            self.members = [pid for pid, _ in gathered]
+            self.saved_grads = snapshot()
+            super().save()
+
+        def restore(self):
+            super().restore()
+            put_back(self.saved_grads)
+
+    return RecordingState
