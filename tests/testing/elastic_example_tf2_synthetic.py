@@ -161,8 +161,8 @@ def residuals(kind):
     return out
 
 
-RecordingState = recording_state(hvd.elastic.TensorFlowKerasState, hvd.allgather_object, hvd_compress.elastic.PROCESS_ID,
-                                 records_of_this_rank, grad_sums_now, put_back)
+RecordingState = recording_state(hvd.elastic.TensorFlowKerasState, hvd.allgather_object,
+                                 hvd_compress.elastic.PROCESS_ID, records_of_this_rank, grad_sums_now, put_back)
 state = RecordingState(model, opt, step=0, phase=0, phase_step=0, sizes=[], records={}, members=[])
 state.saved_grads = grad_sums_now()
 state.register_reset_callbacks([after_reset])
