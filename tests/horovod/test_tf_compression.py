@@ -187,7 +187,9 @@ class Spy:
             return orig_reduce(tensor, *a, **kw)
 
         def gather(tensor, *a, **kw):
-            self.calls.append(("allgather", kw.get("name"), nbytes(tensor)))
+            # the name among the ranks: after the last "/" of the node name (ignore_name_scope=True)
+            name = kw.get("name")
+            self.calls.append(("allgather", name.rsplit("/", 1)[-1] if name else name, nbytes(tensor)))
             return orig_gather(tensor, *a, **kw)
 
         monkeypatch.setattr(hvd, "_allreduce", reduce_)
@@ -586,7 +588,7 @@ def test_large_fixed_payload_swapped_exactly(monkeypatch):
     orig = hvd.reducescatter
 
     def spy(tensor, *a, name=None, **kw):
-        swaps.append(name)
+        swaps.append(name.rsplit("/", 1)[-1])  # the name among the ranks (ignore_name_scope=True)
         return orig(tensor, *a, name=name, **kw)
 
     monkeypatch.setattr(hvd, "reducescatter", spy)

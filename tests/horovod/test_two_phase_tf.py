@@ -195,7 +195,9 @@ def main_run(sid, ef=None, op="average"):
 
 
 def alltoall_names():
-    return [n for _, names in _RUNS.values() for n in names]
+    """The collectives' names among the ranks: Horovod takes the part after the last "/" of the
+    node name (``ignore_name_scope=True``; the node name is ``HorovodAllgather/<name>``)."""
+    return [n.rsplit("/", 1)[-1] if n else n for _, names in _RUNS.values() for n in names]
 
 
 def check(res, what, **kw):
