@@ -47,6 +47,12 @@ from .protocols import Memory as MemoryProtocol
 from .schemes.base import Scheme
 from .byte_counts import CompressionStats
 
+#: called with each compressor at its first ``compress``.  :mod:`hvd_compress.integration.elastic`
+#: adds its ``note_use`` here: a step may come before the elastic state exists (Horovod's own
+#: TF2 examples run one to build the variables), and ``register`` adopts what the compressor
+#: holds by then.  A hook list, so that this layer needs nothing of the one above it.
+FIRST_USE_HOOKS: list = []
+
 
 def encode_with_residual(B, scheme, x, residual, encode_context):
     """Plain error feedback around ``scheme.encode``, as a pure function of the residual
@@ -206,10 +212,8 @@ class Compressor:
         if not self._recipe_checked:
             self._recipe_checked = True
             check_optimizer_momentum(self, B.name, tensor)
-            # a step may come before the elastic state exists (Horovod's own TF2 examples run one to
-            # build the variables): register() adopts what this compressor holds by then
-            from .integration.elastic import note_use
-            note_use(self)
+            for hook in FIRST_USE_HOOKS:  # hvd_compress.elastic remembers it for register()
+                hook(self)
         return self.adapter_for(B.name).compress(self, tensor)
 
     def decompress(self, tensor, ctx):

@@ -68,7 +68,7 @@ import os
 import uuid
 import weakref
 
-from ..compressor import Compressor, ElasticNotRegistered
+from ..compressor import FIRST_USE_HOOKS, Compressor, ElasticNotRegistered
 
 log = logging.getLogger("hvd_compress.elastic")
 
@@ -129,6 +129,9 @@ def note_use(compression):
     _USED.add(compression)
     if os.environ.get("HOROVOD_ELASTIC") == "1":
         _guard_horovod_states()
+
+
+FIRST_USE_HOOKS.append(note_use)
 
 
 def unregistered_in_use():

@@ -242,15 +242,15 @@ def test_a_compressor_used_before_register_is_adopted(one_rank_elastic):
     comp = hvd_compress.TopK(0.2)
     comp._adapters["torch"] = InProcessAdapter(World(1), 0)
     _one_rank_step(comp, 0)
-    adopted = comp.adapters["torch"].params["w"].residual.clone()
+    adopted = comp.adapters["torch"].roles.store.params["w"].residual.clone()
     assert adopted.abs().sum() > 0
     state = _one_rank_torch_state()
     handlers = hvd_compress.elastic.register(state)
     assert [h.compression for h in handlers] == [comp]
     _one_rank_step(comp, 1)
-    assert not torch.equal(comp.adapters["torch"].params["w"].residual, adopted)
+    assert not torch.equal(comp.adapters["torch"].roles.store.params["w"].residual, adopted)
     state.restore()
-    assert torch.equal(comp.adapters["torch"].params["w"].residual, adopted)
+    assert torch.equal(comp.adapters["torch"].roles.store.params["w"].residual, adopted)
     state.commit()  # registered: no refusal
 
 
