@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import weakref
 
+import tensorflow as tf
+
 from ..backend.tf_backend import state_variable  # noqa: F401  (made outside every trace; re-exported)
 from ..integration import horovod_internals
 

@@ -44,7 +44,7 @@ import time
 
 from ..link_mapping import REFERENCE_GBIT, map_links
 from ..recipes import WARMUP_EPOCHS, per_model, recipe_of_spec, tolerance_of
-from .e2e import REPO, _clean_log
+from .e2e import REPO, clean_log
 from .report import Progress, write_json
 from .specs import HOROVOD_SPECS, parse_spec, split_specs
 
@@ -129,8 +129,8 @@ class Session:
             rc, log = "timeout", str(e.stderr or "")
         got = json.load(open(out)) if os.path.exists(out) else []
         if rc != 0:
-            self.failures.append({"launch": label, "rc": rc, "log_tail": _clean_log(log)[-3000:]})
-            self.prog.note(f"{label}: FAILED (exit {rc}); log tail:\n{_clean_log(log)[-1500:]}")
+            self.failures.append({"launch": label, "rc": rc, "log_tail": clean_log(log)[-3000:]})
+            self.prog.note(f"{label}: FAILED (exit {rc}); log tail:\n{clean_log(log)[-1500:]}")
         return got
 
     def goodput(self):
