@@ -24,7 +24,7 @@ class TFCollectives:
         payload's static size is that large, it travels as a Sum reduce-scatter of
         a ``[2, n/4]`` int32 tensor whose row of the peer holds this rank's bytes
         and whose own row is zeros, as in torch
-        (:meth:`hvd_compress.adapters.torch_adapter.TorchAdapter.allgather_fixed` says why)."""
+        (:meth:`hvd_compress.adapters.torch_collectives.TorchCollectives.allgather_fixed` says why)."""
         n, at_least = tensor.shape.num_elements(), pair_swap_min_bytes()
         if (size != 2 or at_least is None or n is None or tensor.shape.rank == 0 or tensor.dtype == tf.bool
                 or n * tensor.dtype.size < at_least):

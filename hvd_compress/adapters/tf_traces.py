@@ -11,8 +11,8 @@ same compressor retraces it with other variables.
 
 * **Keys** follow the ``tf.Variable`` object, not its position in the list
   Horovod reduces (:class:`VariableKeys`).
-* **State** is made once per key, by :func:`state_variable`
-  (:func:`hvd_compress.backend.tf_backend.state_variable`), outside TF's
+* **State** is made once per key, by
+  :func:`hvd_compress.backend.tf_backend.state_variable`, outside TF's
   rule against variables made after a function's first call.
 * **Compressors built inside the traced step** (Horovod's own TF2 examples)
   hand their calls to the first one so built (:func:`owner_across_traces`).

@@ -95,7 +95,7 @@ def residuals(kind):
     adapter = COMPRESSIONS[kind].adapters.get("torch")
     out = []
     for name, p in models[kind].named_parameters():
-        param = adapter.params.get(name) if adapter is not None else None
+        param = adapter.roles.store.params.get(name) if adapter is not None else None
         r = getattr(param, "residual", None)
         owned = getattr(param, "owned_chunk_residual", None)
         flat = np.zeros(p.numel()) if r is None else r.detach().double().numpy()

@@ -176,7 +176,7 @@ def train(state):
         state.step += 1
         state.sizes = state.sizes + [hvd.size()]
         # Auto after this step: the number of plans made since the last reset (0: calibrating) and the plan
-        state.auto_plans = state.auto_plans + [[len(compressions["auto"].history),
+        state.auto_plans = state.auto_plans + [[len(compressions["auto"].plan_state.history),
                                                 compressions["auto"].current_plan()]]
         state.losses = state.losses + [{k: eval_loss(k) for k in KINDS}]
         advance_phase(state)
