@@ -86,6 +86,9 @@ class AutoPlan:
     check_seconds: Optional[dict] = None
     #: key -> its phases, built from ``provisional`` and ``history`` (dropped where they change)
     phases: Dict[str, list] = field(default_factory=dict, repr=False)
+    #: TensorFlow: the plan's JSON as this object last took it from or wrote it to the
+    #: checkpointed plan variable (an Auto a retrace built shares the variable, not this)
+    synced_json: str = field(default="", repr=False)
 
     def in_force(self) -> Optional[Dict[str, Choice]]:
         """``{key: Choice}`` of the plan in force (None during calibration)."""

@@ -290,20 +290,18 @@ def sync_plan(auto):
     adapter = auto.adapters.get("tensorflow")
     if adapter is None:
         return
-    run = adapter.run
-    saved = run.plan_var.numpy().decode()
-    if saved and saved != run.plan_json:
+    saved = adapter.run.plan_var.numpy().decode()
+    if saved and saved != auto.plan_state.synced_json:
         auto.plan_state = type(auto.plan_state).from_json(json.loads(saved))
-        run.plan_json = saved
+        auto.plan_state.synced_json = saved
 
 
 def publish_plan(auto):
     """Write the plan to the TF variable (checkpointed with the residuals)."""
     adapter = auto.adapters.get("tensorflow")
     if adapter is not None:
-        run = adapter.run
-        run.plan_json = json.dumps(auto.plan_state.to_json())
-        run.plan_var.assign(run.plan_json)
+        auto.plan_state.synced_json = json.dumps(auto.plan_state.to_json())
+        adapter.run.plan_var.assign(auto.plan_state.synced_json)
 
 
 def decide_for(auto, key, step, previous):
@@ -335,8 +333,7 @@ class AutoTFRun:
     """Auto's TensorFlow run state, one object on its adapter: the plan
     variable (checkpointed), the per-tensor mode variables and calibration
     stamps, the host callbacks' lock, the check step decided last and its
-    error, the plan as last written to or read from ``plan_var``, and this
-    rank's codec timings by class of tensors
+    error, and this rank's codec timings by class of tensors
     (:func:`hvd_compress.auto.planner.timed_row`), made at the trace and kept
     across resets: the graph is not traced again."""
     plan_var: Any
@@ -346,12 +343,10 @@ class AutoTFRun:
     timestamps: Any = None
     decided: Any = None
     error: Any = None
-    plan_json: str = ""
 
     def restart(self):
         """After an elastic reset: nothing decided, every variable zero."""
         self.decided = self.error = None
-        self.plan_json = ""
         self.plan_var.assign("")
         for v in list(self.mode_vars.values()) + ([self.timestamps] if self.timestamps is not None else []):
             v.assign(tf.zeros_like(v))
