@@ -104,7 +104,7 @@ def tape_run(comp, specs, grads_for, steps=STEPS):
             continue
         mems = list(ad.residuals.values()) + [v for st in ad.memories.values() for v in st.values()]
         state.append((all(np.isfinite(v.numpy()).all() for v in mems),
-                      all(np.isfinite(v.numpy()).all() for v in ad.scheme_vars.values())))
+                      all(np.isfinite(v.numpy()).all() for v in ad.state_module.scheme_state.values())))
     return out, state
 
 

@@ -275,7 +275,8 @@ def _run_nonfinite(sid, kind):
         grads.append({n: p.grad.detach().clone() for n, p in params.items()})
         ad = comp.adapters["torch"]
         tensors = list(ad.residuals.values()) + [v for st in ad.memories.values() for v in st.values()]
-        scheme_state = [v for st in ad.scheme_state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+        scheme_state = [v for param in ad.roles.store.params.values() for v in param.scheme.values()
+                        if isinstance(v, torch.Tensor)]
         state_finite.append((all(bool(torch.isfinite(t).all()) for t in tensors),
                              all(bool(torch.isfinite(t).all()) for t in scheme_state)))
     # every rank's aggregate, to check they agree (NaN-aware)
