@@ -186,6 +186,16 @@ class Rows(list):
         self.failures = list(failures)
 
 
+def run_launch(cluster, argv, env, timeout):
+    """One horovodrun launch from the cluster's first host, in the checkout:
+    (its exit code, or "timeout"; its stdout and stderr together)."""
+    try:
+        r = cluster.run(0, argv, env=env, timeout=timeout, cwd=str(REPO))
+        return r.returncode, (r.stdout or "") + (r.stderr or "")
+    except subprocess.TimeoutExpired as e:
+        return "timeout", str(e.stderr or "")
+
+
 def clean_log(text):
     drop = ("I0000 ", "WARNING: All log messages", "oneDNN custom operations", "cudart_stub",
             "Could not find cuda drivers")

@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
-from .e2e import REPO, clean_log, rate_label, parse_rates
+from .e2e import clean_log, parse_rates, rate_label, run_launch
 from .report import Progress, human_seconds, table, write_json
 from .specs import parse_spec, split_specs
 
@@ -94,11 +93,7 @@ def _launch(cluster, cmd, n, env, timeout):
     out = cmd[-1]
     argv = cluster.horovodrun_command(cmd, np=n, controller="gloo", slots=1)
     load_before, t0 = os.getloadavg()[0], time.monotonic()
-    try:
-        r = cluster.run(0, argv, env=env, timeout=timeout, cwd=str(REPO))
-        rc, log = r.returncode, (r.stdout or "") + (r.stderr or "")
-    except subprocess.TimeoutExpired as e:
-        rc, log = "timeout", str(e.stderr or "")
+    rc, log = run_launch(cluster, argv, env, timeout)
     if rc != 0 or not os.path.exists(out):
         return {"rc": rc, "log_tail": clean_log(log)[-4000:]}
     with open(out) as f:

@@ -90,7 +90,7 @@ import tempfile
 import time
 
 from ..units import parse_count
-from .e2e import REPO, clean_log, rate_label, parse_rates
+from .e2e import clean_log, parse_rates, rate_label, run_launch
 from .report import Progress, human_bytes, human_count, human_seconds, table, write_json
 from .specs import parse_spec, split_specs
 
@@ -308,11 +308,7 @@ def run(workers=DEFAULT_WORKERS, rates=DEFAULT_RATES, schemes=DEFAULT_SCHEMES, m
                 argv = c.horovodrun_command(cmd, np=n, controller="gloo", extra=["--start-timeout", "180"])
                 runnable, waited = settle(settle_max_s)
                 load_before, t0 = os.getloadavg()[0], time.monotonic()
-                try:
-                    r = c.run(0, argv, env=env, timeout=run_timeout, cwd=str(REPO))
-                    rc, log = r.returncode, (r.stdout or "") + (r.stderr or "")
-                except subprocess.TimeoutExpired as e:
-                    rc, log = "timeout", str(e.stderr or "")
+                rc, log = run_launch(c, argv, env, run_timeout)
                 label = f"{rate_label(rate):>13} N={n}"
                 if rc != 0 or not os.path.exists(out):
                     failures.append({"workers": n, "link_mbit": rate, "rc": rc, "log_tail": clean_log(log)[-4000:]})

@@ -37,14 +37,13 @@ import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 from ..link_mapping import REFERENCE_GBIT, map_links
 from ..recipes import WARMUP_EPOCHS, per_model, recipe_of_spec, tolerance_of
-from .e2e import REPO, clean_log
+from .e2e import clean_log, run_launch
 from .report import Progress, write_json
 from .specs import HOROVOD_SPECS, parse_spec, split_specs
 
@@ -122,11 +121,7 @@ class Session:
                "--iface", self.c.iface, "--out", out, "--time-steps", str(time_steps),
                "--compute-steps", str(compute_steps)]
         argv = self.c.horovodrun_command(cmd, np=a["workers"], controller="gloo", extra=["--start-timeout", "180"])
-        try:
-            r = self.c.run(0, argv, env=self.env, timeout=a["run_timeout"], cwd=str(REPO))
-            rc, log = r.returncode, (r.stdout or "") + (r.stderr or "")
-        except subprocess.TimeoutExpired as e:
-            rc, log = "timeout", str(e.stderr or "")
+        rc, log = run_launch(self.c, argv, self.env, a["run_timeout"])
         got = json.load(open(out)) if os.path.exists(out) else []
         if rc != 0:
             self.failures.append({"launch": label, "rc": rc, "log_tail": clean_log(log)[-3000:]})
