@@ -1,5 +1,5 @@
 """hvd_compress.Auto under real horovodrun (PyTorch; scripts/run_tests.sh
-runs it with Gloo and MPI).
+runs it with Gloo).
 
 Training goes through the stock ``hvd.DistributedOptimizer``.  Every rank
 runs every test in the same order and issues the same collectives before it

@@ -1,6 +1,6 @@
 """Drop-in fidelity for the TF patterns people already have.
 
-Runs under ``horovodrun -np 2`` with Gloo and MPI (scripts/run_tests.sh).
+Runs under ``horovodrun -np 2`` with Gloo (scripts/run_tests.sh).
 
 1. **Compressor built inside the traced step**, as Horovod's own TF2 examples
    do (``compression = ...`` inside ``@tf.function def benchmark_step(first_batch)``).

@@ -3,7 +3,7 @@
 tf_keras): per-layer policies, warmup schedules, DGC's corrections, gradient accumulation
 and checkpoints.
 
-Runs under ``horovodrun -np 2`` with Gloo and with MPI (scripts/run_tests.sh).  Gradients
+Runs under ``horovodrun -np 2`` with Gloo (scripts/run_tests.sh).  Gradients
 are injected as in test_tf_compression.py (loss ``sum(v * G_rank)``), and every rank checks
 the aggregate against a numpy reference (``tests/reference.py`` for the schemes; the phase
 table, DGC's corrections and accumulation written out here).

@@ -2,7 +2,7 @@
 per-layer policies, warmup schedules, DGC's corrections, gradient accumulation and
 checkpoints.
 
-Runs under ``horovodrun -np 2`` with Gloo and with MPI (scripts/run_tests.sh).  Gradients
+Runs under ``horovodrun -np 2`` with Gloo (scripts/run_tests.sh).  Gradients
 are injected as in test_torch_compression.py: every rank backpropagates ``sum(p * G_rank)``
 so ``p.grad == G_rank`` exactly, and since every rank can compute every rank's ``G`` each
 rank checks the aggregate against a numpy reference (``tests/reference.py`` for the schemes;
