@@ -53,6 +53,11 @@ TensorFlow state therefore makes ``hvd.elastic.run`` :func:`run`, which
 recognises every Horovod collective failure, for the training functions
 decorated after it.
 
+A reset after a failed worker is bounded: if Horovod's shutdown and init do
+not finish within ``HVDC_ELASTIC_RESET_TIMEOUT_S`` (default: twice
+``HOROVOD_GLOO_TIMEOUT_SECONDS`` plus 60 s), the worker ends with a clear error
+instead of waiting forever (:mod:`hvd_compress.integration.elastic_watchdog`).
+
 What a departing rank held in its residuals at its last commit is lost with
 it.  At the first commit after the change, the survivors find which process
 ids are gone, add the tensors and norm those ranks reported at the last commit
@@ -65,10 +70,13 @@ import itertools
 import logging
 import math
 import os
+import sys
 import uuid
 import weakref
 
 from ..compressor import FIRST_USE_HOOKS, Compressor, ElasticNotRegistered
+from .elastic_watchdog import ResetWatchdog
+from .elastic_watchdog import bound_s as reset_bound_s
 
 log = logging.getLogger("hvd_compress.elastic")
 
@@ -211,6 +219,19 @@ class _HorovodOps:
         return self._hvd().broadcast_object(obj, root_rank=0, name=name)
 
 
+#: bounds the survivors' reset after a failed worker (see elastic_watchdog)
+_RESET_WATCHDOG = ResetWatchdog()
+
+
+def watch_reset_after_failure():
+    """Arm the reset bound when the state is restored after a failed collective
+    (Horovod's ``run`` restores while it handles the ``HorovodInternalError``);
+    a restore called otherwise starts no clock."""
+    from horovod.common.exceptions import HorovodInternalError
+    if isinstance(sys.exc_info()[1], HorovodInternalError):
+        _RESET_WATCHDOG.arm()
+
+
 def departed_mass(before, after_ids):
     """What the processes in ``before`` ({process id: (tensors, squared
     norm)}, at the last commit) that are not in ``after_ids`` held:
@@ -233,6 +254,7 @@ def _check_registration(state, compression):
         raise ValueError(f"{compression!r} is already registered with an elastic state; register each "
                          f"compressor once")
     framework = _framework_of(state)
+    reset_bound_s()  # a malformed HVDC_ELASTIC_RESET_TIMEOUT_S / HOROVOD_GLOO_TIMEOUT_SECONDS: an error now
     if framework == "tensorflow" and getattr(compression, "replan_after_reset", None) is not None:
         raise ValueError(f"compression={compression!r}: hvd_compress.Auto under elastic Horovod is supported in "
                          f"PyTorch only (hvd.elastic.TorchState). In TensorFlow its plan and calibration live "
@@ -270,6 +292,7 @@ class ElasticCompression:
             self.save()
 
         def restore_with_compression():
+            watch_reset_after_failure()
             restore()
             self.restore()
 
@@ -331,6 +354,7 @@ class ElasticCompression:
     def on_reset(self):
         """After Horovod's shutdown and init, before the next sync (local only:
         joining workers do not run this)."""
+        _RESET_WATCHDOG.disarm()
         rank, size = self._world
         for adapter in self._adapters():
             adapter.fold_owned_chunks(rank, size)

@@ -1,7 +1,7 @@
 """Worker of tests/testing/test_elastic_examples.py, shaped like Horovod's
 ``examples/elastic/tensorflow2/tensorflow2_synthetic_benchmark_elastic.py``:
 
-    python elastic_example_tf2_synthetic.py HOSTS_FILE STAYING LEAVING {kill,nokill,kill_only}
+    python elastic_example_tf2_synthetic.py HOSTS_FILE STAYING LEAVING {kill,nokill,kill_only} [stall_reset]
 
 * one module-level ``@tf.function`` step without arguments, reading its batch
   from variables, that builds its compressions inside the trace and reduces
@@ -16,6 +16,10 @@
 Three tiny regressions in one Keras model, one tape each: TopK(0.01),
 PowerSGD(4), Int8 two-phase; ``op=hvd.Sum``, plain SGD.  Membership schedule
 and ledger: tests/testing/elastic_ledger.py.  Rank 0 prints ``ELASTIC_RESULT``.
+
+``stall_reset`` (scripts/elastic_kill_bound.py): the worker on the first
+staying host never finishes its reset after a failure (Horovod's ``init``
+sleeps), to show that hvd_compress's reset bound ends the job with its error.
 """
 import os
 import signal
@@ -40,6 +44,9 @@ KINDS = ("topk", "powersgd", "int8")
 LR, D_IN, D_OUT, BATCH = 0.05, 64, 16, 32
 
 hvd.init()
+if sys.argv[5:] == ["stall_reset"] and HOST == STAYING[0].split(":")[0]:
+    import horovod.tensorflow.elastic as hvd_tf_elastic
+    hvd_tf_elastic.init = lambda: time.sleep(10 ** 6)  # Horovod's reset calls shutdown(), then this
 TEACHER = np.random.default_rng(0).standard_normal((D_IN, D_OUT)).astype(np.float32)
 
 

@@ -66,12 +66,20 @@ def _changes(sizes):
 def _check_kind(r, departed, holds_residuals=True):
     """Conservation with the departed ranks' part (and, where the scheme keeps residuals, not
     without it), and the lost mass."""
+    _check_conservation(r, departed, holds_residuals)
+    _check_lost(r["lost_reported"], r["lost_expected_norm"], departed)
+
+
+def _check_conservation(r, departed, holds_residuals=True):
     assert r["departed"] == departed, r
     assert r["conservation_error"] <= 1e-5 * r["grad_scale"], r
     if holds_residuals:
         assert r["error_without_lost"] > 10 * r["conservation_error"], r
-    assert r["lost_reported"]["ranks"] == departed, r
-    assert r["lost_reported"]["norm"] == pytest.approx(r["lost_expected_norm"], rel=1e-5, abs=1e-9), r
+
+
+def _check_lost(reported, expected_norm, departed):
+    assert reported["ranks"] == departed, (reported, expected_norm)
+    assert reported["norm"] == pytest.approx(expected_norm, rel=1e-5, abs=1e-9), (reported, expected_norm)
 
 
 def test_tf2_synthetic_shape_host_removed_and_added_back(cluster, tmp_path):
@@ -123,3 +131,30 @@ def test_torch_mnist_shape_host_removed_added_back_and_worker_killed(cluster, tm
     for kind in ("topk", "powersgd", "int8", "auto"):
         # Auto's plans may send a tensor dense (no residual): then the departed held nothing
         _check_kind(result["kinds"][kind], departed=2, holds_residuals=kind != "auto")
+
+
+def test_tf2_keras_mnist_shape_host_removed_and_added_back(cluster, tmp_path):
+    """Keras ``fit`` with Horovod's elastic callbacks, one ``Policy`` holding TopK(0.01), PowerSGD(4)
+    and Int8 two-phase; 3, 2, 3 workers (``HVDC_TEST_TF_ELASTIC_KILL=1``: then the returned worker
+    killed, 3, 2, 3, 2).  The Policy reports one lost mass for its three schemes: the norm over
+    what the departed ranks held in all of them."""
+    _, leaving = staying_and_leaving(cluster)
+    kill = os.environ.get("HVDC_TEST_TF_ELASTIC_KILL") == "1"
+    out, rc, elapsed = _launch_elastic(cluster, tmp_path, HERE / "elastic_example_keras_mnist.py", True, 3,
+                                       TF_GLOO_TIMEOUT_S, 120, "the TF2 Keras MNIST-shaped job did not end",
+                                       extra_args=["kill" if kill else "nokill"])
+    assert rc == 0, out[-6000:]
+    result = _result(out)
+    print(f"tf2 keras MNIST-shaped job: {elapsed:.0f} s, sizes {result['sizes']}")
+    assert _changes(result["sizes"]) == ([3, 2, 3, 2] if kill else [3, 2, 3]), result["sizes"]
+    assert f"{leaving}[0] has been removed from elastic job" in out
+    assert result["identical"], "replicas differ after the membership changes"
+    departed = 2 if kill else 1
+    for kind in ("topk", "powersgd", "int8"):
+        _check_conservation(result["kinds"][kind], departed)
+    expected = sum(result["kinds"][k]["lost_expected_norm"] ** 2 for k in result["kinds"]) ** 0.5
+    _check_lost(result["lost_reported"], expected, departed)
+    if kill:
+        assert f"ELASTIC_KILL host={leaving}" in out
+        print(f"HOROVOD_GLOO_TIMEOUT_SECONDS={TF_GLOO_TIMEOUT_S}: the kill to each survivor's reset callback: "
+              f"{_kill_to_resets(out)} s")
