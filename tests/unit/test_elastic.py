@@ -210,6 +210,49 @@ def test_readme_elastic_lines_run_as_written():
     assert "README_ELASTIC_OK" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
 
 
+#: Horovod's ``tensorflow2_keras_mnist_elastic.py`` in miniature (a smaller model and dataset), with the
+#: three lines docs/guide/elastic.md changes: the import, the optimizer's compression, register
+GUIDE_KERAS_SCRIPT = """
+import numpy as np
+import tensorflow as tf
+import horovod.tensorflow.keras as hvd
+import hvd_compress
+hvd.init()
+model = tf.keras.Sequential([tf.keras.layers.Flatten(), tf.keras.layers.Dense(10, activation="softmax")])
+opt = tf.optimizers.Adam(0.001 * hvd.size())
+opt = hvd.DistributedOptimizer(
+    opt, backward_passes_per_step=1, average_aggregated_gradients=True, compression=hvd_compress.TopK(0.01))
+model.compile(loss=tf.losses.SparseCategoricalCrossentropy(), optimizer=opt, metrics=["accuracy"],
+              experimental_run_tf_function=False)
+images = np.ones((8, 28, 28, 1), np.float32)
+dataset = tf.data.Dataset.from_tensor_slices((images, np.zeros(8, np.int64))).repeat().batch(4)
+model.fit(dataset, steps_per_epoch=1, epochs=1, callbacks=None, verbose=0)
+state = hvd.elastic.KerasState(model, batch=0, epoch=0)
+hvd_compress.elastic.register(state)
+state.commit()  # ElasticNotRegistered if the compressor of the step before the state were not adopted
+assert hvd_compress.elastic.unregistered_in_use() == []
+print("GUIDE_KERAS_OK")
+"""
+
+
+def test_guide_keras_lines_run_as_written():
+    """docs/guide/elastic.md's three lines for Horovod's Keras MNIST example, in that example's
+    shape (one process, HOROVOD_ELASTIC=1 so that the optimizer compresses at one rank): the
+    step before the state uses the compressor, ``register(state)`` adopts it, a commit passes."""
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "guide" / "elastic.md").read_text()
+    block = guide.split("TensorFlow 2 Keras (`tensorflow2_keras_mnist_elastic.py`)", 1)[1]
+    block = block.split("```python\n", 1)[1].split("```", 1)[0]
+    assert [line.strip() for line in block.splitlines()] == [
+        "import hvd_compress",
+        "opt, backward_passes_per_step=1, average_aggregated_gradients=True, compression=hvd_compress.TopK(0.01))",
+        "hvd_compress.elastic.register(state)"]
+    assert all(line.strip() in GUIDE_KERAS_SCRIPT for line in block.splitlines())
+    env = {**os.environ, "PYTHONPATH": str(Path(hvd_compress.__file__).parents[1]), "HOROVOD_ELASTIC": "1",
+           "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    out = subprocess.run([sys.executable, "-c", GUIDE_KERAS_SCRIPT], capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert "GUIDE_KERAS_OK" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
+
 def _one_rank_step(comp, step):
     """One exchange of a compressor on a one-rank in-process world (op Sum)."""
     world = comp.adapters["torch"].world
