@@ -32,16 +32,15 @@ BOUND_ENV = "HVDC_ELASTIC_RESET_TIMEOUT_S"
 
 
 def _seconds_from_env(name, default):
-    text = os.environ.get(name)
-    if text is None or text.strip() == "":
+    text = os.environ.get(name, "").strip()
+    if not text:
         return default
     try:
-        value = float(text)
+        if float(text) >= 0:
+            return float(text)
     except ValueError:
-        value = -1.0
-    if value < 0:
-        raise ValueError(f"{name}={text!r}: must be a number of seconds >= 0")
-    return value
+        pass
+    raise ValueError(f"{name}={text!r}: must be a number of seconds >= 0")
 
 
 def gloo_timeout_s():

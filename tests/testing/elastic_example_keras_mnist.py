@@ -39,8 +39,8 @@ import tensorflow as tf  # noqa: E402
 import horovod.tensorflow as hvd_tf  # noqa: E402  (allgather_object)
 import horovod.tensorflow.keras as hvd  # noqa: E402
 import hvd_compress  # noqa: E402
-from hvd_compress.adapters.param_state import OWNED_CHUNK_SUFFIX  # noqa: E402
-from elastic_ledger import MembershipSchedule, conservation, folded, print_result, recording_state  # noqa: E402
+from elastic_ledger import (MembershipSchedule, conservation, print_result, recording_state,  # noqa: E402
+                            tf_folded_residuals)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
 from _common import load_mnist_5k  # noqa: E402
@@ -104,16 +104,7 @@ model.fit(dataset, steps_per_epoch=1, epochs=1, callbacks=None, verbose=0)  # th
 
 
 def residuals(kind):
-    """This rank's residual of each variable of ``kind``, two-phase chunk folded in (numpy)."""
-    adapter = compression.adapters["tensorflow"]
-    out = []
-    for v in VARIABLES[kind]:
-        key = adapter.key_of(v)
-        r = adapter.residuals.get(key)
-        owned = adapter.residuals.get(key + OWNED_CHUNK_SUFFIX) if key is not None else None
-        flat = np.zeros(v.shape.num_elements()) if r is None else r.numpy()
-        out.append(folded(flat, None if owned is None else owned.numpy(), hvd.rank(), hvd.size()))
-    return out
+    return tf_folded_residuals(compression.adapters["tensorflow"], VARIABLES[kind], hvd.rank(), hvd.size())
 
 
 def grad_sums_now():

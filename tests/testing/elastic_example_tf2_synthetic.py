@@ -34,8 +34,8 @@ import tensorflow as tf  # noqa: E402
 
 import horovod.tensorflow as hvd  # noqa: E402
 import hvd_compress  # noqa: E402
-from hvd_compress.adapters.param_state import OWNED_CHUNK_SUFFIX  # noqa: E402
-from elastic_ledger import MembershipSchedule, conservation, folded, print_result, recording_state  # noqa: E402
+from elastic_ledger import (MembershipSchedule, conservation, print_result, recording_state,  # noqa: E402
+                            tf_folded_residuals)
 
 HOSTS_FILE, STAYING, LEAVING = sys.argv[1], sys.argv[2].split(","), sys.argv[3]
 SCHEDULE = MembershipSchedule(HOSTS_FILE, STAYING, LEAVING, steps=6, mode=sys.argv[4])
@@ -157,15 +157,8 @@ def records_of_this_rank():
 
 def residuals(kind):
     """This rank's residual of each variable of ``kind``, two-phase chunk folded in (numpy)."""
-    adapter = COMPRESSIONS[kind].adapters["tensorflow"]
-    out = []
-    for v in getattr(model, kind).trainable_variables:
-        key = adapter.key_of(v)
-        r = adapter.residuals.get(key)
-        owned = adapter.residuals.get(key + OWNED_CHUNK_SUFFIX) if key is not None else None
-        flat = np.zeros(v.shape.num_elements()) if r is None else r.numpy()
-        out.append(folded(flat, None if owned is None else owned.numpy(), hvd.rank(), hvd.size()))
-    return out
+    return tf_folded_residuals(COMPRESSIONS[kind].adapters["tensorflow"], getattr(model, kind).trainable_variables,
+                               hvd.rank(), hvd.size())
 
 
 RecordingState = recording_state(hvd.elastic.TensorFlowKerasState, hvd.allgather_object,

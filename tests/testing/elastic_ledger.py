@@ -89,6 +89,20 @@ def folded(residual, owned, rank, size):
     return out
 
 
+def tf_folded_residuals(adapter, variables, rank, size):
+    """This rank's residual of each TF variable in ``variables`` as ``adapter`` (hvd_compress's
+    TF adapter) holds it, its two-phase stage-2 chunk folded in (numpy, flat)."""
+    from hvd_compress.adapters.param_state import OWNED_CHUNK_SUFFIX
+    out = []
+    for v in variables:
+        key = adapter.key_of(v)
+        r = adapter.residuals.get(key)
+        owned = adapter.residuals.get(key + OWNED_CHUNK_SUFFIX) if key is not None else None
+        flat = np.zeros(v.shape.num_elements()) if r is None else r.numpy()
+        out.append(folded(flat, None if owned is None else owned.numpy(), rank, size))
+    return out
+
+
 def conservation(initial, final, lr, records, members, kind):
     """The checks of one compressed model ``kind``: ``initial``/``final`` are
     its weights (lists of arrays), ``records`` {process id: {kind: {"grads":

@@ -11,6 +11,10 @@ several schemes side by side:
   ``HVDC_TEST_TF_ELASTIC_KILL=1`` then a worker killed too (544 s on the loaded
   2-core machine, too long for CI; scripts/elastic_kill_bound.py measures what
   a kill costs).
+* ``elastic_example_keras_mnist.py``: Keras ``fit`` under ``hvd.elastic.run``
+  with Horovod's elastic callbacks, a step before ``KerasState`` and
+  ``register(state)`` after it; TopK(0.01), PowerSGD(4) and Int8 two-phase in
+  one ``Policy``.  The same events as the TF2 synthetic-shaped job.
 * ``elastic_example_torch_mnist.py``: a ``DataLoader`` over an
   ``ElasticSampler``, epoch and batch loops, the module-level ``compression``
   registered after the state; TopK(0.01), PowerSGD(4), Int8 two-phase and
@@ -82,28 +86,46 @@ def _check_lost(reported, expected_norm, departed):
     assert reported["norm"] == pytest.approx(expected_norm, rel=1e-5, abs=1e-9), (reported, expected_norm)
 
 
-def test_tf2_synthetic_shape_host_removed_and_added_back(cluster, tmp_path):
-    """CI runs the removal and the return (3, 2, 3 workers); ``HVDC_TEST_TF_ELASTIC_KILL=1`` also
-    kills the worker on the returned host (3, 2, 3, 2), which costs the survivors about
-    ``TF_GLOO_TIMEOUT_S`` more (scripts/elastic_kill_bound.py measures it)."""
+def _run_tf_example(cluster, tmp_path, worker, what):
+    """Launch a TF example-shaped worker for its schedule (3, 2, 3 workers; with
+    ``HVDC_TEST_TF_ELASTIC_KILL=1`` then the returned worker killed: 3, 2, 3, 2, which costs the
+    survivors about ``TF_GLOO_TIMEOUT_S`` more) and check what every such job must show; returns
+    (the result, the number of departed ranks)."""
     _, leaving = staying_and_leaving(cluster)
     kill = os.environ.get("HVDC_TEST_TF_ELASTIC_KILL") == "1"
-    out, rc, elapsed = _launch_elastic(cluster, tmp_path, HERE / "elastic_example_tf2_synthetic.py", True, 3,
-                                       TF_GLOO_TIMEOUT_S, 120, "the TF2 synthetic-shaped job did not end",
-                                       extra_args=["kill" if kill else "nokill"])
+    out, rc, elapsed = _launch_elastic(cluster, tmp_path, HERE / worker, True, 3, TF_GLOO_TIMEOUT_S, 120,
+                                       f"the {what} job did not end", extra_args=["kill" if kill else "nokill"])
     assert rc == 0, out[-6000:]
     result = _result(out)
-    print(f"tf2 synthetic-shaped job: {elapsed:.0f} s, sizes {result['sizes']}")
+    print(f"{what} job: {elapsed:.0f} s, sizes {result['sizes']}")
     assert _changes(result["sizes"]) == ([3, 2, 3, 2] if kill else [3, 2, 3]), result["sizes"]
     assert f"{leaving}[0] has been removed from elastic job" in out
     assert result["identical"], "replicas differ after the membership changes"
-    for kind in ("topk", "powersgd", "int8"):
-        _check_kind(result["kinds"][kind], departed=2 if kill else 1)
     if kill:
         assert f"ELASTIC_KILL host={leaving}" in out
         assert re.search(r"Process \d+ exit with status code (137|255)\.", out), out[-6000:]
         print(f"HOROVOD_GLOO_TIMEOUT_SECONDS={TF_GLOO_TIMEOUT_S}: the kill to each survivor's reset callback: "
               f"{_kill_to_resets(out)} s")
+    return result, 2 if kill else 1
+
+
+def test_tf2_synthetic_shape_host_removed_and_added_back(cluster, tmp_path):
+    """CI runs the removal and the return; ``HVDC_TEST_TF_ELASTIC_KILL=1`` adds the kill
+    (scripts/elastic_kill_bound.py measures what a kill costs)."""
+    result, departed = _run_tf_example(cluster, tmp_path, "elastic_example_tf2_synthetic.py", "TF2 synthetic-shaped")
+    for kind in ("topk", "powersgd", "int8"):
+        _check_kind(result["kinds"][kind], departed)
+
+
+def test_tf2_keras_mnist_shape_host_removed_and_added_back(cluster, tmp_path):
+    """Keras ``fit`` with Horovod's elastic callbacks, one ``Policy`` holding TopK(0.01), PowerSGD(4)
+    and Int8 two-phase; the same events.  The Policy reports one lost mass for its three schemes:
+    the norm over what the departed ranks held in all of them."""
+    result, departed = _run_tf_example(cluster, tmp_path, "elastic_example_keras_mnist.py", "TF2 Keras MNIST-shaped")
+    for kind in ("topk", "powersgd", "int8"):
+        _check_conservation(result["kinds"][kind], departed)
+    expected = sum(result["kinds"][k]["lost_expected_norm"] ** 2 for k in result["kinds"]) ** 0.5
+    _check_lost(result["lost_reported"], expected, departed)
 
 
 def _kill_to_resets(out):
@@ -132,29 +154,3 @@ def test_torch_mnist_shape_host_removed_added_back_and_worker_killed(cluster, tm
         # Auto's plans may send a tensor dense (no residual): then the departed held nothing
         _check_kind(result["kinds"][kind], departed=2, holds_residuals=kind != "auto")
 
-
-def test_tf2_keras_mnist_shape_host_removed_and_added_back(cluster, tmp_path):
-    """Keras ``fit`` with Horovod's elastic callbacks, one ``Policy`` holding TopK(0.01), PowerSGD(4)
-    and Int8 two-phase; 3, 2, 3 workers (``HVDC_TEST_TF_ELASTIC_KILL=1``: then the returned worker
-    killed, 3, 2, 3, 2).  The Policy reports one lost mass for its three schemes: the norm over
-    what the departed ranks held in all of them."""
-    _, leaving = staying_and_leaving(cluster)
-    kill = os.environ.get("HVDC_TEST_TF_ELASTIC_KILL") == "1"
-    out, rc, elapsed = _launch_elastic(cluster, tmp_path, HERE / "elastic_example_keras_mnist.py", True, 3,
-                                       TF_GLOO_TIMEOUT_S, 120, "the TF2 Keras MNIST-shaped job did not end",
-                                       extra_args=["kill" if kill else "nokill"])
-    assert rc == 0, out[-6000:]
-    result = _result(out)
-    print(f"tf2 keras MNIST-shaped job: {elapsed:.0f} s, sizes {result['sizes']}")
-    assert _changes(result["sizes"]) == ([3, 2, 3, 2] if kill else [3, 2, 3]), result["sizes"]
-    assert f"{leaving}[0] has been removed from elastic job" in out
-    assert result["identical"], "replicas differ after the membership changes"
-    departed = 2 if kill else 1
-    for kind in ("topk", "powersgd", "int8"):
-        _check_conservation(result["kinds"][kind], departed)
-    expected = sum(result["kinds"][k]["lost_expected_norm"] ** 2 for k in result["kinds"]) ** 0.5
-    _check_lost(result["lost_reported"], expected, departed)
-    if kill:
-        assert f"ELASTIC_KILL host={leaving}" in out
-        print(f"HOROVOD_GLOO_TIMEOUT_SECONDS={TF_GLOO_TIMEOUT_S}: the kill to each survivor's reset callback: "
-              f"{_kill_to_resets(out)} s")
