@@ -9,7 +9,7 @@ measured link and encode cost.
 * :mod:`~hvd_compress.auto.calibration`: its PyTorch measurements and
   agreement collectives;
 * :mod:`~hvd_compress.auto.tf_auto`: its TensorFlow side (a per-tensor mode
-  variable, ``tf.switch_case`` over the candidates, a host callback at check
+  variable, ``tf.switch_case`` over the modes its plan needs, a host callback at check
   steps).
 
 The planner's public names are also importable from here

@@ -31,8 +31,9 @@ plain Horovod) after one step that sends a left-over residual out in full:
 version is a phase, as in :class:`~hvd_compress.Schedule` (side collectives ``<key>@<version>``).
 
 **TensorFlow** (:mod:`hvd_compress.auto.tf_auto`) runs the same life inside a
-graph traced once: codecs timed at the first trace, every candidate behind a
-per-tensor mode switch, measurements and agreement in a host callback.
+graph: codecs timed at the first trace, a per-tensor mode switch over the
+modes the plan in force needs (the step traced again when a plan needs
+others), measurements and agreement in a host callback.
 
 Only the global process set, one framework per ``Auto``; tensors first seen after calibration are not planned.
 """

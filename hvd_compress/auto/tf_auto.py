@@ -1,14 +1,21 @@
 """TensorFlow side of :class:`hvd_compress.Auto`: measurements, agreement
-and a plan that changes without a retrace.
+and a plan that a retrace puts into the step.
 
 Horovod traces ``compress`` once per trace of the step function, so Python
 there cannot see the steps.  Instead, per tensor, the graph holds:
 
 * a **mode** variable (checkpointed with the other state) and a
-  ``tf.switch_case`` over every mode: ``none`` without error feedback, the
-  one-step ``none`` flush of a residual, then each lossy candidate with error
-  feedback (one residual per tensor, shared by all lossy modes, so it carries
-  across plan changes);
+  ``tf.switch_case`` over the modes the plan in force needs
+  (:func:`traced_modes`): ``none`` without error feedback, the one-step
+  ``none`` flush of a residual, and the tensor's lossy candidate with error
+  feedback, if the plan gives it one (one residual per tensor, shared by all
+  lossy modes, so it carries across plan changes).  A trace of every
+  candidate for every tensor costs MobileNetV2's 158 tensors several times a
+  fixed scheme's first step; instead, a plan whose modes a trace lacks has
+  every ``tf.function`` holding these ops traced again at its next call
+  (:func:`request_retrace`), and the step that adopted it runs ``none`` where
+  the mode is not traced yet.  Each trace checks, eagerly, that every rank
+  builds it from the same plan (:func:`check_same_trace`);
 * a **host callback** (``tf.py_function``) that runs only at check steps
   (the tensor's communication ``calibration_steps + 1``, then every
   ``recheck_every``).  The first callback of the step on each rank measures
@@ -304,6 +311,59 @@ def publish_plan(auto):
         adapter.run.plan_var.assign(auto.plan_state.synced_json)
 
 
+# --- which modes a trace holds -----------------------------------------------------------
+def traced_modes(auto, key):
+    """The modes a trace of ``key`` holds: ``none`` and its flush always, and
+    the mode of the plan in force, if lossy.  A trace of every candidate
+    behind the switch (hundreds of tensors x every candidate) costs several
+    times a fixed scheme's first step; a plan that needs a mode not traced
+    has the step traced again (:func:`request_retrace`)."""
+    choice = (auto.plan_state.in_force() or {}).get(key)
+    label = NONE_LABEL if choice is None else choice.label
+    labels = [c.label for c in auto.candidates]
+    return (PLAIN, FLUSH) + ((labels.index(label) + 1,) if label in labels[1:] else ())
+
+
+def branch_of_mode(modes_traced, count):
+    """``[branch index of mode m]`` for every mode ``m < count``: a mode the
+    trace lacks runs ``none`` (branch 0, without error feedback: the residual
+    waits, nothing is lost) until the retrace it asked for."""
+    return [modes_traced.index(m) if m in modes_traced else 0 for m in range(count)]
+
+
+def request_retrace(auto):
+    """Make every ``tf.function`` holding hvd_compress's ops (the user's step,
+    Horovod's allreduce function, Keras' ``train_function``) trace again at
+    its next call, so that the next step's trace holds the plan in force."""
+    from ..adapters.tf_traces import drop_traces, functions_holding_our_ops
+    t0 = time.perf_counter()
+    for function in functions_holding_our_ops():
+        drop_traces(function)
+    seconds = auto.plan_state.check_seconds = auto.plan_state.check_seconds or {}
+    seconds["retrace_request"] = seconds.get("retrace_request", 0.0) + time.perf_counter() - t0
+
+
+def retrace_if_stale(auto, key, mode):
+    """At a step whose mode of ``key`` its trace lacks (a plan restored after
+    the trace, or the step that adopted it): ask once per plan for a retrace."""
+    run = auto.adapters["tensorflow"].run
+    with run.lock:
+        if run.retrace_asked != len(auto.plan_state.history):
+            run.retrace_asked = len(auto.plan_state.history)
+            request_retrace(auto)
+    return tf.constant(0, tf.int32)
+
+
+def check_same_trace(auto, run, process_set):
+    """At each trace of the first tensor (eagerly: every rank traces the same
+    call): the plan the trace is built from must be every rank's, else their
+    branches' collectives would differ and wait on each other forever."""
+    run.traces += 1
+    labels = {k: c.label for k, c in (auto.plan_state.in_force() or {}).items()}
+    with tf.init_scope():
+        check_same_plan(labels, f"trace.{run.traces}", process_set)
+
+
 def decide_for(auto, key, step, previous):
     """The host callback of ``key`` at check step ``step``: the first call of
     the step decides (collectives, the same on every rank), every call
@@ -318,6 +378,9 @@ def decide_for(auto, key, step, previous):
                 sync_plan(auto)
                 auto.decide(step - 1, Calibration(run.codec_timings), run.step_times())
                 publish_plan(auto)
+                if any(m not in run.traced.get(k, ()) for k, m in plan_modes(auto).items()):
+                    run.retrace_asked = len(auto.plan_state.history)
+                    request_retrace(auto)  # this step runs none where the new mode is not traced yet
             except Exception as err:  # noqa: BLE001 - kept, raised again below
                 run.error = err
                 raise
@@ -326,6 +389,12 @@ def decide_for(auto, key, step, previous):
         label = (auto.plan_state.in_force() or {}).get(key)
         label = NONE_LABEL if label is None else label.label
     return tf.constant(mode_for(auto, label, previous), tf.int32)
+
+
+def plan_modes(auto):
+    """{key: its mode under the plan in force} (a ``none`` after a lossy mode:
+    the flush, which every trace holds)."""
+    return {k: mode_for(auto, c.label, PLAIN) for k, c in (auto.plan_state.in_force() or {}).items()}
 
 
 @dataclass(eq=False)
@@ -343,10 +412,16 @@ class AutoTFRun:
     timestamps: Any = None
     decided: Any = None
     error: Any = None
+    #: key -> the modes its latest trace holds (:func:`traced_modes`)
+    traced: dict = field(default_factory=dict)
+    #: traces of the first tensor so far (names the check of each); the plan (its index in the history)
+    #: for which a retrace was asked last
+    traces: int = 0
+    retrace_asked: Any = None
 
     def restart(self):
         """After an elastic reset: nothing decided, every variable zero."""
-        self.decided = self.error = None
+        self.decided = self.error = self.retrace_asked = None
         self.plan_var.assign("")
         for v in list(self.mode_vars.values()) + ([self.timestamps] if self.timestamps is not None else []):
             v.assign(tf.zeros_like(v))
@@ -399,13 +474,24 @@ class AutoTFAdapter(TFAdapter):
     def _compress_scheduled(self, phases, call):
         if not isinstance(phases, AutoModes):
             return super()._compress_scheduled(phases, call)
-        time_codecs(call.comp, call.key, call.size, self.run.codec_timings)
+        auto = call.comp
+        time_codecs(auto, call.key, call.size, self.run.codec_timings)
+        with tf.init_scope():
+            sync_plan(auto)  # a plan restored before this trace: trace its modes
+        if call.key == next(iter(auto.plan_state.tensors)):
+            check_same_trace(auto, self.run, call.group.process_set)
+        held = self.run.traced[call.key] = traced_modes(auto, call.key)
         step = tf.cast(call.step, tf.int64)
-        stamp = self._stamp(call.comp, call.key, step)
-        mode, variable = self._mode(call.comp, call.key, step, stamp)
-
-        dense, apply_scale = tf.switch_case(mode, [self._resolved_branch(call, f"@m{i}", phase)
-                                                   for i, phase in enumerate(phases)])
+        stamp = self._stamp(auto, call.key, step)
+        mode, variable = self._mode(auto, call.key, step, stamp)
+        branch = tf.gather(tf.constant(branch_of_mode(held, len(phases)), tf.int32), mode)
+        stale = tf.cond(tf.logical_and(tf.equal(branch, 0), tf.not_equal(mode, PLAIN)),
+                        lambda: tf.reshape(tf.py_function(lambda m: retrace_if_stale(auto, call.key, m), [mode],
+                                                          tf.int32), []),
+                        lambda: tf.constant(0, tf.int32))
+        with tf.control_dependencies([stale]):
+            branch = tf.identity(branch)
+        dense, apply_scale = tf.switch_case(branch, [self._resolved_branch(call, f"@m{m}", phases[m]) for m in held])
         with tf.control_dependencies([dense]):  # a flush lasts one step
             kept = variable.assign(tf.cast(tf.where(tf.equal(mode, FLUSH), PLAIN, mode), tf.float32))
         pending = ResolvedPending(transport=RESOLVED, dense=dense, apply_scale=apply_scale, **pending_fields(call))

@@ -502,6 +502,9 @@ def _compressor_info(a, comp, spec, layer_shapes, size):
         info["auto_early_link"] = None if early is None else {"latency_s": early.latency_s,
                                                                "bytes_per_s": early.bytes_per_s}
         info["auto_calibrated_with"] = dict(comp.plan_state.provisional)
+        # what the plan was made from (link, host, every candidate's codec seconds): the
+        # planner can be run again on it, deterministically
+        info["auto_plan_inputs"] = {**comp.plan_state.to_json(), "machine": repr(comp.plan_state.machine)}
     return info
 
 
@@ -604,6 +607,7 @@ def _row(a, spec, blocks, info):
         result["auto_plan"] = info["auto_plan"]
         result["auto_early_link"] = info["auto_early_link"]
         result["auto_calibrated_with"] = info["auto_calibrated_with"]
+        result["auto_plan_inputs"] = info["auto_plan_inputs"]
         result["auto_check_seconds"] = [r["auto_check_seconds"] for r in blocks[-1]]
         # the timed step at which each plan took effect: a plan's start counts the communications
         # before it (warm-up included), so start s is the (s + 1)-th call, timed step s - warmup

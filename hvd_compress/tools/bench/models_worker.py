@@ -32,8 +32,11 @@ def _is_auto(comp):
 
 
 def _untimed_steps(a, comp):
-    """``--warmup``, plus Auto's calibration steps and the step that decides."""
-    return a.warmup + (comp.calibration_steps + 1 if _is_auto(comp) else 0)
+    """``--warmup``, plus Auto's calibration steps and the step that decides
+    (TensorFlow: and the next, which traces the step with the plan's codecs)."""
+    if not _is_auto(comp):
+        return a.warmup
+    return a.warmup + comp.calibration_steps + 1 + (1 if a.framework == "tensorflow" else 0)
 
 
 def _clock(step, count):
@@ -89,7 +92,7 @@ def _finish(a, hvd, comp, times, tensors, gather):
     """Every rank's clocks gathered; rank 0 writes the row."""
     everyone = gather(times)
     slowest = [max(ts) for ts in zip(*everyone)]
-    auto = _auto_startup(comp, slowest) if _is_auto(comp) else None
+    auto = _auto_startup(comp, slowest, a.framework) if _is_auto(comp) else None
     if hvd.rank() != 0:
         return 0
     untimed = len(slowest) - a.steps
@@ -120,16 +123,18 @@ def _plan_counts(comp):
     return counts
 
 
-def _auto_startup(comp, slowest):
+def _auto_startup(comp, slowest, framework):
     """What Auto's start cost: this rank's seconds in its probes, codec timings
     (at the trace in TensorFlow) and decision, its calibration steps, and the
-    steps before the plan in force at the end with their seconds."""
+    steps before the plan in force at the end with their seconds (TensorFlow:
+    up to the step traced with the plan's codecs, which runs it)."""
     state = comp.plan_state
     seconds = dict(state.check_seconds or {})
-    final = state.history[-1][0] if state.history else len(slowest)
+    final = state.history[-1][0] + (framework == "tensorflow") if state.history else len(slowest)
     return {"probe_s": seconds.get("early_probe", 0.0) + seconds.get("probe", 0.0),
             "codec_s": seconds.get("codecs", 0.0) + seconds.get("trace_codecs", 0.0),
-            "decide_s": seconds.get("decide"), "calibration_steps": comp.calibration_steps,
+            "decide_s": seconds.get("decide"), "retrace_request_s": seconds.get("retrace_request"),
+            "calibration_steps": comp.calibration_steps,
             "steps_before_final_plan": final, "steps_before_final_plan_s": sum(slowest[:final]),
             "plans_adopted": len(state.history), "link": None if state.link is None else
             {"latency_s": state.link.latency_s, "bytes_per_s": state.link.bytes_per_s},
