@@ -198,8 +198,8 @@ def test_bad_planner_arguments_name_the_parameter():
 
 
 def test_tensorflow_plan_is_a_run_time_mode_switch():
-    """In TF the traced graph holds every mode; the mode variable picks one
-    per step: none, the one-step flush, each lossy candidate with feedback."""
+    """In TF the phases are every mode; the mode variable picks one per step:
+    none, the one-step flush, each lossy candidate with feedback."""
     pytest.importorskip("tensorflow")
     from hvd_compress.auto import tf_auto as auto_tf
     auto = hvd_compress.Auto(exclude=("FP16",))
@@ -214,6 +214,14 @@ def test_tensorflow_plan_is_a_run_time_mode_switch():
     assert auto_tf.mode_for(auto, "none", int8 + 1) == auto_tf.FLUSH  # after a lossy mode: flush once
     assert auto_tf.mode_for(auto, "none", auto_tf.FLUSH) == auto_tf.PLAIN
     assert auto_tf.mode_for(auto, "none", auto_tf.PLAIN) == auto_tf.PLAIN
+    # a trace holds none, its flush and the plan's lossy mode of the tensor only; a mode it
+    # lacks runs none (branch 0) until the retrace
+    assert auto_tf.traced_modes(auto, "w") == (auto_tf.PLAIN, auto_tf.FLUSH)  # calibrating: no plan
+    auto.plan_state.history.append((3, {"w": hvd_compress.auto.Choice("Int8", 0.0, 0.0, None)}, 0))
+    held = auto_tf.traced_modes(auto, "w")
+    assert held == (auto_tf.PLAIN, auto_tf.FLUSH, int8 + 1)
+    assert auto_tf.branch_of_mode(held, len(phases)) == [0, 1] + [2 if m == int8 + 1 else 0
+                                                                  for m in range(2, len(phases))]
 
 
 def test_tensorflow_check_steps():
