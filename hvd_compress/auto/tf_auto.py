@@ -7,7 +7,7 @@ there cannot see the steps.  Instead, per tensor, the graph holds:
 * a **mode** variable (checkpointed with the other state) and a
   ``tf.switch_case`` over the modes the plan in force needs
   (:func:`traced_modes`): ``none`` without error feedback, the one-step
-  ``none`` flush of a residual, and the tensor's lossy candidate with error
+  ``none`` flush of a residual (once a plan was adopted), and the tensor's lossy candidate with error
   feedback, if the plan gives it one (one residual per tensor, shared by all
   lossy modes, so it carries across plan changes).  A trace of every
   candidate for every tensor costs MobileNetV2's 158 tensors several times a
@@ -313,15 +313,17 @@ def publish_plan(auto):
 
 # --- which modes a trace holds -----------------------------------------------------------
 def traced_modes(auto, key):
-    """The modes a trace of ``key`` holds: ``none`` and its flush always, and
-    the mode of the plan in force, if lossy.  A trace of every candidate
-    behind the switch (hundreds of tensors x every candidate) costs several
-    times a fixed scheme's first step; a plan that needs a mode not traced
-    has the step traced again (:func:`request_retrace`)."""
+    """The modes a trace of ``key`` holds: ``none``; once any plan was adopted,
+    its flush (only a lossy plan leaves a residual); and the mode of the plan
+    in force, if lossy.  A trace of every candidate behind the switch
+    (hundreds of tensors x every candidate) costs several times a fixed
+    scheme's first step; a plan that needs a mode not traced has the step
+    traced again (:func:`request_retrace`)."""
     choice = (auto.plan_state.in_force() or {}).get(key)
     label = NONE_LABEL if choice is None else choice.label
     labels = [c.label for c in auto.candidates]
-    return (PLAIN, FLUSH) + ((labels.index(label) + 1,) if label in labels[1:] else ())
+    return ((PLAIN,) + ((FLUSH,) if auto.plan_state.history else ())
+            + ((labels.index(label) + 1,) if label in labels[1:] else ()))
 
 
 def branch_of_mode(modes_traced, count):
@@ -393,7 +395,7 @@ def decide_for(auto, key, step, previous):
 
 def plan_modes(auto):
     """{key: its mode under the plan in force} (a ``none`` after a lossy mode:
-    the flush, which every trace holds)."""
+    the flush, which every trace made since a plan was adopted holds)."""
     return {k: mode_for(auto, c.label, PLAIN) for k, c in (auto.plan_state.in_force() or {}).items()}
 
 
@@ -492,7 +494,9 @@ class AutoTFAdapter(TFAdapter):
         with tf.control_dependencies([stale]):
             branch = tf.identity(branch)
         dense, apply_scale = tf.switch_case(branch, [self._resolved_branch(call, f"@m{m}", phases[m]) for m in held])
-        with tf.control_dependencies([dense]):  # a flush lasts one step
-            kept = variable.assign(tf.cast(tf.where(tf.equal(mode, FLUSH), PLAIN, mode), tf.float32))
+        # a flush lasts one step; one the trace lacks waits for the retrace (the residual stays)
+        with tf.control_dependencies([dense]):
+            after_flush = PLAIN if FLUSH in held else FLUSH
+            kept = variable.assign(tf.cast(tf.where(tf.equal(mode, FLUSH), after_flush, mode), tf.float32))
         pending = ResolvedPending(transport=RESOLVED, dense=dense, apply_scale=apply_scale, **pending_fields(call))
         return self.B.identity_with_deps(tf.ones([1], tf.float32), [dense, kept]), pending

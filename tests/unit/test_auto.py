@@ -214,9 +214,9 @@ def test_tensorflow_plan_is_a_run_time_mode_switch():
     assert auto_tf.mode_for(auto, "none", int8 + 1) == auto_tf.FLUSH  # after a lossy mode: flush once
     assert auto_tf.mode_for(auto, "none", auto_tf.FLUSH) == auto_tf.PLAIN
     assert auto_tf.mode_for(auto, "none", auto_tf.PLAIN) == auto_tf.PLAIN
-    # a trace holds none, its flush and the plan's lossy mode of the tensor only; a mode it
+    # a trace holds none, its flush (once a plan exists) and the plan's lossy mode of the tensor; a mode it
     # lacks runs none (branch 0) until the retrace
-    assert auto_tf.traced_modes(auto, "w") == (auto_tf.PLAIN, auto_tf.FLUSH)  # calibrating: no plan
+    assert auto_tf.traced_modes(auto, "w") == (auto_tf.PLAIN,)  # calibrating: no residual to flush
     auto.plan_state.history.append((3, {"w": hvd_compress.auto.Choice("Int8", 0.0, 0.0, None)}, 0))
     held = auto_tf.traced_modes(auto, "w")
     assert held == (auto_tf.PLAIN, auto_tf.FLUSH, int8 + 1)
