@@ -1,6 +1,8 @@
 """Low-rank compression."""
 from __future__ import annotations
 
+from math import prod
+
 from .base import Scheme, check_range, register
 
 
@@ -40,13 +42,22 @@ class PowerSGD(Scheme):
 
     @staticmethod
     def matrix_shape(shape):
+        """The ``n x m`` matrix a gradient of ``shape`` is treated as (None below 2-D).
+
+        A tensor of 3 or more dimensions splits after its first dimension (PyTorch's
+        layouts: a conv weight is ``(out, in, kh, kw)``, as PyTorch's ``powerSGD_hook``
+        reshapes it) or before its last (TensorFlow's: a conv kernel is ``(kh, kw, in, out)``).
+        The split whose shorter side is longer is taken: a rank-``r`` factorisation saves
+        bytes only while ``r (n + m) < n m``, which a side as short as a 3-wide kernel
+        never allows, so splitting a TF kernel after its first dimension would send every
+        conv layer uncompressed.  Ties keep the first split.  The choice depends on the
+        shape alone, so every rank makes the same one."""
         if len(shape) < 2:
             return None
-        n = shape[0]
-        m = 1
-        for d in shape[1:]:
-            m *= d
-        return n, m
+        dims = [int(d) for d in shape]
+        first = (dims[0], prod(dims[1:]))
+        last = (prod(dims[:-1]), dims[-1])
+        return last if min(last) > min(first) else first
 
     def transport_for(self, shape):
         nm = self.matrix_shape(shape)

@@ -317,3 +317,18 @@ def test_dgc_keeps_about_one_over_the_sample_size_where_the_sample_cannot_resolv
     kept = [np.count_nonzero(fw.np(encode(fw, S.DGC(0.001), rng.standard_normal(n).astype(f32), seed=s)[1])) / n
             for s in range(40)]
     assert low < np.mean(kept) < high
+
+
+@pytest.mark.parametrize("shape, matrix", [
+    ((64, 32, 3, 3), (64, 288)),      # a PyTorch conv weight (out, in, kh, kw): after the first dimension
+    ((3, 3, 32, 64), (288, 64)),      # a TensorFlow conv kernel (kh, kw, in, out): before the last
+    ((128, 64), (128, 64)),           # a matrix is itself
+    ((4, 3, 4), (4, 12)),             # a tie in the shorter side keeps the first split
+    ((7,), None),
+])
+def test_powersgd_matrix_shape_takes_the_split_with_the_longer_short_side(shape, matrix):
+    scheme = hvd_compress.PowerSGD(4).scheme
+    assert scheme.matrix_shape(shape) == matrix
+    if matrix is not None and len(shape) == 4:
+        # both layouts of the same 3x3 conv compress: neither falls back to a dense allreduce
+        assert scheme.transport_for(shape) == "powersgd"
