@@ -79,6 +79,29 @@ def test_bad_input_is_named():
         tta.run(schemes="none,TopK(0.2)")
 
 
+def test_rates_from_takes_the_last_matching_runs_mapping_and_names_what_is_missing(tmp_path):
+    def run(model, mbit):
+        return {"model": model, "framework": "torch", "workers": 4,
+                "link_mapping": {"1gbit": {"stands_for": "x", "link_mbit": mbit}}}
+    meta = tmp_path / "tta.meta.json"
+    meta.write_text(json.dumps([run("cnn", 11.1), run("charlm", 42.8), run("cnn", 17.0)]))
+    got = tta.saved_link_mapping(str(meta), "cnn", "torch", 4, ["unshaped", "1gbit"])
+    assert got == {"1gbit": {"stands_for": "x", "link_mbit": 17.0}}
+    with pytest.raises(ValueError, match=r"rates_from: .* no run of torch cnn at 4 ranks mapping the links \['10gbit'\]"):
+        tta.saved_link_mapping(str(meta), "cnn", "torch", 4, ["unshaped", "10gbit"])
+    with pytest.raises(ValueError, match="no run of tensorflow cnn"):
+        tta.saved_link_mapping(str(meta), "cnn", "tensorflow", 4, ["1gbit"])
+
+
+def test_auto_runs_with_its_momentum_in_the_compressor():
+    """As Auto's docstring advises: the optimizer's momentum at 0, the compressor's at 0.9."""
+    from hvd_compress.tools.bench.tta_worker import MOMENTUM, build_compression
+    comp, placement, _ = build_compression("Auto()", "cnn", 32, "torch", seed=1)
+    assert placement == "compressor"
+    assert comp.feedback_memory is not None and comp.dense_memory is not None
+    assert MOMENTUM == 0.9
+
+
 def test_tta_smoke_two_ranks(tmp_path):
     cluster = cluster_or_skip("ttat")
     out = tmp_path / "tta.json"

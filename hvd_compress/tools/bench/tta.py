@@ -145,11 +145,13 @@ def _command():
 def run(framework="torch", model="cnn", schemes=DEFAULT_SCHEMES, seeds="1,2,3", links=",".join(LINKS),
         stands_for="resnet50", workers=4, steps=None, eval_every=None, validate_link=None, time_steps=8,
         threads=1, prefix="tta", out_json=None, out_png=None, run_timeout=3600, progress=True, command=None,
-        validate_schemes=None, curves_from=None):
+        validate_schemes=None, curves_from=None, rates_from=None):
     """Bring up the cluster, measure every curve, step time and Auto run, write the rows; return
     ``(rows, meta)``.  ``validate_schemes``: the fixed schemes trained end to end on
     ``validate_link`` (default: all).  ``curves_from``: a worker JSON of unshaped curves measured
-    before (the same model, ranks, steps, schemes and seeds), in place of measuring them again."""
+    before (the same model, ranks, steps, schemes and seeds), in place of measuring them again.
+    ``rates_from``: a tta meta JSON; the shaped links' rates of its last run of this model,
+    framework and ranks, in place of mapping them again (rows that join an earlier run's)."""
     from ..testing.cluster import Cluster
     from .scale import measure_rtt_s
 
@@ -187,11 +189,14 @@ def run(framework="torch", model="cnn", schemes=DEFAULT_SCHEMES, seeds="1,2,3", 
         if not curves:
             raise RuntimeError(f"no curve came back: {ses.failures}")
         base = curves[0]
-        mapping = map_links(base["layer_numels"], workers, base["compute_s"], meta["latency_s"],
-                            [x for x in links if x != "unshaped"], (stands_for,))[stands_for]
         meta["compute_s"], meta["params"] = base["compute_s"], base["params"]
-        meta["link_mapping"] = {k: vars(m) for k, m in mapping.items()}
-        rates = {"unshaped": None, **{k: m.link_mbit for k, m in mapping.items()}}
+        if rates_from:
+            meta["link_mapping"] = saved_link_mapping(rates_from, model, framework, workers, links)
+        else:
+            mapping = map_links(base["layer_numels"], workers, base["compute_s"], meta["latency_s"],
+                                [x for x in links if x != "unshaped"], (stands_for,))[stands_for]
+            meta["link_mapping"] = {k: vars(m) for k, m in mapping.items()}
+        rates = {"unshaped": None, **{k: m["link_mbit"] for k, m in meta["link_mapping"].items()}}
         times, autos, measured_val = {}, {}, []
         for link in links:
             c.set_rate(rates[link])
@@ -199,8 +204,8 @@ def run(framework="torch", model="cnn", schemes=DEFAULT_SCHEMES, seeds="1,2,3", 
             if link != "unshaped":  # there the curves themselves are measured end to end
                 timed = ses.launch(f"step times ({link})", fixed, [1], time_steps=time_steps)
                 times[link] = {r["scheme"]: r["median_step_s"] for r in timed}
-            if AUTO in schemes and link != "unshaped":
-                autos[link] = ses.launch(f"Auto ({link})", [AUTO], [seeds[0]])
+            if AUTO in schemes and link != "unshaped":  # Auto chooses by link: every seed runs there
+                autos[link] = ses.launch(f"Auto ({link})", [AUTO], seeds)
             if link == validate_link:
                 measured_val = ses.launch(f"validation ({link})", split_specs(validate_schemes) if validate_schemes
                                           else fixed, [seeds[0]])
@@ -216,6 +221,18 @@ def run(framework="torch", model="cnn", schemes=DEFAULT_SCHEMES, seeds="1,2,3", 
     if out_png:
         plot(rows, out_png)
     return rows, meta
+
+
+def saved_link_mapping(path, model, framework, workers, links):
+    """The link mapping of the last run in the tta meta JSON ``path`` of this model, framework and
+    ranks, for the shaped ``links``; an error names what is missing."""
+    with open(path) as f:
+        runs = [r for r in json.load(f) if (r["model"], r["framework"], r["workers"]) == (model, framework, workers)]
+    shaped = [x for x in links if x != "unshaped"]
+    if not runs or any(x not in runs[-1].get("link_mapping", {}) for x in shaped):
+        raise ValueError(f"rates_from: {path} has no run of {framework} {model} at {workers} ranks mapping "
+                         f"the links {shaped}")
+    return {x: runs[-1]["link_mapping"][x] for x in shaped}
 
 
 def _saved_curves(path, a, schemes, seeds):
@@ -423,7 +440,7 @@ def main_args(args, command) -> int:
                          eval_every=args.eval_every, validate_link=args.validate_link,
                          time_steps=args.time_steps, threads=args.threads, prefix=args.prefix,
                          out_json=args.out, out_png=png, validate_schemes=args.validate_schemes,
-                         curves_from=args.curves_from, command=command)
+                         curves_from=args.curves_from, rates_from=args.rates_from, command=command)
     except ClusterError as err:
         print(f"hvd-compress bench tta: {err}", file=sys.stderr)
         return 2

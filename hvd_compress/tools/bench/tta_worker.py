@@ -45,7 +45,10 @@ def build_compression(spec, model, steps_per_epoch, framework, seed=0, timing=Fa
     if spec in HOROVOD_SPECS:
         return horovod_compression(spec, framework), "optimizer", lr
     if spec.replace(" ", "") == "Auto()":
-        return hvd_compress.Auto(seed=seed), "optimizer", lr
+        # Auto's own advice (its docstring, docs/guide/schemes.md "Momentum placement"): momentum in
+        # the compressor, the optimizer's at 0. Auto may pick a sign scheme or Top-K, whose residual
+        # an optimizer's momentum amplifies; the recipes of those schemes place it the same way.
+        return hvd_compress.Auto(seed=seed, momentum=MOMENTUM), "compressor", lr
     r = recipe_of_spec(spec)
     kwargs = {k: v for k, v in r.params.items() if k != "ramp" and v is not None}
     if r.placement == "compressor":
