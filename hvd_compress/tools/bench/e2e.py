@@ -119,11 +119,7 @@ def run(framework="torch", model="mlp", params="16M", hosts=2, workers=None, rat
                 before = c.link_bytes()
                 load_before = os.getloadavg()[0]
                 t0 = time.monotonic()
-                try:
-                    r = c.run(0, argv, env=env, timeout=run_timeout, cwd=str(REPO))
-                    rc, err = r.returncode, (r.stdout or "") + (r.stderr or "")
-                except subprocess.TimeoutExpired as e:
-                    rc, err = "timeout", str(e.stderr or "")[-3000:]
+                rc, err = run_launch(c, argv, env, run_timeout)
                 after = c.link_bytes()
                 label = f"{rate_label(rate):>13} {spec:<24}"
                 if rc != 0 or not os.path.exists(out):
