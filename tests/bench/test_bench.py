@@ -263,8 +263,10 @@ def test_e2e_smoke_two_hosts(tmp_path):
 
 
 def test_models_smoke_two_hosts(tmp_path):
-    """``bench models`` end to end on a tiny GPT-2-like decoder: a row per scheme
-    with the fields docs/results/models.json promises, Auto's plan and start-up."""
+    """``bench models`` end to end on a tiny GPT-2-like decoder: one launch runs
+    ``none``, Horovod's fp16 and Auto in turn, each from the same weights, each
+    with its row of the fields docs/results/models.json promises; Auto's plan
+    and start-up."""
     why = _cluster_usable()
     if why:
         pytest.skip(why)
@@ -273,19 +275,23 @@ def test_models_smoke_two_hosts(tmp_path):
     cluster.teardown("hvdcmt")  # this test's own prefix: clear a crashed run's leftovers
     out = tmp_path / "models.json"
     rows, failures = models_bench.run(models="gpt2", frameworks="torch", workers="2", rates="none",
-                                      schemes="none,Auto()", size="tiny", steps=2, warmup=1, prefix="hvdcmt",
-                                      out_json=str(out), run_timeout=150, progress=False,
+                                      schemes="none,hvd_fp16,Auto()", size="tiny", steps=2, warmup=1,
+                                      prefix="hvdcmt", out_json=str(out), run_timeout=100, progress=False,
                                       stream=open(os.devnull, "w"))
     assert not failures, failures
     data = json.loads(out.read_text())
-    assert [r["scheme"] for r in data] == ["none", "Auto()"]
+    assert [r["scheme"] for r in data] == ["none", "hvd_fp16", "Auto()"]
     for r in data:
-        assert {"model", "framework", "workers", "link_mbit", "scheme", "median_step_s", "startup_s",
-                "plan"} <= set(r)
+        assert {"model", "framework", "workers", "link_mbit", "scheme", "median_step_s", "first_step_s",
+                "startup_s", "plan", "launch_s", "scheme_s", "loadavg_1m_before", "loadavg_1m_after",
+                "vs_best_fixed"} <= set(r)
         assert (r["model"], r["framework"], r["workers"], r["link_mbit"]) == ("gpt2", "torch", 2, None)
         assert r["median_step_s"] > 0 and r["startup_s"] >= 0 and r["tensors"] == 28
-    none, auto = data
-    assert none["plan"] is None and sum(auto["plan"].values()) == 28
+        assert 0 < r["scheme_s"] < r["launch_s"] == data[0]["launch_s"]  # one launch, shared
+        assert r["initial_weights_sum"] == data[0]["initial_weights_sum"]  # every scheme from the same weights
+    assert sum(r["scheme_s"] for r in data) < data[0]["launch_s"]
+    none, fp16, auto = data
+    assert none["plan"] is None and fp16["plan"] is None and sum(auto["plan"].values()) == 28
     parts = auto["auto_startup"]
     assert parts["calibration_steps"] == 3 and parts["steps_before_final_plan"] == 3 and parts["probe_s"] > 0
     assert models_bench.merged(str(out), data[:1]) == data[1:] + data[:1]  # a rerun replaces its own rows

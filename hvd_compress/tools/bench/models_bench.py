@@ -3,17 +3,25 @@ architectures (:mod:`hvd_compress.tools.bench.architectures`) on the emulated
 cluster, one rank a host, in both frameworks.
 
 For each cluster size N (a cluster of N hosts), link (``tc tbf`` on every
-host's veth, or unshaped) and scheme, one ``horovodrun`` launch of
-:mod:`hvd_compress.tools.bench.models_worker`.  Each row: ``model``,
-``framework``, ``workers``, ``link_mbit`` (None: unshaped), ``scheme``,
-``median_step_s``, ``startup_s`` (what the steps before the timed ones took
-beyond as many steady steps), ``plan`` (Auto's ``{candidate: tensors}``)
-and, for ``Auto()``, ``auto_startup`` (probes, codec timings and decision in
-seconds, calibration steps, the steps before the final plan in steps and
-seconds); with the machine's load before and after the launch and
-``vs_best_fixed`` (the fastest other scheme's step over this one's, same
-model, framework, N and link).  Rows are merged into ``--out`` by (model,
-size, framework, workers, link, scheme).
+host's veth, or unshaped), framework and model, one ``horovodrun`` launch of
+:mod:`hvd_compress.tools.bench.models_worker` runs every scheme in turn in
+the same processes (a fresh model from the same seed, optimizer and
+compressor each; its own warmup, calibration and timed steps), so the
+launch's start-up (ssh, imports, Horovod's start) is paid once for all of
+them.  The launch may run ``run_timeout`` seconds a scheme.  Each row:
+``model``, ``framework``, ``workers``, ``link_mbit`` (None: unshaped),
+``scheme``, ``median_step_s``, ``first_step_s``, ``startup_s`` (what the
+steps before the timed ones took beyond as many steady steps), ``plan``
+(Auto's ``{candidate: tensors}``) and, for ``Auto()``, ``auto_startup``
+(probes, codec timings and decision in seconds, calibration steps, the
+steps before the final plan in steps and seconds); ``launch_s`` (the whole
+shared launch's seconds), ``scheme_s`` (this scheme's own seconds inside
+it), the machine's load before and after the scheme, and ``vs_best_fixed``
+(the fastest other scheme's step over this one's, same model, framework, N
+and link).  A scheme that fails gets a failure row (``error``, or the
+launch's ``rc`` and ``log_tail`` when the launch ended before its row) and
+the others keep theirs.  Rows are merged into ``--out`` by (model, size,
+framework, workers, link, scheme).
 """
 from __future__ import annotations
 
@@ -34,7 +42,7 @@ KEY = ("model", "size", "framework", "workers", "link_mbit", "scheme")
 def run(models="resnet50,mobilenetv2,bert,gpt2", frameworks="torch,tensorflow", workers="2,4",
         rates="none,1000,100", schemes=DEFAULT_SCHEMES, size="full", batch=4, steps=5, warmup=2, threads=1,
         prefix="hvdcm", out_json=None, merge=True, run_timeout=1800, progress=True, stream=None):
-    """Every (N, link, framework, model, scheme); returns (rows, failures)."""
+    """Every (N, link, framework, model), one launch each running every scheme; returns (rows, failures)."""
     from .architectures import check
     from ..testing.cluster import Cluster
     stream = stream or sys.stdout
@@ -58,27 +66,19 @@ def run(models="resnet50,mobilenetv2,bert,gpt2", frameworks="torch,tensorflow", 
                 c.set_rate(rate)
                 for framework in frameworks:
                     for model in models:
-                        for spec in schemes:
-                            cmd = [sys.executable, "-m", "hvd_compress.tools.bench.models_worker", "--framework",
-                                   framework, "--model", model, "--size", size, "--scheme", spec, "--batch",
-                                   str(batch), "--steps", str(steps), "--warmup", str(warmup), "--threads",
-                                   str(threads), "--out", os.path.join(tmp, f"r{len(rows) + len(failures)}.json")]
-                            got = _launch(c, cmd, n, env, run_timeout)
-                            label = f"N={n} {rate_label(rate):>13} {framework} {model} {spec}"
-                            if "rc" in got:
-                                failures.append({**got, "model": model, "framework": framework, "workers": n,
-                                                 "link_mbit": rate, "scheme": spec})
-                                prog.step(label, f"FAILED (exit {got['rc']}): {got['log_tail'][-800:]}")
-                                continue
-                            got["link_mbit"] = rate
-                            rows.append(got)
-                            prog.step(label, f"step {human_seconds(got['median_step_s'])}, startup "
-                                             f"{human_seconds(got['startup_s'])}")
+                        cmd = _worker_command(framework, model, schemes, size, batch, steps, warmup, threads,
+                                              os.path.join(tmp, f"{rate}_{framework}_{model}.json"))
+                        got, failed = _launch(c, cmd, n, env, run_timeout * len(schemes), schemes)
+                        for r in got + failed:
+                            r["link_mbit"] = rate
+                            _report(prog, r, f"N={n} {rate_label(rate):>13} {framework} {model} {r['scheme']}")
+                        rows += got
+                        failures += [{**f, "model": model, "framework": framework, "workers": n} for f in failed]
     _add_best_fixed(rows)
     print(format_table(rows), file=stream)
     if failures:
         print("FAILED runs: " + ", ".join(f"N={f['workers']} {rate_label(f['link_mbit'])} {f['framework']} "
-                                          f"{f['model']} {f['scheme']} (exit {f['rc']})" for f in failures),
+                                          f"{f['model']} {f['scheme']} ({_why(f)})" for f in failures),
               file=stream)
     if out_json:
         write_json(out_json, merged(out_json, rows) if merge else rows)
@@ -88,19 +88,47 @@ def run(models="resnet50,mobilenetv2,bert,gpt2", frameworks="torch,tensorflow", 
     return rows, failures
 
 
-def _launch(cluster, cmd, n, env, timeout):
-    """One horovodrun launch: the worker's row with the load around it, or {rc, log_tail}."""
+def _worker_command(framework, model, schemes, size, batch, steps, warmup, threads, out):
+    """The models_worker command line: one launch, every scheme in turn."""
+    cmd = [sys.executable, "-m", "hvd_compress.tools.bench.models_worker", "--framework", framework, "--model",
+           model, "--size", size, "--batch", str(batch), "--steps", str(steps), "--warmup", str(warmup),
+           "--threads", str(threads)]
+    return cmd + [arg for spec in schemes for arg in ("--scheme", spec)] + ["--out", out]
+
+
+def _launch(cluster, cmd, n, env, timeout, schemes):
+    """One horovodrun launch running every scheme: (the schemes' rows with the
+    launch's seconds, failure rows: the scheme's error, or the launch's exit
+    code and log when it ended before the scheme's row)."""
     out = cmd[-1]
     argv = cluster.horovodrun_command(cmd, np=n, controller="gloo", slots=1)
-    load_before, t0 = os.getloadavg()[0], time.monotonic()
+    t0 = time.monotonic()
     rc, log = run_launch(cluster, argv, env, timeout)
-    if rc != 0 or not os.path.exists(out):
-        return {"rc": rc, "log_tail": clean_log(log)[-4000:]}
-    with open(out) as f:
-        row = json.load(f)
-    row.update(launch_s=time.monotonic() - t0, loadavg_1m_before=load_before, loadavg_1m_after=os.getloadavg()[0],
-               cpus=os.cpu_count(), measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-    return row
+    launch_s = time.monotonic() - t0
+    written = []
+    if os.path.exists(out):
+        with open(out) as f:
+            written = json.load(f)
+    got, failed = [], []
+    for i, spec in enumerate(schemes):
+        row = written[i] if i < len(written) else {"scheme": spec, "rc": rc if rc != 0 else "no row",
+                                                   "log_tail": clean_log(log)[-4000:]}
+        row.update(launch_s=launch_s, cpus=os.cpu_count(),
+                   measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        (failed if "error" in row or "rc" in row else got).append(row)
+    return got, failed
+
+
+def _report(prog, row, label):
+    if "median_step_s" in row:
+        prog.step(label, f"step {human_seconds(row['median_step_s'])}, startup {human_seconds(row['startup_s'])}, "
+                         f"scheme {human_seconds(row['scheme_s'])} of a {human_seconds(row['launch_s'])} launch")
+    else:
+        prog.step(label, f"FAILED ({_why(row)}): {(row.get('error') or row.get('log_tail', ''))[-800:]}")
+
+
+def _why(failure):
+    return f"exit {failure['rc']}" if "rc" in failure else "error"
 
 
 def _add_best_fixed(rows):

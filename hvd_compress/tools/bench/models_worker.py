@@ -1,22 +1,38 @@
 """One rank of ``hvd-compress bench models`` (under ``horovodrun``): a
-Horovod-style synthetic benchmark of one architecture and one scheme
-(:mod:`hvd_compress.tools.bench.architectures`; the same batch every step,
-SGD with momentum, Horovod's ``DistributedOptimizer`` /
-``DistributedGradientTape``).  Rank 0 writes one JSON row.
+Horovod-style synthetic benchmark of one architecture under every requested
+scheme in turn (:mod:`hvd_compress.tools.bench.architectures`; the same
+batch every step, SGD with momentum, Horovod's ``DistributedOptimizer`` /
+``DistributedGradientTape``).  Rank 0 writes a JSON list with one row a
+scheme, rewritten after each scheme so that a crash keeps the rows before it.
 
-Each rank clocks every step (the model built and broadcast first); a step's
-time is the slowest rank's.  ``median_step_s`` is the median of the timed
-steps; ``startup_s`` is what the steps before them took beyond as many
-steady steps (the first step's tracing, Auto's calibration and decision),
-``first_step_s`` the first step alone.  For ``Auto()``, ``auto_startup``
-breaks it down: this rank's seconds probing the link, timing the codecs and
-deciding, the calibration steps, and the steps (and their seconds) before
-the plan in force at the end.
+Each scheme gets a fresh model built from the same seed (so every scheme
+starts from the same weights, broadcast from rank 0), a fresh optimizer, a
+fresh compressor and Horovod's optimizer / tape built anew; in TensorFlow
+the previous scheme's model and ``tf.function`` are dropped and Keras's
+session cleared first.  Every rank runs the schemes in the same order.  A
+scheme that raises on any rank gets a row with its ``error`` and the next
+scheme runs.
+
+Each rank clocks every step; a step's time is the slowest rank's.
+``median_step_s`` is the median of the timed steps; ``startup_s`` is what
+the steps before them took beyond as many steady steps (the first step's
+tracing, Auto's calibration and decision), ``first_step_s`` the first step
+alone (the launch's first scheme also pays the process's first-use costs,
+such as TensorFlow's first kernels).  ``scheme_s`` is the scheme's wall
+seconds on rank 0 from building its model to gathering its clocks;
+``loadavg_1m_before`` / ``_after`` the machine's load around it;
+``initial_weights_sum`` the sum of the broadcast weights' absolute values,
+the same for every scheme of a launch.  For ``Auto()``, ``auto_startup``
+breaks the start-up down: this rank's seconds probing the link, timing the
+codecs and deciding, the calibration steps, and the steps (and their
+seconds) before the plan in force at the end.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import os
 import statistics
 import time
 
@@ -55,57 +71,90 @@ def run_torch(a):
     from .architectures import torch_model
     hvd.init()
     torch.set_num_threads(a.threads)
-    torch.manual_seed(a.seed)
-    model, make_batch, loss_fn = torch_model(a.model, a.size)
-    x, y = make_batch(a.batch, seed=a.seed + hvd.rank())
-    comp = _compression(a.scheme, "torch")
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
-                                   named_parameters=model.named_parameters(), compression=comp)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 
-    def step():
-        opt.zero_grad()
-        loss_fn(model(x), y).backward()
-        opt.step()
-    times = _clock(step, _untimed_steps(a, comp) + a.steps)
-    tensors = [list(p.shape) for p in model.parameters()]
-    return _finish(a, hvd, comp, times, tensors, hvd.allgather_object)
+    def one_scheme(spec):
+        torch.manual_seed(a.seed)
+        model, make_batch, loss_fn = torch_model(a.model, a.size)
+        x, y = make_batch(a.batch, seed=a.seed + hvd.rank())
+        comp = _compression(spec, "torch")
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+                                       named_parameters=model.named_parameters(), compression=comp)
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        weights = float(sum(p.detach().abs().sum() for p in model.parameters()))
+
+        def step():
+            opt.zero_grad()
+            loss_fn(model(x), y).backward()
+            opt.step()
+        times = _clock(step, _untimed_steps(a, comp) + a.steps)
+        return comp, times, [list(p.shape) for p in model.parameters()], weights
+    return _every_scheme(a, hvd, one_scheme, gc.collect)
 
 
 def run_tf(a):
     from .architectures import tf_model
     from .e2e_worker import distributed_step, init_tf
     tf, hvd = init_tf(a.threads, a.seed)
-    model, make_batch, loss_obj = tf_model(a.model, a.size)
-    x, y = make_batch(a.batch, seed=a.seed + hvd.rank())
-    opt = tf.keras.optimizers.SGD(learning_rate=0.01, momentum=0.9)
-    comp = _compression(a.scheme, "tensorflow")
 
-    train = distributed_step(tf, hvd, model, loss_obj, opt, comp)
-    hvd.broadcast_variables(model.variables, root_rank=0)
-    times = _clock(lambda: float(train(x, y)), _untimed_steps(a, comp) + a.steps)
-    tensors = [v.shape.as_list() for v in model.trainable_variables]
-    return _finish(a, hvd, comp, times, tensors, hvd.allgather_object)
+    def one_scheme(spec):
+        tf.keras.utils.set_random_seed(a.seed)
+        model, make_batch, loss_obj = tf_model(a.model, a.size)
+        x, y = make_batch(a.batch, seed=a.seed + hvd.rank())
+        opt = tf.keras.optimizers.SGD(learning_rate=0.01, momentum=0.9)
+        comp = _compression(spec, "tensorflow")
+        train = distributed_step(tf, hvd, model, loss_obj, opt, comp)
+        hvd.broadcast_variables(model.variables, root_rank=0)
+        weights = float(sum(tf.reduce_sum(tf.abs(v)) for v in model.trainable_variables))
+        times = _clock(lambda: float(train(x, y)), _untimed_steps(a, comp) + a.steps)
+        return comp, times, [v.shape.as_list() for v in model.trainable_variables], weights
+
+    def release():
+        """The scheme's model, optimizer and traced step go before the next one is built."""
+        tf.keras.backend.clear_session()
+        gc.collect()
+    return _every_scheme(a, hvd, one_scheme, release)
 
 
-def _finish(a, hvd, comp, times, tensors, gather):
-    """Every rank's clocks gathered; rank 0 writes the row."""
-    everyone = gather(times)
-    slowest = [max(ts) for ts in zip(*everyone)]
+def _every_scheme(a, hvd, one_scheme, release):
+    """Every ``--scheme`` in order on every rank; rank 0 writes the rows so far after each."""
+    rows = []
+    for spec in a.scheme:
+        t0, load_before = time.monotonic(), os.getloadavg()[0]
+        try:
+            comp, times, tensors, weights = one_scheme(spec)
+            error = None
+        except Exception as e:  # recorded in the scheme's row; the next scheme still runs
+            comp, times, tensors, weights, error = None, None, None, None, f"{type(e).__name__}: {e}"
+        row = _scheme_row(a, hvd, spec, comp, times, (tensors, weights), error)
+        del comp
+        release()
+        if hvd.rank() == 0:
+            row.update(scheme_s=time.monotonic() - t0, loadavg_1m_before=load_before,
+                       loadavg_1m_after=os.getloadavg()[0])
+            rows.append(row)
+            with open(a.out, "w") as f:
+                json.dump(rows, f)
+    return 0
+
+
+def _scheme_row(a, hvd, spec, comp, times, model_facts, error):
+    """Every rank's clocks (or errors) gathered; the scheme's row."""
+    everyone = hvd.allgather_object((times, error))
+    errors = [f"rank {r}: {e}" for r, (_, e) in enumerate(everyone) if e]
+    if errors:
+        return {"model": a.model, "size": a.size, "framework": a.framework, "workers": hvd.size(),
+                "scheme": spec, "error": "; ".join(errors)}
+    slowest = [max(ts) for ts in zip(*(t for t, _ in everyone))]
     auto = _auto_startup(comp, slowest, a.framework) if _is_auto(comp) else None
-    if hvd.rank() != 0:
-        return 0
     untimed = len(slowest) - a.steps
     median = statistics.median(slowest[untimed:])
-    row = {"model": a.model, "size": a.size, "framework": a.framework, "workers": hvd.size(), "scheme": a.scheme,
-           "batch": a.batch, "threads": a.threads, "steps": a.steps, "untimed_steps": untimed,
-           "median_step_s": median, "first_step_s": slowest[0],
-           "startup_s": max(0.0, sum(slowest[:untimed]) - untimed * median), "step_s_all": slowest,
-           "tensors": len(tensors), "params": sum(_numel(s) for s in tensors),
-           "plan": _plan_counts(comp) if auto is not None else None, "auto_startup": auto}
-    with open(a.out, "w") as f:
-        json.dump(row, f)
-    return 0
+    tensors, weights = model_facts
+    return {"model": a.model, "size": a.size, "framework": a.framework, "workers": hvd.size(), "scheme": spec,
+            "batch": a.batch, "threads": a.threads, "steps": a.steps, "untimed_steps": untimed,
+            "median_step_s": median, "first_step_s": slowest[0],
+            "startup_s": max(0.0, sum(slowest[:untimed]) - untimed * median), "step_s_all": slowest,
+            "tensors": len(tensors), "params": sum(_numel(s) for s in tensors), "initial_weights_sum": weights,
+            "plan": _plan_counts(comp) if auto is not None else None, "auto_startup": auto}
 
 
 def _numel(shape):
@@ -147,7 +196,7 @@ def main(argv=None):
     ap.add_argument("--framework", choices=["torch", "tensorflow"], default="torch")
     ap.add_argument("--model", choices=ARCHITECTURES, required=True)
     ap.add_argument("--size", choices=SIZES, default="full")
-    ap.add_argument("--scheme", required=True)
+    ap.add_argument("--scheme", action="append", required=True, help="repeated: the schemes, run in turn")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
