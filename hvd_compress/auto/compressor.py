@@ -127,6 +127,18 @@ class Auto(Compressor):
         calibration_steps: steps before the first plan (>= 1), dense or with a
             safe compressed candidate (``calibrate_compressed``); they time the
             step, which the plan does not use.
+        warmup_steps: communications of each tensor sent dense (with Auto's
+            momentum) before the first plan; the calibration runs inside them,
+            so the warmup costs no extra start-up.  Why: on a slow link Auto
+            picks the most aggressive candidates, and aggressive compression
+            from the first step makes training oscillate (Lin et al., ICLR 2018,
+            warm up DGC for the same reason); the recipes of Top-K, DGC,
+            PowerSGD and the sign schemes warm up dense for an epoch.  Tuning:
+            about one epoch of steps.  An elastic re-plan calibrates only.
+        dense_below: tensors of at most this many elements are always sent
+            dense (with Auto's momentum) and not planned.  Why: biases and norm
+            scales are a few percent of the bytes, and compressing them costs
+            accuracy for little time; the recipes send them dense (1024).
         recheck_every: steps between re-checks of the link (0: never).
         topk_ratios, min_topk_ratio, powersgd_rank, include_sign: the
             candidates (:func:`hvd_compress.auto.planner.default_candidates`); raise
@@ -165,7 +177,7 @@ class Auto(Compressor):
     def __init__(self, rules=(), calibration_steps=3, recheck_every=1000, topk_ratios=(0.1, 0.01),
                  min_topk_ratio=0.01, powersgd_rank=4, include_sign=False, min_gain=0.1, replan_threshold=0.1,
                  probe_numels=DEFAULT_PROBE_NUMELS, exclude=(), seed=0, momentum=0.0, nesterov=False,
-                 codec_costs=None, calibrate_compressed=True, two_phase=True):
+                 codec_costs=None, calibrate_compressed=True, two_phase=True, warmup_steps=0, dense_below=0):
         from ..feedback.memory import MomentumMemory, momentum_memory
         from ..policy import Rule
         from ..schemes import NoCompression
@@ -174,6 +186,8 @@ class Auto(Compressor):
             if not isinstance(r, Rule):
                 raise ValueError(f"rules must be hvd_compress.Rule instances; got {r!r}")
         self.calibration_steps = check_range("calibration_steps", calibration_steps, 1, None, kind=int)
+        self.warmup_steps = check_range("warmup_steps", warmup_steps, 0, None, kind=int)
+        self.dense_below = check_range("dense_below", dense_below, 0, None, kind=int)
         self.recheck_every = check_range("recheck_every", recheck_every, 0, None, kind=int)
         self.min_gain = check_range("min_gain", min_gain, 0.0, 1.0, hi_open=True)
         self.replan_threshold = check_range("replan_threshold", replan_threshold, 0.0, 1.0, hi_open=True)
@@ -199,6 +213,8 @@ class Auto(Compressor):
         self.feedback_memory = (momentum_memory(NoCompression(), momentum, nesterov, error_feedback=True)
                                 or ResidualMemory())
         self.dense_memory = MomentumMemory(momentum, nesterov, error_feedback=False) if momentum else None
+        #: the phases of a tensor of at most ``dense_below`` elements: dense, with Auto's momentum
+        self._small_phases = [Phase(0, NoCompression(), self.dense_memory, "allgather")]
         super().__init__(NoCompression(), error_feedback=True, seed=seed, memory=self.feedback_memory)
         self._process_set_checked = False
         self._framework = None
@@ -206,8 +222,15 @@ class Auto(Compressor):
         self.measurements = None
         self._reset_plan()
 
-    def _reset_plan(self):
-        self.plan_state = AutoPlan(next_check=self.calibration_steps + 1)
+    @property
+    def steps_before_plan(self):
+        """Communications of each tensor before the first plan: the calibration,
+        or the dense warmup where that is longer (the calibration runs inside it)."""
+        return max(self.calibration_steps, self.warmup_steps)
+
+    def _reset_plan(self, warmup=True):
+        first = (self.steps_before_plan if warmup else self.calibration_steps) + 1
+        self.plan_state = AutoPlan(next_check=first)
         self._use_pair_swap(0)
 
     # --- Horovod's interface ----------------------------------------------------------
@@ -232,6 +255,8 @@ class Auto(Compressor):
         rule = next((r for r in self.rules if r.matches(key, numel, shape)), None)
         if rule is not None:
             return rule.compression.plan_for(key, numel, shape)
+        if numel <= self.dense_below:
+            return self._small_phases
         shape = tuple(int(d) for d in shape)
         state = self.plan_state
         state.tensors.setdefault(key, (int(numel), shape))
@@ -288,7 +313,7 @@ class Auto(Compressor):
         this Auto on every rank, where the fingerprint check blocks too), then
         :func:`hvd_compress.auto.provisional.provisional_choice`."""
         cal, state = self._calibration(), self.plan_state
-        if not self.calibrate_compressed or not cal.ready():
+        if not self.calibrate_compressed or self.warmup_steps or not cal.ready():
             state.provisional[key] = NONE_LABEL
             return
         ps, size, _ = cal.world()
@@ -410,14 +435,15 @@ class Auto(Compressor):
         self._sync_tf()
         state = self.plan_state
         if not state.history:
-            return f"Auto: calibrating ({self.calibration_steps} steps before the first plan)"
+            return f"Auto: calibrating ({self.steps_before_plan} steps before the first plan)"
         start, choices, version = state.history[-1]
         head = f"Auto plan version {version}, in force from communication {start}\n"
         return head + format_plan(choices, state.tensors, state.link, state.step_s, state.codec_s)
 
     def config(self):
         return {"auto": [c.label for c in self.candidates], "rules": [r.config() for r in self.rules],
-                "calibration_steps": self.calibration_steps, "recheck_every": self.recheck_every,
+                "calibration_steps": self.calibration_steps, "warmup_steps": self.warmup_steps,
+                "dense_below": self.dense_below, "recheck_every": self.recheck_every,
                 "min_gain": self.min_gain, "replan_threshold": self.replan_threshold,
                 "probe_numels": list(self.probe_numels), "seed": self.seed,
                 "memory": self.feedback_memory.config(),
@@ -459,7 +485,7 @@ class Auto(Compressor):
             raise ValueError("hvd_compress.Auto under elastic Horovod is supported in PyTorch only "
                              "(hvd_compress.elastic.register refuses it with a TensorFlow state); use a fixed "
                              "scheme such as hvd_compress.TopK(0.01) with hvd.elastic.TensorFlowKerasState")
-        self._reset_plan()
+        self._reset_plan(warmup=False)  # the model is past its warmup: calibrate only
 
     def _new_adapter(self, framework):
         if framework == "tensorflow":

@@ -88,10 +88,10 @@ def mode_for(auto, label, previous):
     return FLUSH if previous > FLUSH else PLAIN
 
 
-def is_check_step(step, calibration_steps, recheck_every):
+def is_check_step(step, steps_before_plan, recheck_every):
     """Whether communication ``step`` (1-based, a tensor) decides: the first
-    after calibration, then every ``recheck_every`` (0: never again)."""
-    first = tf.constant(calibration_steps + 1, tf.int64)
+    after calibration (and warmup), then every ``recheck_every`` (0: never again)."""
+    first = tf.constant(steps_before_plan + 1, tf.int64)
     if not recheck_every:
         return tf.equal(step, first)
     return tf.logical_and(step >= first, tf.equal(tf.math.floormod(step - first, recheck_every), 0))
@@ -470,7 +470,7 @@ class AutoTFAdapter(TFAdapter):
         def ask():
             mode = tf.py_function(lambda s, m: decide_for(auto, key, s, m), [step_in, current], tf.int32)
             return tf.reshape(mode, [])
-        mode = tf.cond(is_check_step(step, auto.calibration_steps, auto.recheck_every), ask, lambda: current)
+        mode = tf.cond(is_check_step(step, auto.steps_before_plan, auto.recheck_every), ask, lambda: current)
         return mode, variable
 
     def _compress_scheduled(self, phases, call):

@@ -93,25 +93,31 @@ def test_rates_from_takes_the_last_matching_runs_mapping_and_names_what_is_missi
         tta.saved_link_mapping(str(meta), "cnn", "tensorflow", 4, ["1gbit"])
 
 
-def test_auto_runs_with_its_momentum_in_the_compressor():
-    """As Auto's docstring advises: the optimizer's momentum at 0, the compressor's at 0.9."""
+def test_auto_runs_with_its_momentum_in_the_compressor_and_the_recipes_warmup():
+    """As Auto's docstring advises: the optimizer's momentum at 0, the compressor's at 0.9;
+    the lossy recipes' dense warmup (an epoch) and dense small tensors; timing runs no warmup."""
     from hvd_compress.tools.bench.tta_worker import MOMENTUM, build_compression
     comp, placement, _ = build_compression("Auto()", "cnn", 32, "torch", seed=1)
     assert placement == "compressor"
     assert comp.feedback_memory is not None and comp.dense_memory is not None
     assert MOMENTUM == 0.9
+    assert (comp.warmup_steps, comp.dense_below) == (32, 1024)
+    timed, _, _ = build_compression("Auto()", "transformer", 32, "torch", seed=1, timing=True)
+    assert (timed.warmup_steps, timed.dense_below) == (0, 2048)
 
 
 def test_tta_smoke_two_ranks(tmp_path):
     cluster = cluster_or_skip("ttat")
     out = tmp_path / "tta.json"
-    rows, meta = tta.run(model="cnn", schemes="none,TopK(0.01)", seeds="1", links="unshaped", workers=2, steps=12,
+    rows, meta = tta.run(model="cnn", schemes="none,TopK(0.01),Auto()", seeds="1", links="unshaped", workers=2, steps=12,
                          eval_every=4, prefix="ttat", out_json=str(out), out_png=str(tmp_path / "tta.png"),
                          run_timeout=150, progress=False, command="test")
     assert not meta["failures"], meta["failures"]
     data = json.loads(out.read_text())
     assert [(r["scheme"], r["link"], r["measured"]) for r in data] == [("none", "unshaped", True),
-                                                                        ("TopK(0.01)", "unshaped", True)]
+                                                                        ("TopK(0.01)", "unshaped", True),
+                                                                        ("Auto()", "unshaped", True)]
+    assert data[2]["auto_plan"] == {} and "auto_plan" not in data[0]  # 12 steps: inside Auto's warmup
     for r in data:
         assert set(tta.FIELDS) <= set(r)
         assert r["workers"] == 2 and r["framework"] == "torch" and 200_000 < r["params"] < 230_000

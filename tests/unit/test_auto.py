@@ -179,6 +179,9 @@ def test_predicted_total_and_table():
     (dict(codec_costs={"Int4": 1e-9}), "codec_costs"),
     (dict(codec_costs={"Int8": -1.0}), "codec_costs"),
     (dict(codec_costs={"Int8": float("nan")}), "codec_costs"),
+    (dict(warmup_steps=-1), "warmup_steps"),
+    (dict(warmup_steps=2.5), "warmup_steps"),
+    (dict(dense_below=-1), "dense_below"),
 ])
 def test_bad_arguments_name_the_parameter(kwargs, name):
     with pytest.raises(ValueError, match=name):
@@ -462,6 +465,41 @@ def test_a_compressed_calibration_flushes_its_residual_when_the_plan_is_none():
     auto.plan_state.phases = {}
     got = [(p.start, p.scheme.name, p.memory is not None) for p in auto._phases_of(BIG[0])]
     assert got == [(0, "TopK", True), (5, "NoCompression", True), (6, "NoCompression", False)]
+
+
+def test_warmup_is_dense_and_the_first_plan_waits_for_its_end():
+    """``warmup_steps``: every planned tensor is sent dense (with Auto's momentum,
+    without a residual: nothing is held back) and nothing probes; the first
+    decision runs at the communication after the warmup, not after the
+    calibration; an elastic re-plan calibrates only."""
+    costs = {"TopK(0.01)": 1e-12}
+    auto = hvd_compress.Auto(calibration_steps=2, warmup_steps=6, codec_costs=costs, momentum=0.9)
+    auto.measurements = cal = OneRankCalibration(SLOW)
+    decided = []
+    auto.decide = lambda start, *a, **k: decided.append(start)
+    for _ in range(8):
+        (phase,) = auto.plan_for(BIG[0], *BIG[1])
+        assert phase.scheme.name == "NoCompression" and phase.memory is auto.dense_memory is not None
+    assert decided == [6] and not cal.probed and auto.steps_before_plan == 6
+    assert auto.describe() == "Auto: calibrating (6 steps before the first plan)"
+    assert auto.config()["warmup_steps"] == 6
+    auto._framework = "torch"
+    auto.replan_after_reset()
+    assert auto.plan_state.next_check == 3
+
+
+def test_tensors_up_to_dense_below_are_dense_and_not_planned():
+    """``dense_below``: small tensors run dense with Auto's momentum at every
+    step, and the planner never sees them; bigger ones are planned."""
+    auto = hvd_compress.Auto(dense_below=1024, calibration_steps=1, codec_costs={"TopK(0.01)": 1e-12},
+                             momentum=0.9, calibrate_compressed=False)
+    for _ in range(3):
+        (small,) = auto.plan_for("layer.bias", 1024, (1024,))
+        assert small.scheme.name == "NoCompression" and small.memory is auto.dense_memory
+    auto.plan_for(BIG[0], *BIG[1])
+    assert list(auto.plan_state.tensors) == [BIG[0]]
+    auto.decide(1, OneRankCalibration(SLOW), step_times=[0.0, 0.01])
+    assert auto.current_plan() == {BIG[0]: "TopK(0.01)"}
 
 
 def test_dense_calibration_when_asked_or_without_horovod():

@@ -71,15 +71,17 @@ def dense_target(dense_finals, spec):
 
 
 def make_row(*, model, params, framework, workers, link, link_mbit, scheme, seed, target, curve, measured, command,
-             steps):
-    """One row of tta.json from a run's curve (times and bytes already those of ``link``)."""
+             steps, auto_plan=None):
+    """One row of tta.json from a run's curve (times and bytes already those of ``link``);
+    ``auto_plan``: Auto's plan in force at the run's end (``{tensor: scheme}``), Auto's rows only."""
     hit = first_reach(curve, target)
+    extra = {} if auto_plan is None else {"auto_plan": auto_plan}
     return {"model": model, "params": params, "framework": framework, "workers": workers, "link": link,
             "link_mbit": link_mbit, "scheme": scheme, "seed": seed, "target": target, "reached": hit is not None,
             "time_to_target_s": hit["time_s"] if hit else None, "steps_to_target": hit["step"] if hit else None,
             "wire_bytes_to_target": hit["wire_bytes"] if hit else None,
             "final_accuracy": curve[-1]["accuracy"] if curve else None, "measured": measured, "curve": curve,
-            "budget_steps": steps, "command": command}
+            "budget_steps": steps, "command": command, **extra}
 
 
 def dense_phase_steps(spec, model, steps_per_epoch):
@@ -260,7 +262,7 @@ def build_rows(a, curves, times, autos, measured_val, rates, validate_link, comm
         rows.append(make_row(model=a["model"], params=rec["params"], framework=a["framework"],
                              workers=rec["workers"], link=link, link_mbit=rates[link], scheme=rec["scheme"],
                              seed=rec["seed"], target=dense_target(finals, rec["scheme"]), curve=curve,
-                             measured=measured, command=command, steps=rec["steps"]))
+                             measured=measured, command=command, steps=rec["steps"], auto_plan=rec.get("auto_plan")))
     for rec in curves:
         add(rec, "unshaped", rec["curve"], True)
         if rec["scheme"] == AUTO:

@@ -27,7 +27,7 @@ import statistics
 import sys
 import time
 
-from ..recipes import MODEL_LR_PER_RANK, WARMUP_EPOCHS, per_model, recipe_of_spec
+from ..recipes import DENSE_BELOW_WITH_EMBEDDINGS, MODEL_LR_PER_RANK, WARMUP_EPOCHS, per_model, recipe_of_spec
 from .e2e_worker import read_iface
 from .specs import HOROVOD_SPECS, horovod_compression, split_specs
 from .tta_data import BATCH, load, lm_batch
@@ -48,7 +48,12 @@ def build_compression(spec, model, steps_per_epoch, framework, seed=0, timing=Fa
         # Auto's own advice (its docstring, docs/guide/schemes.md "Momentum placement"): momentum in
         # the compressor, the optimizer's at 0. Auto may pick a sign scheme or Top-K, whose residual
         # an optimizer's momentum amplifies; the recipes of those schemes place it the same way.
-        return hvd_compress.Auto(seed=seed, momentum=MOMENTUM), "compressor", lr
+        # The dense warmup and dense small tensors are the lossy recipes' (the calibration runs
+        # inside the warmup); on a slow link Auto picks their schemes.
+        warmup = 0 if timing else WARMUP_EPOCHS[model] * steps_per_epoch
+        auto = hvd_compress.Auto(seed=seed, momentum=MOMENTUM, warmup_steps=warmup,
+                                 dense_below=per_model(DENSE_BELOW_WITH_EMBEDDINGS, model))
+        return auto, "compressor", lr
     r = recipe_of_spec(spec)
     kwargs = {k: v for k, v in r.params.items() if k != "ramp" and v is not None}
     if r.placement == "compressor":
@@ -123,11 +128,14 @@ def _slowest_median(per_rank):
     return statistics.median(max(ts) for ts in zip(*per_rank)) if per_rank and per_rank[0] else None
 
 
-def _record(a, spec, seed, curve, placement, size, steps, extra=None):
+def _record(a, spec, seed, curve, placement, size, steps, comp, extra=None):
     times = curve.times[a.time_warmup:] if a.time_steps else curve.times
     rec = {"scheme": spec, "seed": seed, "workers": size, "steps": steps, "momentum_placement": placement,
            "curve": curve.points, "train_s": curve.seconds, "step_times_s": [round(t, 5) for t in times],
            "median_step_s": statistics.median(times) if times else None}
+    if hasattr(comp, "current_plan"):  # Auto: the plan in force at the end, and where it came from
+        rec["auto_plan"] = comp.current_plan()
+        rec["auto_config"] = {k: comp.config()[k] for k in ("warmup_steps", "dense_below", "calibration_steps")}
     rec.update(extra or {})
     return rec
 
@@ -219,7 +227,7 @@ def run_torch(a):
                 curve.add(step + 1, evaluate(model), loss)
         nparams = sum(p.numel() for p in model.parameters())
         slowest = hvd.allgather_object(curve.times[a.time_warmup:] if a.time_steps else [])
-        rec = _record(a, spec, seed, curve, placement, size, steps,
+        rec = _record(a, spec, seed, curve, placement, size, steps, comp,
                       {"params": nparams, "steps_per_epoch": spe, "compute_s": local,
                        "layer_numels": [p.numel() for p in model.parameters()]})
         if a.time_steps:
@@ -297,7 +305,7 @@ def run_tf(a):
                 curve.add(step + 1, 100.0 * float(tot[0] / tot[1]), loss)
         nparams = sum(int(v.shape.num_elements()) for v in model.trainable_variables)
         slowest = hvd.allgather_object(curve.times[a.time_warmup:] if a.time_steps else [])
-        rec = _record(a, spec, seed, curve, placement, size, steps,
+        rec = _record(a, spec, seed, curve, placement, size, steps, comp,
                       {"params": nparams, "steps_per_epoch": spe, "compute_s": local,
                        "layer_numels": [int(v.shape.num_elements()) for v in model.trainable_variables]})
         if a.time_steps:
