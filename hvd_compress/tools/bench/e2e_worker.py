@@ -194,7 +194,7 @@ def _is_auto(comp):
 def _warmup_steps(a, comp):
     """``--warmup``, plus Auto's calibration steps and the step that applies
     its first plan: the timed steps see the plan, not the calibration."""
-    return a.warmup + (comp.calibration_steps + 1 if _is_auto(comp) else 0)
+    return a.warmup + (comp.steps_before_plan + 1 if _is_auto(comp) else 0)
 
 
 # ----------------------------------------------------------------------------- torch
@@ -495,7 +495,7 @@ def _compressor_info(a, comp, spec, layer_shapes, size):
     if _is_auto(comp):
         info["auto_plan"] = comp.describe()  # the table of what Auto chose per tensor
         info["auto_history_starts"] = [start for start, *_ in comp.plan_state.history]
-        info["auto_calibration_steps"] = comp.calibration_steps
+        info["auto_calibration_steps"] = comp.steps_before_plan
         info["auto_recheck_every"] = comp.recheck_every
         # the early probe's link (None: not probed) and what each tensor was calibrated with
         early = comp.plan_state.early_link

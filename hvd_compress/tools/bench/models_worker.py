@@ -52,7 +52,7 @@ def _untimed_steps(a, comp):
     (TensorFlow: and the next, which traces the step with the plan's codecs)."""
     if not _is_auto(comp):
         return a.warmup
-    return a.warmup + comp.calibration_steps + 1 + (1 if a.framework == "tensorflow" else 0)
+    return a.warmup + comp.steps_before_plan + 1 + (1 if a.framework == "tensorflow" else 0)
 
 
 def _clock(step, count):
