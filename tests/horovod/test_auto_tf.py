@@ -1,5 +1,5 @@
 """hvd_compress.Auto under real horovodrun in TensorFlow 2 (scripts/run_tests.sh
-runs it with Gloo at 2 and 3 processes): the stock ``hvd.DistributedGradientTape`` in a
+runs it with Gloo at 2 processes): the stock ``hvd.DistributedGradientTape`` in a
 ``tf.function``, the legacy ``hvd.DistributedOptimizer`` around
 ``tf.compat.v1.train.GradientDescentOptimizer``, and
 ``horovod.tensorflow.keras.DistributedOptimizer`` under ``model.fit`` (tf_keras).

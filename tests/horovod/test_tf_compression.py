@@ -1,8 +1,8 @@
 """hvd_compress through the stock, unpatched Horovod TensorFlow 2 APIs.
 
-Runs under ``horovodrun -np 2`` with Gloo and with MPI, and ``-np 3`` with Gloo (see
-scripts/run_tests.sh), with tf_keras (``TF_USE_LEGACY_KERAS=1``).  Three entry
-points of Horovod 0.28.1 are driven:
+Runs under ``horovodrun -np 2`` with Gloo and with MPI (see scripts/run_tests.sh), with
+tf_keras (``TF_USE_LEGACY_KERAS=1``); the process-set test's set has several members from
+3 processes on.  Three entry points of Horovod 0.28.1 are driven:
 
 * ``hvd.DistributedGradientTape`` inside ``tf.function`` (the main path);
 * the legacy ``hvd.DistributedOptimizer`` around

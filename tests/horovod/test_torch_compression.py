@@ -1,6 +1,6 @@
 """hvd_compress through the stock, unpatched ``horovod.torch.DistributedOptimizer``.
 
-Runs under ``horovodrun -np 2`` and ``-np 3``, with Gloo and with MPI (see
+Runs under ``horovodrun -np 2`` with Gloo and with MPI, and ``-np 3`` with MPI (see
 scripts/run_tests.sh).  Every rank injects a rank-specific, deterministic
 gradient through the loss ``sum(p * G_rank)`` (so ``p.grad == G_rank`` exactly),
 lets the optimizer's hooks compress it, calls ``opt.synchronize()`` and reads

@@ -2,13 +2,14 @@
 emulated cluster (hvd_compress/tools/testing/cluster.py): tests/horovod/test_two_phase_torch.py
 under ``horovodrun --gloo`` and tests/horovod/test_two_phase_tf.py under ``--mpi``.
 
-scripts/run_tests.sh runs those files at 2 and 3 ranks on localhost; this adds 4 ranks
-(and 3 across hosts) with every rank in its own network namespace.  To keep the whole
+scripts/run_tests.sh runs those files at 2 ranks on localhost (the torch file at 3 too); this
+adds 4 ranks (and 3 across hosts) with every rank in its own network namespace, and is where
+the TF file's process-set test (a set of 3 of the 4 ranks) runs.  To keep the whole
 module under a few minutes on a loaded 2-core machine the files run in their quick mode
 (``HVDC_TWO_PHASE_QUICK=1``: Int8 and TopK(values=Int8) -- padding, per-tensor scales, Top-K
 ties among quantized values -- and in torch QSGD's seeded draws, with default options,
-plus the 'auto', byte-count and construction tests) and one 4-host cluster serves both
-sizes (3 ranks run on its first 3 hosts).  Measured at a load average of 15-17 on 2
+plus the 'auto', byte-count and construction tests, and in TF the process-set test) and
+one 4-host cluster serves both sizes (3 ranks run on its first 3 hosts).  Measured at a load average of 15-17 on 2
 cores: about 6 minutes for the module (np=4 TF under MPI alone about 3).
 
 Needs root (network namespaces): without root these FAIL when CI is set and are skipped
