@@ -79,13 +79,17 @@ print("MISMATCHES", int((got != ((xs[0] + xs[1]) + xs[2]) * scale).sum()))
 """
 
 
+#: separate processes compared bitwise with the sequential sum (Grappler's reordering was per process)
+PROCESSES = 3
+
+
 def test_tf_traced_sum_in_order_is_the_same_in_every_process(tmp_path):
     """The bug this pins: a traced chain of adds was reordered by Grappler in about one
     process in three to six (which processes, changes from run to run), so ranks
     rounded their aggregates differently and TF replicas drifted apart. With a chain
-    of adds put back, this test failed in 2 runs of 2 (run alone, processes one after
-    another; 1 to 3 processes in 10 reordered). It is a guard, not a proof: a
-    regression can slip through a run."""
+    of adds put back, 1 to 3 processes in 10 reordered (run alone, one after another),
+    so three processes catch that regression in a quarter to two thirds of the runs: a
+    guard, not a proof. Each process costs a TF import and a trace (about 7 s)."""
     import os
     import subprocess
     import sys
@@ -93,7 +97,7 @@ def test_tf_traced_sum_in_order_is_the_same_in_every_process(tmp_path):
     program = tmp_path / "traced_sum.py"
     program.write_text(_TRACED_SUM)
     # one after another: ten at once on two cores never showed the reordering
-    for _ in range(10):
+    for _ in range(PROCESSES):
         p = subprocess.run([sys.executable, str(program)], env=env, text=True, capture_output=True, timeout=300)
         out, err = p.stdout, p.stderr
         assert p.returncode == 0, err[-2000:]
