@@ -30,8 +30,8 @@ CONTROLLERS="${HVDC_CONTROLLERS:-gloo mpi}"
 # the same code whatever the controller; the files below cover every scheme, the two-phase
 # transport, process sets and failures through MPI's own collectives (docs/development.md,
 # "CI wall time").
-MPI_FILES="${HVDC_MPI_FILES:-test_smoke_torch.py test_smoke_tf.py test_torch_compression.py test_tf_compression.py
-  test_two_phase_torch.py test_two_phase_tf.py test_process_set_torch.py test_reliability_torch.py test_reliability_tf.py}"
+MPI_FILES="${HVDC_MPI_FILES:-test_smoke_torch.py test_smoke_tf.py test_torch_compression.py
+  test_two_phase_torch.py test_process_set_torch.py test_reliability_torch.py test_reliability_tf.py}"
 mkdir -p "$OUT"
 cd "$REPO"
 

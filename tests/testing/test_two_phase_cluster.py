@@ -39,9 +39,8 @@ RUN_TIMEOUT = 300
 RUNS = [  # (ranks, test file, controller, pytest -k selection or None)
     (4, "test_two_phase_torch.py", "gloo", None),
     (4, "test_two_phase_tf.py", "mpi", None),
-    # 3 ranks on 3 hosts: Int8's numerics, residuals, replicas, conservation and 'auto'
-    # (the whole files run at np=3 on localhost in scripts/run_tests.sh)
-    (3, "test_two_phase_torch.py", "gloo", "(Int8 and not TopK) or auto"),
+    # 3 ranks (uneven chunks): the whole torch file at np=3 on localhost, Gloo and MPI, in
+    # scripts/run_tests.sh; across hosts the 4-rank runs above
 ]
 
 
