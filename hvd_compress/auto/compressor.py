@@ -71,6 +71,12 @@ class AutoPlan:
     step_times: List[float] = field(default_factory=list)
     #: the calibration steps' median, averaged over ranks
     step_s: Optional[float] = None
+    #: PyTorch: the calibration steps' median span from the first to the last
+    #: gradient handed to ``compress`` (the backward pass the link's time can hide
+    #: behind), averaged over ranks; 0 in TensorFlow (compress runs at trace time)
+    backward_s: float = 0.0
+    #: [first, last] perf_counter of the compress calls of each calibration step
+    spans: List[list] = field(default_factory=list, repr=False)
     #: key -> {label: seconds} of error feedback + encode + decode, averaged over ranks
     codec_s: Dict[str, Dict[str, float]] = field(default_factory=dict)
     #: the link at the last check, and the host (:func:`hvd_compress.costmodel.machine.machine_of`)
@@ -100,7 +106,8 @@ class AutoPlan:
         def link(x):
             return None if x is None else [x.latency_s, x.bytes_per_s]
         return {"tensors": {k: [n, list(s)] for k, (n, s) in self.tensors.items()}, "calls": self.calls,
-                "next_check": self.next_check, "step_s": self.step_s, "codec_s": self.codec_s,
+                "next_check": self.next_check, "step_s": self.step_s, "backward_s": self.backward_s,
+                "codec_s": self.codec_s,
                 "link": link(self.link), "early_link": link(self.early_link), "provisional": self.provisional,
                 "pair_swap_bytes": self.pair_swap_bytes,
                 "history": [[start, {k: list(astuple(c)) for k, c in ch.items()}, v]
@@ -112,6 +119,7 @@ class AutoPlan:
         def link(x):
             return None if x is None else Link(*x)
         return cls(next_check=saved["next_check"], calls=dict(saved["calls"]), step_s=saved["step_s"],
+                   backward_s=saved.get("backward_s", 0.0),
                    tensors={k: (n, tuple(s)) for k, (n, s) in saved["tensors"].items()},
                    codec_s=saved["codec_s"], link=link(saved["link"]), early_link=link(saved.get("early_link")),
                    provisional=dict(saved.get("provisional", {})), pair_swap_bytes=saved.get("pair_swap_bytes", 0),
@@ -268,10 +276,21 @@ class Auto(Compressor):
             self._calibrate_with(key, numel, shape)
         if key == next(iter(state.tensors)) and calls <= self.calibration_steps + 1:
             state.step_times.append(time.perf_counter())
+        if not state.history and calls <= self.steps_before_plan:
+            self._stretch_span(key == next(iter(state.tensors)))
         if state.next_check and calls >= state.next_check:
             self.decide(calls - 1)
             state.next_check = calls + self.recheck_every if self.recheck_every else 0
         return self._phases_of(key)
+
+    def _stretch_span(self, first_key):
+        """The backward pass as the hooks see it: a step's span opens at its
+        first tensor's compress and ends at its last one's."""
+        now, spans = time.perf_counter(), self.plan_state.spans
+        if first_key:
+            spans.append([now, now])
+        elif spans:
+            spans[-1][1] = now
 
     def _phases_of(self, key):
         """The key's phases: dense first, then one per plan version.  ``none``
@@ -373,15 +392,17 @@ class Auto(Compressor):
                                "probe_numels": list(numels)}
         stamps = state.step_times if step_times is None else step_times
         gaps = [b - a for a, b in zip(stamps, stamps[1:])]
-        flat = probes + [statistics.median(gaps) if gaps else 0.0] + [v for row in codecs for v in row]
+        spans = [b - a for a, b in state.spans]
+        flat = (probes + [statistics.median(gaps) if gaps else 0.0, statistics.median(spans) if spans else 0.0]
+                + [v for row in codecs for v in row])
         avg = cal.average_over_ranks(flat, version, ps)
         # probes flat in size show no bandwidth: the early probe's (made before any step) stands in
         known = state.early_link.bytes_per_s if state.early_link is not None else float("inf")
         link = fit_link([4 * n for n in numels], avg[:len(probes)], size, known)
         state.link = with_wait_floor(link, state.machine, size)
         if first:
-            state.step_s = avg[len(probes)]
-            width, rest = len(self.candidates), avg[len(probes) + 1:]
+            state.step_s, state.backward_s = avg[len(probes)], avg[len(probes) + 1]
+            width, rest = len(self.candidates), avg[len(probes) + 2:]
             state.codec_s = {k: {c.label: rest[i * width + j] for j, c in enumerate(self.candidates)
                                  if rest[i * width + j] >= 0} for i, k in enumerate(keys)}
 
@@ -397,7 +418,7 @@ class Auto(Compressor):
         where the new one is not ``replan_threshold`` faster."""
         state = self.plan_state
         return propose({k: state.tensors[k] for k in keys}, size, state.link, self.candidates, state.codec_s,
-                       self.min_gain, state.in_force(), self.replan_threshold, state.machine)
+                       self.min_gain, state.in_force(), self.replan_threshold, state.machine, state.backward_s)
 
     def _use_pair_swap(self, min_bytes):
         """Switch the 2-rank swap of the torch adapter (:func:`hvd_compress.auto.probe.pair_swap_for`)

@@ -235,7 +235,8 @@ def fixed_codec_seconds(tensors, keys, candidates, codec_costs):
 
 
 def plan(tensors: Dict[str, tuple], workers: int, link: Link, candidates: List[Candidate],
-         codec_s: Dict[str, Dict[str, float]], rules=(), min_gain=0.1, machine=LINK_ONLY) -> Dict[str, Choice]:
+         codec_s: Dict[str, Dict[str, float]], rules=(), min_gain=0.1, machine=LINK_ONLY,
+         backward_s=0.0) -> Dict[str, Choice]:
     """``{key: Choice}`` for ``tensors = {key: (numel, shape)}``.  The first
     matching :class:`~hvd_compress.Rule` pins a tensor (label ``"rule <i>"``);
     the others take the step's cheapest plan
@@ -243,8 +244,11 @@ def plan(tensors: Dict[str, tuple], workers: int, link: Link, candidates: List[C
     are charged once).  A choice's ``predicted_s`` (``none_s``) is the
     tensor's own cost under its choice (under ``none``) plus an equal share
     of what the step (the all-``none`` step) pays once, so that they add up
-    to the step's :func:`predicted_total`."""
+    to the step's :func:`predicted_total`.  ``backward_s``: seconds of the
+    backward pass the step's link time may hide behind
+    (:func:`hvd_compress.costmodel.model.step_cost`)."""
     check_range("workers", workers, 1, None, kind=int)
+    check_range("backward_s", backward_s, 0.0, None)
     check_range("min_gain", min_gain, 0.0, 1.0, hi_open=True)
     if not candidates or candidates[0].label != NONE_LABEL:
         raise ValueError(f"candidates must start with the '{NONE_LABEL}' candidate; got "
@@ -260,8 +264,8 @@ def plan(tensors: Dict[str, tuple], workers: int, link: Link, candidates: List[C
         else:
             free.append(key)
     options = [tensor_options(*tensors[k], workers, link, candidates, codec_s.get(k, {}), machine) for k in free]
-    labels = plan_step(options, machine, min_gain, NONE_LABEL, [c.label for c in candidates])
-    share, share_none = (_shared_part([o[k] for o, k in zip(options, ks)], machine)
+    labels = plan_step(options, machine, min_gain, NONE_LABEL, [c.label for c in candidates], backward_s)
+    share, share_none = (_shared_part([o[k] for o, k in zip(options, ks)], machine, backward_s)
                          for ks in (labels, [NONE_LABEL] * len(labels)))
     for key, opts, label in zip(free, options, labels):
         out[key] = Choice(label, opts[label].own_s + share, opts[NONE_LABEL].own_s + share_none,
@@ -269,10 +273,12 @@ def plan(tensors: Dict[str, tuple], workers: int, link: Link, candidates: List[C
     return out
 
 
-def _shared_part(costs, machine):
+def _shared_part(costs, machine, backward_s=0.0):
     """Each tensor's equal share of what its step pays once (fused latencies,
-    rounds' cycles): a plan's ``predicted_s`` add up to its step."""
-    return (step_cost(costs, machine).seconds - sum(c.own_s for c in costs)) / len(costs) if costs else 0.0
+    rounds' cycles) less what the backward pass hides: a plan's ``predicted_s``
+    add up to its step."""
+    return ((step_cost(costs, machine, backward_s).seconds - sum(c.own_s for c in costs)) / len(costs)
+            if costs else 0.0)
 
 
 def tensor_options(numel, shape, workers, link, candidates, codec_s, machine=LINK_ONLY):
@@ -293,7 +299,7 @@ def tensor_options(numel, shape, workers, link, candidates, codec_s, machine=LIN
 
 
 def predicted_total(choices: Dict[str, Choice], tensors, workers, link, candidates, codec_s,
-                    machine=LINK_ONLY) -> float:
+                    machine=LINK_ONLY, backward_s=0.0) -> float:
     """Seconds per step of a plan's choices under ``link`` (pinned tensors
     excluded; :func:`hvd_compress.costmodel.model.step_cost`): how a re-check
     compares the plan in force with a new one."""
@@ -308,7 +314,7 @@ def predicted_total(choices: Dict[str, Choice], tensors, workers, link, candidat
                             codec_s.get(key, {}).get(cand.label, 0.0), machine)
         if cost is not None:
             costs.append(cost)
-    return step_cost(costs, machine).seconds
+    return step_cost(costs, machine, backward_s).seconds
 
 
 def format_plan(choices: Dict[str, Choice], tensors, link: Optional[Link] = None, step_s=None, codec_s=None) -> str:
@@ -342,14 +348,14 @@ def format_plan(choices: Dict[str, Choice], tensors, link: Optional[Link] = None
 
 
 def propose(tensors, workers, link, candidates, codec_s, min_gain, current=None, replan_threshold=0.0,
-            machine=LINK_ONLY):
+            machine=LINK_ONLY, backward_s=0.0):
     """Candidate indices (in ``tensors``' order) of a fresh :func:`plan`, or of
     ``current`` (the plan in force) where the fresh one is not predicted
     ``replan_threshold`` faster."""
-    fresh = plan(tensors, workers, link, candidates, codec_s, (), min_gain, machine)
+    fresh = plan(tensors, workers, link, candidates, codec_s, (), min_gain, machine, backward_s)
     if current:
-        now = predicted_total(current, tensors, workers, link, candidates, codec_s, machine)
-        new = predicted_total(fresh, tensors, workers, link, candidates, codec_s, machine)
+        now = predicted_total(current, tensors, workers, link, candidates, codec_s, machine, backward_s)
+        new = predicted_total(fresh, tensors, workers, link, candidates, codec_s, machine, backward_s)
         if not new < now * (1.0 - replan_threshold):
             fresh = current
     index = {c.label: i for i, c in enumerate(candidates)}

@@ -354,10 +354,17 @@ class StepCost:
     #: ranks sharing cores: of ``seconds``, the ring steps' waits for a core
     #: (shared by fusion as the latency is; ``link_s`` is without them)
     wait_s: float = 0.0
+    #: of the link's time (latency, waits and bytes), what the backward pass hid
+    #: (``step_cost``'s ``backward_s``); not in ``seconds``
+    hidden_s: float = 0.0
 
 
-def step_cost(costs: Iterable[TensorCost], machine: Machine = LINK_ONLY) -> StepCost:
-    """Sum of :func:`tensor_cost` over a step's tensors.  Fusion: the
+def step_cost(costs: Iterable[TensorCost], machine: Machine = LINK_ONLY, backward_s: float = 0.0) -> StepCost:
+    """Sum of :func:`tensor_cost` over a step's tensors.  ``backward_s``: the
+    seconds of backward pass during which the step's collectives already run
+    (Horovod's hooks start each gradient's as it is ready); up to that much of
+    the link's time hides behind it, the codecs' and the collectives' CPU work
+    never (they run on the cores the backward pass uses).  Fusion: the
     allreduce parts (tensors and placeholders) of one dtype share fusion
     buffers of ``machine.fusion_bytes``, so their latency is paid once per
     buffer, and so do the allgathers, two-phase's and PowerSGD's rounds; the
@@ -386,9 +393,10 @@ def step_cost(costs: Iterable[TensorCost], machine: Machine = LINK_ONLY) -> Step
     codec = sum(c.codec_s for c in costs)
     coll = sum(c.collective_s for c in costs)
     wait = sum(c.wait_s for c in costs) - saved * max(c.wait_share for c in costs)
-    return StepCost(link_s - saved + codec + coll + cycle, sum(c.wire_bytes for c in costs),
+    hidden = min(max(0.0, backward_s), link_s - saved)
+    return StepCost(link_s - saved - hidden + codec + coll + cycle, sum(c.wire_bytes for c in costs),
                     sum(c.payload_bytes for c in costs), link_s - saved - wait, codec, coll, cycle, saved, costs,
-                    wait)
+                    wait, hidden)
 
 
 def fit_constant(xs, ys) -> Optional[float]:

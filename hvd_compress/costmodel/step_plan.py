@@ -73,12 +73,12 @@ def _searched(options: Sequence[Dict[str, TensorCost]], order, none_label, keep)
 
 
 def plan_step(options: Sequence[Dict[str, TensorCost]], machine: Machine = LINK_ONLY, min_gain=0.1,
-              none_label="none", order: Sequence[str] = ()) -> List[str]:
+              none_label="none", order: Sequence[str] = (), backward_s: float = 0.0) -> List[str]:
     """One label per tensor (``options[i]``: ``{label: TensorCost}`` of the
     candidates that may carry tensor ``i``, ``none_label`` among them) whose
     step has the least :func:`~hvd_compress.costmodel.model.step_cost` on
-    ``machine``.  ``order``: the candidates' order, for ties (default: as
-    they first appear)."""
+    ``machine`` (the link's time hidden up to ``backward_s``).  ``order``: the
+    candidates' order, for ties (default: as they first appear)."""
     if not 0.0 <= min_gain < 1.0:
         raise ValueError(f"min_gain must be in [0, 1); got {min_gain!r}")
     for i, opts in enumerate(options):
@@ -88,13 +88,13 @@ def plan_step(options: Sequence[Dict[str, TensorCost]], machine: Machine = LINK_
     keep = 1.0 - min_gain
     searched = _searched(options, order, none_label, keep)
     best_labels, best_size = [none_label] * len(options), 0
-    best_s = step_cost([opts[none_label] for opts in options], machine).seconds
+    best_s = step_cost([opts[none_label] for opts in options], machine, backward_s).seconds
     for size in range(1, len(searched) + 1):
         for subset in combinations(searched, size):
             labels = [_cheapest(opts, subset, none_label, keep) for opts in options]
             if set(labels) != set(subset) | ({none_label} & set(labels)):
                 continue  # a candidate of the subset won nothing: a smaller subset holds this plan
-            seconds = step_cost([opts[k] for opts, k in zip(options, labels)], machine).seconds
+            seconds = step_cost([opts[k] for opts, k in zip(options, labels)], machine, backward_s).seconds
             # each candidate beyond the best plan's must pay min_gain of the step
             if seconds < best_s * keep ** (size - best_size) * (1.0 - 1e-12):
                 best_labels, best_s, best_size = labels, seconds, size

@@ -623,3 +623,49 @@ def test_on_shared_cores_the_largest_probe_outweighs_the_waits():
     slow = probe_numels_for(DEFAULT_PROBE_NUMELS, SLOW, 4, shared_host(4, 2, core_wait_s=0.0))
     seconds = comm_time("allreduce", 4 * slow[-1], 4, SLOW.bytes_per_s, CORE_WAIT_S)[1]
     assert slow[:2] == DEFAULT_PROBE_NUMELS[:2] and seconds == pytest.approx(0.1, rel=1e-3)
+
+
+# ResNet-50 at 2 ranks sharing 2 cores (`hvd-compress bench models --models resnet50 --frameworks
+# torch --workers 2`, docs/results/models.json): Auto's fitted links and the backward span its
+# calibration timed; codec costs per element from docs/results/micro.json (torch, 1M elements).
+RESNET50_LINKS = {"unshaped": (Link(3.58e-3, 982e6), 1.28), "1gbit": (Link(1.73e-3, 117.7e6), 1.394),
+                  "100mbit": (Link(0.0, 11.6e6), 1.351)}
+MICRO_NS_PER_ELEMENT = {"FP16": 0.59, "Int8": 1.11, "TopK(0.01)": 1.78, "PowerSGD(4)": 1.13}
+
+
+@pytest.mark.parametrize("link_name, planned", [
+    ("unshaped", {"none": 161}), ("1gbit", {"none": 161}), ("100mbit", {"none": 107, "PowerSGD(4)": 54})])
+def test_resnet50_plans_with_the_link_time_the_backward_pass_hides(link_name, planned):
+    """Measured: on the unshaped and 1 Gbit/s links `none` was the fastest scheme (Auto, planning
+    without the backward pass, compressed 18 and 53 tensors with Top-K and ran 0.81x and 0.87x
+    the best); at 100 Mbit/s compression pays. Charged only the link time beyond the backward
+    span, the planner keeps every tensor dense on the fast links; without the span it compresses."""
+    import collections
+    from hvd_compress.costmodel.model import shared_host
+    from hvd_compress.tools.projection import resnet_layers
+    tensors = {name: (numel, shape) for name, numel, shape in resnet_layers()}
+    cands = default_candidates()
+    codec = {k: {c.label: (1e-9 * MICRO_NS_PER_ELEMENT[c.label] * n if c.label != "none" else 0.0)
+                 for c in cands if c.label in MICRO_NS_PER_ELEMENT or c.label == "none"}
+             for k, (n, _) in tensors.items()}
+    link, backward_s = RESNET50_LINKS[link_name]
+    got = plan(tensors, 2, link, cands, codec, machine=shared_host(2, 2), backward_s=backward_s)
+    assert dict(collections.Counter(c.label for c in got.values())) == planned
+    blind = plan(tensors, 2, link, cands, codec, machine=shared_host(2, 2))
+    assert any(c.label != "none" for c in blind.values())
+
+
+def test_auto_times_the_backward_span_in_its_calibration_steps(monkeypatch):
+    """PyTorch: from the first to the last tensor handed to compress in each calibration step."""
+    now = [0.0]
+    monkeypatch.setattr("hvd_compress.auto.compressor.time.perf_counter", lambda: now[0])
+    auto = hvd_compress.Auto(calibration_steps=3, calibrate_compressed=False, codec_costs={"Int8": 1e-9})
+    for start, span in ((0.0, 0.4), (1.0, 0.5), (2.0, 0.6)):
+        now[0] = start
+        auto.plan_for(BIG[0], *BIG[1])
+        now[0] = start + span
+        auto.plan_for(SMALL[0], *SMALL[1])
+    assert [round(b - a, 3) for a, b in auto.plan_state.spans] == [0.4, 0.5, 0.6]
+    auto.decide(3, OneRankCalibration(SLOW), step_times=[0.0, 1.0, 2.0])
+    assert auto.plan_state.backward_s == pytest.approx(0.5)  # the median, averaged over ranks
+    assert auto.plan_state.to_json()["backward_s"] == pytest.approx(0.5)

@@ -331,3 +331,18 @@ def test_a_link_fitted_on_shared_cores_keeps_at_least_the_wait_for_a_core():
     assert floored.latency_s == pytest.approx(cm.CORE_WAIT_S) and floored.bytes_per_s == fitted.bytes_per_s
     assert machine.with_wait_floor(Link(1.0, MB), shared, 4).latency_s == 1.0  # a larger fit stands
     assert machine.with_wait_floor(fitted, cm.LINK_ONLY, 4) is fitted  # a core a rank: no floor
+
+
+def test_the_backward_pass_hides_link_time_and_never_cpu_work():
+    """``step_cost(..., backward_s)``: up to that much of the link's time (latency,
+    waits, bytes) is hidden; the codecs' and the collectives' CPU work never are."""
+    machine = cm.shared_host(2, 2)
+    dense = cm.tensor_cost("allreduce", 4e7, 2, Link(1e-3, 1.1e8), machine)
+    bare = cm.step_cost([dense], machine)
+    link = bare.seconds - bare.codec_s - bare.collective_s - bare.cycle_s
+    part = cm.step_cost([dense], machine, backward_s=link / 2)
+    assert part.hidden_s == pytest.approx(link / 2) and part.seconds == pytest.approx(bare.seconds - link / 2)
+    whole = cm.step_cost([dense], machine, backward_s=10 * link)
+    assert whole.hidden_s == pytest.approx(link)
+    assert whole.seconds == pytest.approx(bare.codec_s + bare.collective_s + bare.cycle_s)
+    assert cm.step_cost([dense], machine, backward_s=0.0).seconds == bare.seconds

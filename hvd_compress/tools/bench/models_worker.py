@@ -187,7 +187,20 @@ def _auto_startup(comp, slowest, framework):
             "steps_before_final_plan": final, "steps_before_final_plan_s": sum(slowest[:final]),
             "plans_adopted": len(state.history), "link": None if state.link is None else
             {"latency_s": state.link.latency_s, "bytes_per_s": state.link.bytes_per_s},
-            "pair_swap_bytes": state.pair_swap_bytes}
+            "pair_swap_bytes": state.pair_swap_bytes, "backward_s": state.backward_s, "step_s": state.step_s,
+            "codec_ns_per_element": _codec_ns_per_element(state)}
+
+
+def _codec_ns_per_element(state):
+    """Per candidate, the median over the tensors timed of its measured codec
+    cost per element (ns): what a planner test can replay as ``codec_costs``."""
+    per = {}
+    for key, row in state.codec_s.items():
+        numel = state.tensors.get(key, (0,))[0]
+        for label, seconds in row.items():
+            if numel and label != "none":
+                per.setdefault(label, []).append(1e9 * seconds / numel)
+    return {label: statistics.median(v) for label, v in sorted(per.items())}
 
 
 def main(argv=None):
