@@ -274,10 +274,11 @@ class Auto(Compressor):
         calls = state.calls[key] = state.calls.get(key, 0) + 1
         if calls == 1 and not state.history and key not in state.provisional:
             self._calibrate_with(key, numel, shape)
-        if key == next(iter(state.tensors)) and calls <= self.calibration_steps + 1:
+        first_key = key == next(iter(state.tensors))
+        if first_key and calls <= self.calibration_steps + 1:
             state.step_times.append(time.perf_counter())
         if not state.history and calls <= self.steps_before_plan:
-            self._stretch_span(key == next(iter(state.tensors)))
+            self._stretch_span(first_key)
         if state.next_check and calls >= state.next_check:
             self.decide(calls - 1)
             state.next_check = calls + self.recheck_every if self.recheck_every else 0

@@ -193,7 +193,9 @@ def _auto_startup(comp, slowest, framework):
 
 def _codec_ns_per_element(state):
     """Per candidate, the median over the tensors timed of its measured codec
-    cost per element (ns): what a planner test can replay as ``codec_costs``."""
+    cost per element (ns).  A model's many small tensors, whose fixed cost
+    dominates, set the median, so it overstates what a large tensor costs an
+    element: a record of the run, not ``codec_costs`` to replay a plan with."""
     per = {}
     for key, row in state.codec_s.items():
         numel = state.tensors.get(key, (0,))[0]

@@ -135,7 +135,8 @@ def _record(a, spec, seed, curve, placement, size, steps, comp, extra=None):
            "median_step_s": statistics.median(times) if times else None}
     if hasattr(comp, "current_plan"):  # Auto: the plan in force at the end, and where it came from
         rec["auto_plan"] = comp.current_plan()
-        rec["auto_config"] = {k: comp.config()[k] for k in ("warmup_steps", "dense_below", "calibration_steps")}
+        config = comp.config()
+        rec["auto_config"] = {k: config[k] for k in ("warmup_steps", "dense_below", "calibration_steps")}
     rec.update(extra or {})
     return rec
 
