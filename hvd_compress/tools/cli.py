@@ -259,12 +259,15 @@ def _add_models(bsub):
     mo.add_argument("--workers", default="2,4", help="cluster sizes N, one rank a host (default %(default)s)")
     mo.add_argument("--rates", default="none,1000,100", help="link rates in Mbit/s, 'none' = unshaped "
                     "(default %(default)s)")
-    mo.add_argument("--schemes", default="none,hvd_fp16,TopK(0.01),PowerSGD(4),Int8,EFSignSGD,Auto()",
-                    help="(default %(default)s)")
+    mo.add_argument("--schemes", default=None, help="(default: none, hvd_fp16, TopK(0.01), PowerSGD(4), Int8, "
+                    "EFSignSGD, Auto(), Auto(include_sign=True))")
     mo.add_argument("--size", default="full", choices=["full", "tiny"], help="the published shapes, or a "
                     "fraction of them for a smoke test (default %(default)s)")
     mo.add_argument("--batch", type=int, default=4, help="per rank (default %(default)s)")
-    mo.add_argument("--steps", type=int, default=5, help="timed steps (default %(default)s)")
+    mo.add_argument("--steps", type=int, default=5, help="timed steps a round (default %(default)s)")
+    mo.add_argument("--rounds", type=int, default=1, help="rounds of timed steps; above 1, every scheme is "
+                    "built first and the rounds alternate the schemes, every other round in reverse "
+                    "(default %(default)s)")
     mo.add_argument("--warmup", type=int, default=2, help="untimed steps before them, besides Auto's "
                     "calibration (default %(default)s)")
     mo.add_argument("--threads", type=int, default=1)
@@ -280,9 +283,11 @@ def _bench_models(args):
     from .testing.cluster import ClusterError
     try:
         _, failures = models_bench.run(models=args.models, frameworks=args.frameworks, workers=args.workers,
-                                       rates=args.rates, schemes=args.schemes, size=args.size, batch=args.batch,
-                                       steps=args.steps, warmup=args.warmup, threads=args.threads,
-                                       prefix=args.prefix, out_json=args.out, merge=not args.no_merge,
+                                       rates=args.rates, schemes=args.schemes or models_bench.DEFAULT_SCHEMES,
+                                       size=args.size, batch=args.batch,
+                                       steps=args.steps, rounds=args.rounds, warmup=args.warmup,
+                                       threads=args.threads, prefix=args.prefix, out_json=args.out,
+                                       merge=not args.no_merge,
                                        progress=not args.quiet)
     except ClusterError as err:
         print(f"hvd-compress bench models: {err}", file=sys.stderr)

@@ -264,9 +264,9 @@ def test_e2e_smoke_two_hosts(tmp_path):
 
 def test_models_smoke_two_hosts(tmp_path):
     """``bench models`` end to end on a tiny GPT-2-like decoder: one launch runs
-    ``none``, Horovod's fp16 and Auto in turn, each from the same weights, each
-    with its row of the fields docs/results/models.json promises; Auto's plan
-    and start-up."""
+    ``none``, Horovod's fp16 and Auto, each from the same weights, in two
+    rounds of timed steps, each with its row of the fields
+    docs/results/models.json promises; Auto's plan and start-up."""
     why = _cluster_usable()
     if why:
         pytest.skip(why)
@@ -275,7 +275,7 @@ def test_models_smoke_two_hosts(tmp_path):
     cluster.teardown("hvdcmt")  # this test's own prefix: clear a crashed run's leftovers
     out = tmp_path / "models.json"
     rows, failures = models_bench.run(models="gpt2", frameworks="torch", workers="2", rates="none",
-                                      schemes="none,hvd_fp16,Auto()", size="tiny", steps=2, warmup=1,
+                                      schemes="none,hvd_fp16,Auto()", size="tiny", steps=2, rounds=2, warmup=1,
                                       prefix="hvdcmt", out_json=str(out), run_timeout=100, progress=False,
                                       stream=open(os.devnull, "w"))
     assert not failures, failures
@@ -287,15 +287,27 @@ def test_models_smoke_two_hosts(tmp_path):
                 "vs_best_fixed"} <= set(r)
         assert (r["model"], r["framework"], r["workers"], r["link_mbit"]) == ("gpt2", "torch", 2, None)
         assert r["median_step_s"] > 0 and r["startup_s"] >= 0 and r["tensors"] == 28
+        assert r["rounds"] == 2 and len(r["round_median_step_s"]) == 2
+        assert len(r["step_s_all"]) == r["untimed_steps"] + 4
         assert 0 < r["scheme_s"] < r["launch_s"] == data[0]["launch_s"]  # one launch, shared
         assert r["initial_weights_sum"] == data[0]["initial_weights_sum"]  # every scheme from the same weights
     assert sum(r["scheme_s"] for r in data) < data[0]["launch_s"]
     none, fp16, auto = data
     assert none["plan"] is None and fp16["plan"] is None and sum(auto["plan"].values()) == 28
+    best = min(none["median_step_s"], fp16["median_step_s"]) / auto["median_step_s"]
+    assert auto["vs_best_candidate"] == pytest.approx(best) and "vs_best_candidate" not in none
     parts = auto["auto_startup"]
     assert parts["calibration_steps"] == 3 and parts["steps_before_final_plan"] == 3 and parts["probe_s"] > 0
     assert models_bench.merged(str(out), data[:1]) == data[1:] + data[:1]  # a rerun replaces its own rows
     assert "hvdcmt" not in cluster.existing_clusters()
+
+
+def test_models_compares_auto_with_the_fixed_schemes_it_may_choose():
+    from hvd_compress.tools.bench.models_bench import auto_may_choose
+    fixed = ["none", "hvd_fp16", "TopK(0.01)", "PowerSGD(4)", "Int8", "EFSignSGD", "Auto()"]
+    assert [auto_may_choose("Auto()", f) for f in fixed] == [True] * 5 + [False, False]
+    assert [auto_may_choose("Auto(include_sign=True)", f) for f in fixed] == [True] * 6 + [False]
+    assert not auto_may_choose("Auto(powersgd_rank=None)", "PowerSGD(4)")
 
 
 def test_models_architectures_match_their_published_sizes():

@@ -8,7 +8,11 @@ host's veth, or unshaped), framework and model, one ``horovodrun`` launch of
 the same processes (a fresh model from the same seed, optimizer and
 compressor each; its own warmup, calibration and timed steps), so the
 launch's start-up (ssh, imports, Horovod's start) is paid once for all of
-them.  The launch may run ``run_timeout`` seconds a scheme.  Each row:
+them.  With ``rounds > 1`` every scheme is built and warmed up first and
+the timed steps run in rounds, the schemes alternating
+(:mod:`~hvd_compress.tools.bench.models_worker`), so that the ranking of
+schemes a few percent apart survives the machine's drifting load.  The
+launch may run ``run_timeout`` seconds a scheme a round.  Each row:
 ``model``, ``framework``, ``workers``, ``link_mbit`` (None: unshaped),
 ``scheme``, ``median_step_s``, ``first_step_s``, ``startup_s`` (what the
 steps before the timed ones took beyond as many steady steps), ``plan``
@@ -18,7 +22,8 @@ steps before the final plan in steps and seconds); ``launch_s`` (the whole
 shared launch's seconds), ``scheme_s`` (this scheme's own seconds inside
 it), the machine's load before and after the scheme, and ``vs_best_fixed``
 (the fastest other scheme's step over this one's, same model, framework, N
-and link).  A scheme that fails gets a failure row (``error``, or the
+and link; for ``Auto``, ``vs_best_candidate``: the same against the
+fixed schemes it may choose).  A scheme that fails gets a failure row (``error``, or the
 launch's ``rc`` and ``log_tail`` when the launch ended before its row) and
 the others keep theirs.  Rows are merged into ``--out`` by (model, size,
 framework, workers, link, scheme).
@@ -35,12 +40,12 @@ from .e2e import clean_log, parse_rates, rate_label, run_launch
 from .report import Progress, human_seconds, table, write_json
 from .specs import parse_spec, split_specs
 
-DEFAULT_SCHEMES = "none,hvd_fp16,TopK(0.01),PowerSGD(4),Int8,EFSignSGD,Auto()"
+DEFAULT_SCHEMES = "none,hvd_fp16,TopK(0.01),PowerSGD(4),Int8,EFSignSGD,Auto(),Auto(include_sign=True)"
 KEY = ("model", "size", "framework", "workers", "link_mbit", "scheme")
 
 
 def run(models="resnet50,mobilenetv2,bert,gpt2", frameworks="torch,tensorflow", workers="2,4",
-        rates="none,1000,100", schemes=DEFAULT_SCHEMES, size="full", batch=4, steps=5, warmup=2, threads=1,
+        rates="none,1000,100", schemes=DEFAULT_SCHEMES, size="full", batch=4, steps=5, rounds=1, warmup=2, threads=1,
         prefix="hvdcm", out_json=None, merge=True, run_timeout=1800, progress=True, stream=None):
     """Every (N, link, framework, model), one launch each running every scheme; returns (rows, failures)."""
     from .architectures import check
@@ -66,9 +71,9 @@ def run(models="resnet50,mobilenetv2,bert,gpt2", frameworks="torch,tensorflow", 
                 c.set_rate(rate)
                 for framework in frameworks:
                     for model in models:
-                        cmd = _worker_command(framework, model, schemes, size, batch, steps, warmup, threads,
+                        cmd = _worker_command(framework, model, schemes, size, batch, (steps, rounds), warmup, threads,
                                               os.path.join(tmp, f"{rate}_{framework}_{model}.json"))
-                        got, failed = _launch(c, cmd, n, env, run_timeout * len(schemes), schemes)
+                        got, failed = _launch(c, cmd, n, env, run_timeout * len(schemes) * rounds, schemes)
                         for r in got + failed:
                             r["link_mbit"] = rate
                             _report(prog, r, f"N={n} {rate_label(rate):>13} {framework} {model} {r['scheme']}")
@@ -88,10 +93,13 @@ def run(models="resnet50,mobilenetv2,bert,gpt2", frameworks="torch,tensorflow", 
     return rows, failures
 
 
-def _worker_command(framework, model, schemes, size, batch, steps, warmup, threads, out):
-    """The models_worker command line: one launch, every scheme in turn."""
+def _worker_command(framework, model, schemes, size, batch, steps_rounds, warmup, threads, out):
+    """The models_worker command line: one launch, every scheme in turn
+    (``steps_rounds``: timed steps a round, rounds)."""
+    steps, rounds = steps_rounds
     cmd = [sys.executable, "-m", "hvd_compress.tools.bench.models_worker", "--framework", framework, "--model",
-           model, "--size", size, "--batch", str(batch), "--steps", str(steps), "--warmup", str(warmup),
+           model, "--size", size, "--batch", str(batch), "--steps", str(steps), "--rounds", str(rounds),
+           "--warmup", str(warmup),
            "--threads", str(threads)]
     return cmd + [arg for spec in schemes for arg in ("--scheme", spec)] + ["--out", out]
 
@@ -132,10 +140,28 @@ def _why(failure):
 
 
 def _add_best_fixed(rows):
-    """``vs_best_fixed``: the fastest other scheme's step over this row's, in the same run."""
+    """``vs_best_fixed``: the fastest other scheme's step over this row's, in
+    the same run; for an ``Auto`` row also ``vs_best_candidate``: the fastest
+    fixed scheme among those it may choose (:func:`auto_may_choose`)."""
     for r in rows:
         same = [x for x in rows if x is not r and all(x[k] == r[k] for k in KEY[:-1])]
         r["vs_best_fixed"] = min(x["median_step_s"] for x in same) / r["median_step_s"] if same else None
+        if r["scheme"].startswith("Auto"):
+            mine = [x for x in same if auto_may_choose(r["scheme"], x["scheme"])]
+            r["vs_best_candidate"] = min(x["median_step_s"] for x in mine) / r["median_step_s"] if mine else None
+
+
+def auto_may_choose(auto_spec, fixed_spec):
+    """Whether the ``Auto`` of ``auto_spec`` has a candidate of the scheme
+    class of ``fixed_spec`` (Horovod's ``none`` and ``hvd_fp16``: its
+    ``none`` and FP16); False for another Auto."""
+    fixed = {"none": "NoCompression", "hvd_fp16": "FP16"}.get(fixed_spec)
+    if fixed is None:
+        comp = parse_spec(fixed_spec)
+        if hasattr(comp, "candidates"):
+            return False
+        fixed = type(comp.scheme).__name__
+    return fixed in {type(c.scheme).__name__ for c in parse_spec(auto_spec).candidates}
 
 
 def merged(path, rows):
@@ -157,6 +183,8 @@ def format_table(rows):
             ("scheme", lambda r: r["scheme"], "<"), ("step", lambda r: human_seconds(r["median_step_s"]), ">"),
             ("best other / this", lambda r: "-" if r.get("vs_best_fixed") is None else f"{r['vs_best_fixed']:.2f}",
              ">"),
+            ("best candidate / Auto", lambda r: "-" if r.get("vs_best_candidate") is None
+             else f"{r['vs_best_candidate']:.2f}", ">"),
             ("startup", lambda r: human_seconds(r["startup_s"]), ">"),
             ("first step", lambda r: human_seconds(r["first_step_s"]), ">"),
             ("Auto probe s", lambda r: auto_part(r, "probe_s"), ">"),

@@ -14,12 +14,16 @@ scheme that raises on any rank gets a row with its ``error`` and the next
 scheme runs.
 
 Each rank clocks every step; a step's time is the slowest rank's.
+With ``--rounds R > 1`` every scheme is built and warmed up first and the
+timed steps run in R rounds of ``--steps`` each, the schemes in turn,
+every other round in reverse (``round_median_step_s``: each round's median),
+so that a drifting load falls on every scheme alike.
 ``median_step_s`` is the median of the timed steps; ``startup_s`` is what
 the steps before them took beyond as many steady steps (the first step's
 tracing, Auto's calibration and decision), ``first_step_s`` the first step
 alone (the launch's first scheme also pays the process's first-use costs,
-such as TensorFlow's first kernels).  ``scheme_s`` is the scheme's wall
-seconds on rank 0 from building its model to gathering its clocks;
+such as TensorFlow's first kernels).  ``scheme_s`` is the scheme's own wall
+seconds on rank 0 (building its model, its steps);
 ``loadavg_1m_before`` / ``_after`` the machine's load around it;
 ``initial_weights_sum`` the sum of the broadcast weights' absolute values,
 the same for every scheme of a launch.  For ``Auto()``, ``auto_startup``
@@ -35,6 +39,7 @@ import json
 import os
 import statistics
 import time
+from dataclasses import dataclass, field
 
 
 def _compression(spec, framework):
@@ -72,7 +77,7 @@ def run_torch(a):
     hvd.init()
     torch.set_num_threads(a.threads)
 
-    def one_scheme(spec):
+    def build(spec):
         torch.manual_seed(a.seed)
         model, make_batch, loss_fn = torch_model(a.model, a.size)
         x, y = make_batch(a.batch, seed=a.seed + hvd.rank())
@@ -86,9 +91,8 @@ def run_torch(a):
             opt.zero_grad()
             loss_fn(model(x), y).backward()
             opt.step()
-        times = _clock(step, _untimed_steps(a, comp) + a.steps)
-        return comp, times, [list(p.shape) for p in model.parameters()], weights
-    return _every_scheme(a, hvd, one_scheme, gc.collect)
+        return comp, step, [list(p.shape) for p in model.parameters()], weights
+    return _every_scheme(a, hvd, build, gc.collect)
 
 
 def run_tf(a):
@@ -96,7 +100,7 @@ def run_tf(a):
     from .e2e_worker import distributed_step, init_tf
     tf, hvd = init_tf(a.threads, a.seed)
 
-    def one_scheme(spec):
+    def build(spec):
         tf.keras.utils.set_random_seed(a.seed)
         model, make_batch, loss_obj = tf_model(a.model, a.size)
         x, y = make_batch(a.batch, seed=a.seed + hvd.rank())
@@ -105,36 +109,85 @@ def run_tf(a):
         train = distributed_step(tf, hvd, model, loss_obj, opt, comp)
         hvd.broadcast_variables(model.variables, root_rank=0)
         weights = float(sum(tf.reduce_sum(tf.abs(v)) for v in model.trainable_variables))
-        times = _clock(lambda: float(train(x, y)), _untimed_steps(a, comp) + a.steps)
-        return comp, times, [v.shape.as_list() for v in model.trainable_variables], weights
+        return comp, lambda: float(train(x, y)), [v.shape.as_list() for v in model.trainable_variables], weights
 
     def release():
-        """The scheme's model, optimizer and traced step go before the next one is built."""
+        """The schemes' models, optimizers and traced steps go (the next launch's
+        scheme, or the next scheme where they run one after another)."""
         tf.keras.backend.clear_session()
         gc.collect()
-    return _every_scheme(a, hvd, one_scheme, release)
+    return _every_scheme(a, hvd, build, release)
 
 
-def _every_scheme(a, hvd, one_scheme, release):
-    """Every ``--scheme`` in order on every rank; rank 0 writes the rows so far after each."""
-    rows = []
+@dataclass
+class _Live:
+    """A scheme of the launch: its compressor and step once built (or the
+    error that stopped it), its clocks (untimed first), rank 0's seconds."""
+    spec: str
+    comp: object = None
+    step: object = None
+    facts: tuple = (None, None)
+    times: list = field(default_factory=list)
+    error: object = None
+    seconds: float = 0.0
+    load_before: float = 0.0
+
+
+def _every_scheme(a, hvd, build, release):
+    """Every ``--scheme`` on every rank, in order.  One round (``--rounds 1``):
+    each scheme built, warmed up and timed before the next is built, then
+    released.  More rounds: every scheme built and warmed up first, then the
+    rounds of ``--steps`` timed steps each, the schemes in turn (every other
+    round in reverse), so that the machine's drifting load falls on every
+    scheme alike.  Rank 0 writes the rows so far after each scheme's row."""
+    rows, live = [], []
     for spec in a.scheme:
-        t0, load_before = time.monotonic(), os.getloadavg()[0]
-        try:
-            comp, times, tensors, weights = one_scheme(spec)
-            error = None
-        except Exception as e:  # recorded in the scheme's row; the next scheme still runs
-            comp, times, tensors, weights, error = None, None, None, None, f"{type(e).__name__}: {e}"
-        row = _scheme_row(a, hvd, spec, comp, times, (tensors, weights), error)
-        del comp
+        one = _Live(spec, load_before=os.getloadavg()[0])
+        _run_part(one, lambda: _build_and_warm(a, build, one))
+        live.append(one)
+        if a.rounds == 1:
+            _run_part(one, lambda: one.times.extend(_clock(one.step, a.steps)))
+            _finish(a, hvd, one, rows)
+            release()
+    for r in range(a.rounds if a.rounds > 1 else 0):
+        for one in (live if r % 2 == 0 else live[::-1]):
+            if one.error is None:
+                _run_part(one, lambda: one.times.extend(_clock(one.step, a.steps)))
+    if a.rounds > 1:
+        for one in live:
+            _finish(a, hvd, one, rows)
         release()
-        if hvd.rank() == 0:
-            row.update(scheme_s=time.monotonic() - t0, loadavg_1m_before=load_before,
-                       loadavg_1m_after=os.getloadavg()[0])
-            rows.append(row)
-            with open(a.out, "w") as f:
-                json.dump(rows, f)
     return 0
+
+
+def _build_and_warm(a, build, one):
+    one.comp, one.step, *facts = build(one.spec)
+    one.facts = tuple(facts)
+    one.times.extend(_clock(one.step, _untimed_steps(a, one.comp)))
+
+
+def _run_part(one, fn):
+    """Run a part of a scheme on this rank, adding its seconds; an error stops
+    the scheme (recorded in its row), and the next scheme still runs."""
+    if one.error is not None:
+        return
+    t0 = time.monotonic()
+    try:
+        fn()
+    except Exception as e:  # recorded in the scheme's row
+        one.error = f"{type(e).__name__}: {e}"
+    one.seconds += time.monotonic() - t0
+
+
+def _finish(a, hvd, one, rows):
+    """The scheme's row gathered from every rank; rank 0 appends and writes it."""
+    row = _scheme_row(a, hvd, one.spec, one.comp, None if one.error else one.times, one.facts, one.error)
+    one.comp = one.step = None
+    if hvd.rank() == 0:
+        row.update(scheme_s=one.seconds, loadavg_1m_before=one.load_before, loadavg_1m_after=os.getloadavg()[0])
+        rows.append(row)
+        with open(a.out, "w") as f:
+            json.dump(rows, f)
 
 
 def _scheme_row(a, hvd, spec, comp, times, model_facts, error):
@@ -146,12 +199,15 @@ def _scheme_row(a, hvd, spec, comp, times, model_facts, error):
                 "scheme": spec, "error": "; ".join(errors)}
     slowest = [max(ts) for ts in zip(*(t for t, _ in everyone))]
     auto = _auto_startup(comp, slowest, a.framework) if _is_auto(comp) else None
-    untimed = len(slowest) - a.steps
-    median = statistics.median(slowest[untimed:])
+    untimed = len(slowest) - a.steps * a.rounds
+    timed = slowest[untimed:]
+    median = statistics.median(timed)
     tensors, weights = model_facts
     return {"model": a.model, "size": a.size, "framework": a.framework, "workers": hvd.size(), "scheme": spec,
-            "batch": a.batch, "threads": a.threads, "steps": a.steps, "untimed_steps": untimed,
-            "median_step_s": median, "first_step_s": slowest[0],
+            "batch": a.batch, "threads": a.threads, "steps": a.steps, "rounds": a.rounds, "untimed_steps": untimed,
+            "median_step_s": median, "round_median_step_s": [statistics.median(timed[i:i + a.steps])
+                                                             for i in range(0, len(timed), a.steps)],
+            "first_step_s": slowest[0],
             "startup_s": max(0.0, sum(slowest[:untimed]) - untimed * median), "step_s_all": slowest,
             "tensors": len(tensors), "params": sum(_numel(s) for s in tensors), "initial_weights_sum": weights,
             "plan": _plan_counts(comp) if auto is not None else None, "auto_startup": auto}
@@ -213,7 +269,8 @@ def main(argv=None):
     ap.add_argument("--size", choices=SIZES, default="full")
     ap.add_argument("--scheme", action="append", required=True, help="repeated: the schemes, run in turn")
     ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=5, help="timed steps a scheme a round")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of timed steps, the schemes alternating")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
