@@ -322,3 +322,29 @@ def test_models_architectures_match_their_published_sizes():
     assert torch.isfinite(loss(model(x), y))
     with pytest.raises(ValueError, match="model must be one of"):
         torch_model("vgg", "tiny")
+
+
+def test_models_replay_predicts_each_fixed_scheme_from_autos_own_measurements():
+    """The replay rebuilds Auto's planner inputs from its row: on a slow link
+    the predicted communication of Top-K and Int8 is below ``none``'s, Auto's
+    adopted plan is predicted as its own choices, and schemes Auto cannot
+    choose are left out."""
+    from dataclasses import asdict
+    from hvd_compress.auto.compressor import AutoPlan
+    from hvd_compress.auto.planner import Choice
+    from hvd_compress.costmodel.model import LINK_ONLY, Link
+    from hvd_compress.tools.bench.models_replay import candidate_label, format_replay, replay
+    tensors = {"w": (1 << 20, (1024, 1024)), "b": (1024, (1024,))}
+    codec = {"w": {"none": 0.0, "Int8": 1e-3, "TopK(0.01)": 2e-3}, "b": {"none": 0.0}}
+    state = AutoPlan(tensors=tensors, codec_s=codec, link=Link(1e-4, 12.5e6), backward_s=0.0,
+                     history=[(3, {"w": Choice("TopK(0.01)", 0, 0, None), "b": Choice("none", 0, 0, None)}, 0)])
+    auto = {"scheme": "Auto()", "workers": 2, "median_step_s": 0.5,
+            "auto_state": {**state.to_json(), "machine": asdict(LINK_ONLY)}}
+    fixed = [{"scheme": s, "median_step_s": t} for s, t in
+             (("none", 1.0), ("TopK(0.01)", 0.5), ("Int8", 0.6), ("EFSignSGD", 0.4))]
+    rows = {r["plan"]: r for r in replay(auto, fixed)}
+    assert set(rows) == {"Auto", "none", "TopK(0.01)", "Int8"}  # EFSignSGD: not one of Auto()'s candidates
+    assert rows["Auto"]["predicted_comm_s"] == pytest.approx(rows["TopK(0.01)"]["predicted_comm_s"])
+    assert rows["TopK(0.01)"]["predicted_comm_s"] < rows["Int8"]["predicted_comm_s"] < rows["none"]["predicted_comm_s"]
+    assert "measured - none" in format_replay(list(rows.values()))
+    assert candidate_label("hvd_fp16", ["none", "FP16"]) == "FP16" and candidate_label("EFSignSGD", ["none"]) is None

@@ -29,7 +29,8 @@ seconds on rank 0 (building its model, its steps);
 the same for every scheme of a launch.  For ``Auto()``, ``auto_startup``
 breaks the start-up down: this rank's seconds probing the link, timing the
 codecs and deciding, the calibration steps, and the steps (and their
-seconds) before the plan in force at the end.
+seconds) before the plan in force at the end; ``auto_state`` what its
+planner saw (to replay the decision offline).
 """
 from __future__ import annotations
 
@@ -210,7 +211,8 @@ def _scheme_row(a, hvd, spec, comp, times, model_facts, error):
             "first_step_s": slowest[0],
             "startup_s": max(0.0, sum(slowest[:untimed]) - untimed * median), "step_s_all": slowest,
             "tensors": len(tensors), "params": sum(_numel(s) for s in tensors), "initial_weights_sum": weights,
-            "plan": _plan_counts(comp) if auto is not None else None, "auto_startup": auto}
+            "plan": _plan_counts(comp) if auto is not None else None, "auto_startup": auto,
+            "auto_state": _auto_state(comp) if auto is not None else None}
 
 
 def _numel(shape):
@@ -245,6 +247,16 @@ def _auto_startup(comp, slowest, framework):
             {"latency_s": state.link.latency_s, "bytes_per_s": state.link.bytes_per_s},
             "pair_swap_bytes": state.pair_swap_bytes, "backward_s": state.backward_s, "step_s": state.step_s,
             "codec_ns_per_element": _codec_ns_per_element(state)}
+
+
+def _auto_state(comp):
+    """Rank 0's Auto state at the end (``AutoPlan.to_json``: tensors, codec
+    seconds averaged over ranks, link, backward span, plans) and its host,
+    so that a decision can be replayed with the planner offline
+    (``models_bench.replay``)."""
+    from dataclasses import asdict
+    return {**comp.plan_state.to_json(), "machine": asdict(comp.plan_state.machine),
+            "candidates": [c.label for c in comp.candidates], "min_gain": comp.min_gain}
 
 
 def _codec_ns_per_element(state):

@@ -1,0 +1,108 @@
+"""Replay ``Auto``'s decision of a ``bench models`` run offline, against the
+fixed schemes measured in the same run.
+
+Each ``Auto`` row keeps what its planner saw (``auto_state``: the tensors,
+the codec seconds averaged over ranks, the fitted link, the backward span,
+the host, the plan).  For the plan Auto adopted and for each fixed scheme
+it may choose, applied to every tensor it can carry, the cost model's
+predicted communication seconds a step (:func:`hvd_compress.auto.planner.predicted_total`)
+stand beside the measured median step.  Compute is the same in every row,
+so the differences from ``none`` compare: where the predicted and the
+measured differences disagree in sign or by far more than the noise, a
+term of the model is wrong for that case.
+
+    .venv/bin/python -m hvd_compress.tools.bench.models_replay docs/results/models.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+from .report import table
+
+#: Horovod's own schemes as Auto's candidate labels
+HOROVOD_AS_CANDIDATE = {"none": "none", "hvd_fp16": "FP16"}
+
+
+def candidate_label(fixed_spec, labels):
+    """The label of the candidate that runs ``fixed_spec`` (None where Auto has none)."""
+    label = HOROVOD_AS_CANDIDATE.get(fixed_spec, fixed_spec.replace(" ", ""))
+    return label if label in labels else None
+
+
+def replay(auto_row, same_run):
+    """Rows ``{plan, measured_step_s, predicted_comm_s}``: Auto's adopted plan
+    (``plan``: ``"Auto"``) and each fixed scheme of ``same_run`` it may
+    choose, every tensor it can carry under that scheme and the rest dense."""
+    from hvd_compress.auto.compressor import AutoPlan
+    from hvd_compress.auto.planner import Choice, predicted_total, tensor_options
+    from hvd_compress.costmodel.model import Machine
+    from .specs import parse_spec
+    saved = auto_row["auto_state"]
+    state = AutoPlan.from_json(saved)
+    machine = Machine(**saved["machine"])
+    candidates = parse_spec(auto_row["scheme"]).candidates
+    labels = [c.label for c in candidates]
+
+    def predicted(choices):
+        return predicted_total(choices, state.tensors, auto_row["workers"], state.link, candidates, state.codec_s,
+                               machine, state.backward_s)
+
+    def uniform(label):
+        out = {}
+        for key, (numel, shape) in state.tensors.items():
+            opts = tensor_options(numel, shape, auto_row["workers"], state.link, candidates,
+                                  state.codec_s.get(key, {}), machine)
+            out[key] = Choice(label if label in opts else "none", 0.0, 0.0, None)
+        return out
+    rows = [{"plan": "Auto", "measured_step_s": auto_row["median_step_s"],
+             "predicted_comm_s": predicted(state.in_force() or uniform("none"))}]
+    for fixed in same_run:
+        label = candidate_label(fixed["scheme"], labels)
+        if label is not None:
+            rows.append({"plan": fixed["scheme"], "measured_step_s": fixed["median_step_s"],
+                         "predicted_comm_s": predicted(uniform(label))})
+    return rows
+
+
+def replay_file(path):
+    """(title, rows) for every Auto row with ``auto_state`` in a models.json."""
+    with open(path) as f:
+        rows = json.load(f)
+    key = ("model", "size", "framework", "workers", "link_mbit")
+    out = []
+    for auto in rows:
+        if not auto.get("auto_state") or not auto.get("auto_state", {}).get("link"):
+            continue
+        same = [r for r in rows if r is not auto and "median_step_s" in r and not r["scheme"].startswith("Auto")
+                and all(r.get(k) == auto.get(k) for k in key)]
+        title = " ".join(f"{k}={auto.get(k)}" for k in key) + f" {auto['scheme']}"
+        out.append((title, replay(auto, same)))
+    return out
+
+
+def format_replay(rows):
+    """Measured and predicted, each against the ``none`` row's."""
+    none = next((r for r in rows if r["plan"] == "none"), None)
+
+    def minus_none(r, field):
+        return "-" if none is None else f"{r[field] - none[field]:+.3f}"
+    cols = [("plan", lambda r: r["plan"], "<"), ("measured step s", lambda r: f"{r['measured_step_s']:.3f}", ">"),
+            ("measured - none", lambda r: minus_none(r, "measured_step_s"), ">"),
+            ("predicted comm s", lambda r: f"{r['predicted_comm_s']:.3f}", ">"),
+            ("predicted - none", lambda r: minus_none(r, "predicted_comm_s"), ">")]
+    return table(rows, cols)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("path", help="a models.json with Auto rows that kept auto_state")
+    a = ap.parse_args(argv)
+    for title, rows in replay_file(a.path):
+        print(title)
+        print(format_replay(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
