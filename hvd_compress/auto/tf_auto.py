@@ -1,38 +1,52 @@
 """TensorFlow side of :class:`hvd_compress.Auto`: measurements, agreement
-and a plan that a retrace puts into the step.
+and a plan that the traced step already holds, or that a retrace puts in.
 
 Horovod traces ``compress`` once per trace of the step function, so Python
 there cannot see the steps.  Instead, per tensor, the graph holds:
 
 * a **mode** variable (checkpointed with the other state) and a
-  ``tf.switch_case`` over the modes the plan in force needs
-  (:func:`traced_modes`): ``none`` without error feedback, the one-step
-  ``none`` flush of a residual (once a plan was adopted), and the tensor's lossy candidate with error
-  feedback, if the plan gives it one (one residual per tensor, shared by all
-  lossy modes, so it carries across plan changes).  A trace of every
-  candidate for every tensor costs MobileNetV2's 158 tensors several times a
-  fixed scheme's first step; instead, a plan whose modes a trace lacks has
-  every ``tf.function`` holding these ops traced again at its next call
-  (:func:`request_retrace`), and the step that adopted it runs ``none`` where
-  the mode is not traced yet.  Each trace checks, eagerly, that every rank
-  builds it from the same plan (:func:`check_same_trace`);
+  ``tf.switch_case`` over the modes the trace holds (:func:`traced_modes`):
+  ``none`` without error feedback, the one-step ``none`` flush of a residual
+  (once a plan was adopted), and one lossy candidate with error feedback
+  (one residual per tensor, shared by all lossy modes, so it carries across
+  plan changes): the plan's, once a plan is in force, and before that the
+  candidate the first decision is predicted to choose (:func:`predict_label`).
+  A trace of every candidate for every tensor costs MobileNetV2's 158 tensors
+  several times a fixed scheme's first step; instead, a plan whose modes a
+  trace lacks has every ``tf.function`` holding these ops traced again at its
+  next call (:func:`request_retrace`), which costs about a first step again,
+  and the step that adopted it runs ``none`` where the mode is not traced
+  yet.  So the first decision keeps the plan the trace holds
+  (:func:`traced_plan`) unless a fresh one is predicted ``replan_threshold``
+  faster;
 * a **host callback** (``tf.py_function``) that runs only at check steps
   (the tensor's communication ``calibration_steps + 1``, then every
   ``recheck_every``).  The first callback of the step on each rank measures
   and agrees eagerly, before any of the step's gradient collectives of Auto's
   tensors (they wait for their callback): blocking Horovod allreduces of the
   probe sizes, one allreduce of the measurements, rank 0's plan broadcast,
-  an allgathered hash of the plan
+  an allgathered hash of the plan and of every tensor's traced modes
   (:class:`~hvd_compress.auto.planner.PlanMismatchError` on every rank where any
   differs).  Every callback returns its tensor's new mode; other steps read
   the mode variable.
 * for the first tensor, ``tf.timestamp()`` at each calibration step (the
   measured step time).
 
-The codecs are timed earlier, at the first trace (:func:`time_codecs`),
-eagerly while no step runs: each candidate as a compiled ``tf.function`` on
-random tensors of the real shapes.  Running a function from the callback,
-inside a running step, can wait forever for the step's own executor threads.
+At the first trace, eagerly while no step runs (inside ``tf.init_scope()``;
+every rank traces the same call): each trace checks that every rank builds
+it from the same plan (:func:`check_same_trace`); the first one probes the
+link as PyTorch's first ``compress`` does (:func:`probe_at_first_trace`:
+the early probe averaged over ranks, the agreed host); the codecs are timed
+once per class of tensors (:func:`time_codecs`), each candidate as a compiled
+``tf.function`` on random tensors of the real shapes, and each class is
+agreed by one allgather (:func:`agree_class_timing`: a hash of the class,
+:class:`~hvd_compress.auto.planner.PlanMismatchError` on every rank where
+ranks traced different tensors, else the ranks' average timings).  A
+tensor's predicted mode therefore comes from inputs every rank shares, and
+every rank traces the same modes: a rank running a lossy branch's
+collectives where another runs ``none``'s would wait forever.  Running a
+function from the callback, inside a running step, can wait forever for the
+step's own executor threads, which is why the codecs are timed at the trace.
 
 The plan itself (history, link, codec costs) is kept as JSON in a string
 variable of :meth:`~hvd_compress.Compressor.tf_checkpointable`, so a
