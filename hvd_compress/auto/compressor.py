@@ -31,9 +31,12 @@ plain Horovod) after one step that sends a left-over residual out in full:
 version is a phase, as in :class:`~hvd_compress.Schedule` (side collectives ``<key>@<version>``).
 
 **TensorFlow** (:mod:`hvd_compress.auto.tf_auto`) runs the same life inside a
-graph: codecs timed at the first trace, a per-tensor mode switch over the
-modes the plan in force needs (the step traced again when a plan needs
-others), measurements and agreement in a host callback.
+graph: the link probed and the codecs timed and agreed at the first trace,
+a per-tensor mode switch over the modes the plan in force needs (before the
+first plan: ``none`` and the choice predicted from those measurements; the
+step traced again when a plan needs others, which the first decision avoids
+unless the new plan is ``replan_threshold`` faster), measurements and
+agreement in a host callback.
 
 Only the global process set, one framework per ``Auto``; tensors first seen after calibration are not planned.
 """
@@ -416,10 +419,17 @@ class Auto(Compressor):
 
     def _propose(self, keys, size):
         """Rank 0: candidate indices of the new plan, or of the plan in force
-        where the new one is not ``replan_threshold`` faster."""
+        where the new one is not ``replan_threshold`` faster.  TensorFlow's
+        first decision compares with the plan its trace already holds
+        (:func:`hvd_compress.auto.tf_auto.traced_plan`): a plan that needs
+        other modes has the step traced again, which costs about a first step."""
         state = self.plan_state
+        current = state.in_force()
+        if current is None and self._framework == "tensorflow":
+            from .tf_auto import traced_plan
+            current = traced_plan(self, keys, size)
         return propose({k: state.tensors[k] for k in keys}, size, state.link, self.candidates, state.codec_s,
-                       self.min_gain, state.in_force(), self.replan_threshold, state.machine, state.backward_s)
+                       self.min_gain, current, self.replan_threshold, state.machine, state.backward_s)
 
     def _use_pair_swap(self, min_bytes):
         """Switch the 2-rank swap of the torch adapter (:func:`hvd_compress.auto.probe.pair_swap_for`)

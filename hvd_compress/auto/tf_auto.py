@@ -1,38 +1,52 @@
 """TensorFlow side of :class:`hvd_compress.Auto`: measurements, agreement
-and a plan that a retrace puts into the step.
+and a plan that the traced step already holds, or that a retrace puts in.
 
 Horovod traces ``compress`` once per trace of the step function, so Python
 there cannot see the steps.  Instead, per tensor, the graph holds:
 
 * a **mode** variable (checkpointed with the other state) and a
-  ``tf.switch_case`` over the modes the plan in force needs
-  (:func:`traced_modes`): ``none`` without error feedback, the one-step
-  ``none`` flush of a residual (once a plan was adopted), and the tensor's lossy candidate with error
-  feedback, if the plan gives it one (one residual per tensor, shared by all
-  lossy modes, so it carries across plan changes).  A trace of every
-  candidate for every tensor costs MobileNetV2's 158 tensors several times a
-  fixed scheme's first step; instead, a plan whose modes a trace lacks has
-  every ``tf.function`` holding these ops traced again at its next call
-  (:func:`request_retrace`), and the step that adopted it runs ``none`` where
-  the mode is not traced yet.  Each trace checks, eagerly, that every rank
-  builds it from the same plan (:func:`check_same_trace`);
+  ``tf.switch_case`` over the modes the trace holds (:func:`traced_modes`):
+  ``none`` without error feedback, the one-step ``none`` flush of a residual
+  (once a plan was adopted), and one lossy candidate with error feedback
+  (one residual per tensor, shared by all lossy modes, so it carries across
+  plan changes): the plan's, once a plan is in force, and before that the
+  candidate the first decision is predicted to choose (:func:`predict_label`).
+  A trace of every candidate for every tensor costs MobileNetV2's 158 tensors
+  several times a fixed scheme's first step; instead, a plan whose modes a
+  trace lacks has every ``tf.function`` holding these ops traced again at its
+  next call (:func:`request_retrace`), which costs about a first step again,
+  and the step that adopted it runs ``none`` where the mode is not traced
+  yet.  So the first decision keeps the plan the trace holds
+  (:func:`traced_plan`) unless a fresh one is predicted ``replan_threshold``
+  faster;
 * a **host callback** (``tf.py_function``) that runs only at check steps
   (the tensor's communication ``calibration_steps + 1``, then every
   ``recheck_every``).  The first callback of the step on each rank measures
   and agrees eagerly, before any of the step's gradient collectives of Auto's
   tensors (they wait for their callback): blocking Horovod allreduces of the
   probe sizes, one allreduce of the measurements, rank 0's plan broadcast,
-  an allgathered hash of the plan
+  an allgathered hash of the plan and of every tensor's traced modes
   (:class:`~hvd_compress.auto.planner.PlanMismatchError` on every rank where any
   differs).  Every callback returns its tensor's new mode; other steps read
   the mode variable.
 * for the first tensor, ``tf.timestamp()`` at each calibration step (the
   measured step time).
 
-The codecs are timed earlier, at the first trace (:func:`time_codecs`),
-eagerly while no step runs: each candidate as a compiled ``tf.function`` on
-random tensors of the real shapes.  Running a function from the callback,
-inside a running step, can wait forever for the step's own executor threads.
+At the first trace, eagerly while no step runs (inside ``tf.init_scope()``;
+every rank traces the same call): each trace checks that every rank builds
+it from the same plan (:func:`check_same_trace`); the first one probes the
+link as PyTorch's first ``compress`` does (:func:`probe_at_first_trace`:
+the early probe averaged over ranks, the agreed host); the codecs are timed
+once per class of tensors (:func:`time_codecs`), each candidate as a compiled
+``tf.function`` on random tensors of the real shapes, and each class is
+agreed by one allgather (:func:`agree_class_timing`: a hash of the class,
+:class:`~hvd_compress.auto.planner.PlanMismatchError` on every rank where
+ranks traced different tensors, else the ranks' average timings).  A
+tensor's predicted mode therefore comes from inputs every rank shares, and
+every rank traces the same modes: a rank running a lossy branch's
+collectives where another runs ``none``'s would wait forever.  Running a
+function from the callback, inside a running step, can wait forever for the
+step's own executor threads, which is why the codecs are timed at the trace.
 
 The plan itself (history, link, codec costs) is kept as JSON in a string
 variable of :meth:`~hvd_compress.Compressor.tf_checkpointable`, so a
@@ -122,8 +136,7 @@ def world():
     return hvd.global_process_set, hvd.size(), hvd.rank()
 
 
-def probe_link(numels, version, process_set):
-    """Seconds of a blocking fp32 allreduce of each size (minimum of :data:`REPEATS`)."""
+def _time_allreduces(numels, prefix, process_set):
     import horovod.tensorflow as hvd
     out = []
     for numel in numels:
@@ -131,11 +144,23 @@ def probe_link(numels, version, process_set):
         best = float("inf")
         for i in range(REPEATS):
             t0 = time.perf_counter()
-            hvd.allreduce(x, name=f"hvdc.auto.probe.{version}.{numel}.{i}", op=hvd.Sum, process_set=process_set,
+            hvd.allreduce(x, name=f"{prefix}.{numel}.{i}", op=hvd.Sum, process_set=process_set,
                           ignore_name_scope=True).numpy()
             best = min(best, time.perf_counter() - t0)
         out.append(best)
     return out
+
+
+def probe_link(numels, version, process_set):
+    """Seconds of a blocking fp32 allreduce of each size (minimum of :data:`REPEATS`),
+    under names ``hvdc.auto.probe.<version>.<numel>.<i>``."""
+    return _time_allreduces(numels, f"hvdc.auto.probe.{version}", process_set)
+
+
+def probe_early(numels, process_set):
+    """The same timings at the first trace, for the trace's predictions
+    (names ``hvdc.auto.probe_early.<numel>.<i>``, as PyTorch's early probe)."""
+    return _time_allreduces(numels, "hvdc.auto.probe_early", process_set)
 
 
 def _codec_fn(B, scheme, shape, size, feedback):
@@ -222,26 +247,76 @@ def codec_seconds(schemes, numel, shape, size, seed=0):
             for fn, b, z in zip(fns[1:], best[1:], free)]
 
 
-def time_codecs(auto, key, size, timings):
+def add_check_seconds(auto, part, seconds):
+    """Add ``seconds`` to ``part`` of the plan state's ``check_seconds`` (what
+    ``bench models`` reports as Auto's start-up)."""
+    spent = auto.plan_state.check_seconds = auto.plan_state.check_seconds or {}
+    spent[part] = spent.get(part, 0.0) + seconds
+
+
+def time_codecs(auto, key, size, timings, process_set):
     """At the trace (eagerly, while no step runs): each usable candidate's
     cost on this tensor, timed once per class of tensors
-    (:func:`hvd_compress.auto.planner.timed_row`) and kept in ``timings`` for
-    the first decision (nothing to time where the Auto has fixed
-    ``codec_costs``).  Timing them later, inside the host callback of a
+    (:func:`hvd_compress.auto.planner.timed_row`), agreed over ranks
+    (:func:`agree_class_timing`) and kept in ``timings`` for the trace's
+    prediction and the first decision (nothing to time where the Auto has
+    fixed ``codec_costs``).  Timing them later, inside the host callback of a
     running step, would need the step's own executor threads and can deadlock."""
-    from .planner import codec_usable, timed_row
+    from .planner import codec_usable, timed_row, timing_class
     if auto.codec_costs is not None:
         return
     usable = codec_usable(True)  # the two-phase candidates are not timed: TensorFlow plans allgather only
+    run = auto.adapters["tensorflow"].run
 
     def time_class(numel, shape):
         t0 = time.perf_counter()
         with tf.init_scope():
-            out = codec_seconds([c.scheme if usable(c, shape) else None for c in auto.candidates], numel, shape, size)
-        seconds = auto.plan_state.check_seconds = auto.plan_state.check_seconds or {}
-        seconds["trace_codecs"] = seconds.get("trace_codecs", 0.0) + time.perf_counter() - t0
+            mine = codec_seconds([c.scheme if usable(c, shape) else None for c in auto.candidates], numel, shape, size)
+            t1 = time.perf_counter()
+            out = agree_class_timing(run, timing_class(numel, shape, auto.candidates, usable), numel, mine,
+                                     process_set)
+        add_check_seconds(auto, "trace_codecs", t1 - t0)
+        add_check_seconds(auto, "trace_agree", time.perf_counter() - t1)
         return out
     timed_row(timings, *auto.plan_state.tensors[key], auto.candidates, usable, time_class)
+
+
+def class_timing_row(cls, numel, seconds):
+    """What a rank sends for a class timed at the trace: a hash of the class
+    and the tensor timed (in two exact float64 halves) and its timings (-1:
+    not timed)."""
+    mine = stable_hash(json.dumps([int(cls[0]), [bool(f) for f in cls[1]], int(numel), len(seconds)]))
+    return [float(mine >> 32), float(mine & 0xFFFF_FFFF)] + [-1.0 if t is None else float(t) for t in seconds]
+
+
+def agreed_class_timing(rows, index):
+    """The ranks' rows of :func:`class_timing_row` (in rank order): every
+    timing's average over ranks (None where not timed), the same on every rank
+    that has the same rows; :class:`~hvd_compress.auto.planner.PlanMismatchError`
+    where any rank's class differs from rank 0's."""
+    differ = [r for r, row in enumerate(rows) if row[:2] != rows[0][:2]]
+    if differ:
+        raise PlanMismatchError(f"hvd_compress.Auto: ranks traced different tensors: codec timing class {index} "
+                                f"of this Auto differs on ranks {differ} from rank 0's; every rank must build "
+                                f"the same model and Auto and trace the same step")
+    return [None if rows[0][j] < 0 else sum(row[j] for row in rows) / len(rows) for j in range(2, len(rows[0]))]
+
+
+def agree_class_timing(run, cls, numel, seconds, process_set):
+    """One allgather per class timed at the trace, named by the class's place
+    in this Auto's trace order (``hvdc.auto.trace_codecs.<n>``): every rank
+    must have traced the same class there, and every rank keeps the ranks'
+    average of the timings (:func:`agreed_class_timing`).  So the trace's
+    predictions, and the modes they put into it, are the same on every rank;
+    timings of one rank alone would differ and a rank tracing a lossy mode
+    the others lack would wait on their collectives forever."""
+    import horovod.tensorflow as hvd
+    index = run.classes_agreed
+    run.classes_agreed += 1
+    rows = hvd.allgather(tf.constant([class_timing_row(cls, numel, seconds)], tf.float64),
+                         name=f"hvdc.auto.trace_codecs.{index}", process_set=process_set,
+                         ignore_name_scope=True).numpy().tolist()
+    return agreed_class_timing(rows, index)
 
 
 def average_over_ranks(values, version, process_set):
@@ -272,17 +347,29 @@ def check_same_plan(labels, version, process_set):
 
 
 class Calibration:
-    """What ``Auto.decide`` calls, in TensorFlow (:mod:`hvd_compress.auto.calibration` in PyTorch)."""
+    """What ``Auto.decide`` calls, in TensorFlow (:mod:`hvd_compress.auto.calibration` in PyTorch).
+    ``traced``: {key: the modes its latest trace holds}."""
 
     world = staticmethod(world)
     probe_link = staticmethod(lambda *a: probe_link(*a))  # looked up at call time: tests replace it
+    probe_early = staticmethod(lambda *a: probe_early(*a))  # the same
     host_machine = staticmethod(lambda *a: host_machine(*a))  # the same
     average_over_ranks = staticmethod(average_over_ranks)
     broadcast_indices = staticmethod(broadcast_indices)
-    check_same_plan = staticmethod(check_same_plan)
 
-    def __init__(self, timings):
+    def __init__(self, timings, traced=None):
         self.timings = timings
+        self.traced = traced or {}
+
+    def check_same_plan(self, labels, version, process_set):
+        """The plan to adopt and the modes each tensor's trace holds must be
+        every rank's.  The modes are checked here, before a plan is adopted,
+        not at the trace: a trace adds each tensor's predicted mode as it
+        reaches it, so the whole map exists only after the trace, and until a
+        check step returns a mode every rank runs ``none`` (branch 0 of every
+        trace) whatever else its trace holds."""
+        traced = {k: list(v) for k, v in self.traced.items()}
+        check_same_plan({"plan": labels, "traced_modes": traced}, version, process_set)
 
     def measure_codecs(self, tensors, keys, candidates, size, usable):
         """The rows :func:`time_codecs` measured at the trace, in ``keys`` order."""
@@ -312,18 +399,75 @@ def publish_plan(auto):
 
 
 # --- which modes a trace holds -----------------------------------------------------------
-def traced_modes(auto, key):
+def traced_modes(auto, key, predicted=NONE_LABEL):
     """The modes a trace of ``key`` holds: ``none``; once any plan was adopted,
     its flush (only a lossy plan leaves a residual); and the mode of the plan
-    in force, if lossy.  A trace of every candidate behind the switch
-    (hundreds of tensors x every candidate) costs several times a fixed
+    in force, if lossy, else (before the first plan) the ``predicted`` one
+    (:func:`predict_label`), if lossy.  A trace of every candidate behind the
+    switch (hundreds of tensors x every candidate) costs several times a fixed
     scheme's first step; a plan that needs a mode not traced has the step
-    traced again (:func:`request_retrace`)."""
+    traced again (:func:`request_retrace`), which costs about as much again."""
     choice = (auto.plan_state.in_force() or {}).get(key)
-    label = NONE_LABEL if choice is None else choice.label
+    label = predicted if not auto.plan_state.history else NONE_LABEL if choice is None else choice.label
     labels = [c.label for c in auto.candidates]
     return ((PLAIN,) + ((FLUSH,) if auto.plan_state.history else ())
             + ((labels.index(label) + 1,) if label in labels[1:] else ()))
+
+
+def probe_at_first_trace(auto, process_set, size):
+    """At the first trace, before any plan (eagerly; every rank traces the
+    same call): the early probe PyTorch makes at its first ``compress``
+    (:data:`~hvd_compress.auto.probe.EARLY_PROBE_NUMELS`, averaged over ranks)
+    and the agreed host, kept in the plan state for :func:`predict_label`."""
+    state = auto.plan_state
+    if state.early_link is not None or state.history:
+        return
+    from .planner import fit_link
+    from .probe import EARLY_PROBE_NUMELS
+    t0 = time.perf_counter()
+    with tf.init_scope():
+        probes = Calibration.probe_early(EARLY_PROBE_NUMELS, process_set)
+        avg = average_over_ranks(probes, "early", process_set)
+        state.machine = Calibration.host_machine("early", process_set)
+    state.early_link = fit_link([4 * n for n in EARLY_PROBE_NUMELS], avg, size)
+    add_check_seconds(auto, "early_probe", time.perf_counter() - t0)
+
+
+def predict_label(auto, key, size, timings):
+    """Before the first plan, at the trace: the candidate the first decision
+    is likely to give ``key`` (:func:`~hvd_compress.auto.planner.choose` on the
+    early probe's link and the agreed codec costs), so that the trace holds
+    it and that decision needs no retrace.  Its inputs are agreed over ranks
+    (the averaged probe, the agreed host, :func:`agree_class_timing`), so every
+    rank predicts, and traces, the same modes."""
+    from ..costmodel.machine import with_wait_floor
+    from .planner import choose, codec_table
+    state = auto.plan_state
+    if state.history or state.early_link is None:
+        return NONE_LABEL
+    numel, shape = state.tensors[key]
+    row = codec_table(state.tensors, [key], auto.candidates, size, True, auto.codec_costs,
+                      Calibration(timings).measure_codecs)[0]
+    codec_s = {c.label: v for c, v in zip(auto.candidates, row) if v >= 0}
+    link = with_wait_floor(state.early_link, state.machine, size)
+    return choose(numel, shape, size, link, auto.candidates, codec_s, auto.min_gain, state.machine).label
+
+
+def traced_plan(auto, keys, size):
+    """The plan without a retrace: :func:`~hvd_compress.auto.planner.plan` on
+    the measured link and codec costs with each tensor's choices limited to
+    the modes its trace holds (``none`` or its traced lossy mode).  The first
+    decision compares a fresh plan with it (``Auto._propose``), as a re-check
+    compares with the plan in force: a retrace costs about a whole first step."""
+    from .planner import plan
+    state, run = auto.plan_state, auto.adapters["tensorflow"].run
+    labels = [c.label for c in auto.candidates]
+    codec_s = {}
+    for key in keys:
+        held = {NONE_LABEL} | {labels[m - 1] for m in run.traced.get(key, ()) if m > FLUSH}
+        codec_s[key] = {label: v for label, v in state.codec_s.get(key, {}).items() if label in held}
+    return plan({k: state.tensors[k] for k in keys}, size, state.link, auto.candidates, codec_s, (), auto.min_gain,
+                state.machine, state.backward_s)
 
 
 def branch_of_mode(modes_traced, count):
@@ -341,8 +485,7 @@ def request_retrace(auto):
     t0 = time.perf_counter()
     for function in functions_holding_our_ops():
         drop_traces(function)
-    seconds = auto.plan_state.check_seconds = auto.plan_state.check_seconds or {}
-    seconds["retrace_request"] = seconds.get("retrace_request", 0.0) + time.perf_counter() - t0
+    add_check_seconds(auto, "retrace_request", time.perf_counter() - t0)
 
 
 def retrace_if_stale(auto, key, mode):
@@ -378,10 +521,11 @@ def decide_for(auto, key, step, previous):
             run.decided, run.error = step, None
             try:
                 sync_plan(auto)
-                auto.decide(step - 1, Calibration(run.codec_timings), run.step_times())
+                auto.decide(step - 1, Calibration(run.codec_timings, run.traced), run.step_times())
                 publish_plan(auto)
                 if any(m not in run.traced.get(k, ()) for k, m in plan_modes(auto).items()):
                     run.retrace_asked = len(auto.plan_state.history)
+                    auto.plan_state.check_seconds.setdefault("retraced_plans", []).append(run.retrace_asked - 1)
                     request_retrace(auto)  # this step runs none where the new mode is not traced yet
             except Exception as err:  # noqa: BLE001 - kept, raised again below
                 run.error = err
@@ -420,6 +564,8 @@ class AutoTFRun:
     #: for which a retrace was asked last
     traces: int = 0
     retrace_asked: Any = None
+    #: classes of ``codec_timings`` agreed so far (names the allgather of the next, :func:`agree_class_timing`)
+    classes_agreed: int = 0
 
     def restart(self):
         """After an elastic reset: nothing decided, every variable zero."""
@@ -473,16 +619,25 @@ class AutoTFAdapter(TFAdapter):
         mode = tf.cond(is_check_step(step, auto.steps_before_plan, auto.recheck_every), ask, lambda: current)
         return mode, variable
 
+    def _trace_modes(self, auto, key, size, process_set):
+        """At the trace (eagerly): check the plan it is built from, probe the
+        link (first trace), time the codecs (new classes), predict ``key``'s
+        choice; the modes its switch holds (:func:`traced_modes`)."""
+        with tf.init_scope():
+            sync_plan(auto)  # a plan restored before this trace: trace its modes
+        if key == next(iter(auto.plan_state.tensors)):
+            check_same_trace(auto, self.run, process_set)
+            probe_at_first_trace(auto, process_set, size)
+        time_codecs(auto, key, size, self.run.codec_timings, process_set)
+        predicted = predict_label(auto, key, size, self.run.codec_timings)
+        self.run.traced[key] = traced_modes(auto, key, predicted)
+        return self.run.traced[key]
+
     def _compress_scheduled(self, phases, call):
         if not isinstance(phases, AutoModes):
             return super()._compress_scheduled(phases, call)
         auto = call.comp
-        time_codecs(auto, call.key, call.size, self.run.codec_timings)
-        with tf.init_scope():
-            sync_plan(auto)  # a plan restored before this trace: trace its modes
-        if call.key == next(iter(auto.plan_state.tensors)):
-            check_same_trace(auto, self.run, call.group.process_set)
-        held = self.run.traced[call.key] = traced_modes(auto, call.key)
+        held = self._trace_modes(auto, call.key, call.size, call.group.process_set)
         step = tf.cast(call.step, tf.int64)
         stamp = self._stamp(auto, call.key, step)
         mode, variable = self._mode(auto, call.key, step, stamp)

@@ -32,6 +32,13 @@ def links(sequence, monkeypatch, module, size):
     return calls
 
 
+def early_link(link, monkeypatch, module, size):
+    """Make the early probe of ``module`` report ``link`` (for a world of ``size`` ranks)."""
+    def probe(numels, process_set):
+        return [comm_time("allreduce", 4 * n, size, link.bytes_per_s, link.latency_s)[1] for n in numels]
+    monkeypatch.setattr(module, "probe_early", probe)
+
+
 def misread_plan_on(rank, this_rank, auto, monkeypatch):
     """On ``rank`` only, make ``auto`` read the broadcast plan wrongly (every
     ``none`` becomes Int8 and everything else ``none``): a forced disagreement."""

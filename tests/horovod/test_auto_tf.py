@@ -31,6 +31,7 @@ import horovod.tensorflow.keras as hvdk  # noqa: E402
 import hvd_compress  # noqa: E402
 from hvd_compress.auto import tf_auto as auto_tf  # noqa: E402
 from hvd_compress.auto import Link  # noqa: E402
+from hvd_compress.auto.planner import PlanMismatchError  # noqa: E402
 from hvd_compress.cross_rank import stable_hash  # noqa: E402
 
 import auto_links  # noqa: E402
@@ -141,6 +142,60 @@ def test_slow_link_compresses_the_weight_and_fast_link_does_not(monkeypatch):
         # (cost_model.ENTRY_S), so the margin decides (2 ranks: it joins; 3: dense)
         assert plan["b:0"] in ("none", plan["w:0"]), auto.describe()
         assert applied_schemes(auto) == expected_schemes(auto, plan)
+
+
+def test_the_predicted_plan_is_traced_and_adopted_without_a_retrace(monkeypatch):
+    """A slow link from the first trace on: the early probe and the codec costs
+    predict a lossy mode for the weight, the first trace holds it, and the
+    first decision adopts a lossy plan in that trace, without tracing again."""
+    links([SLOW], monkeypatch)
+    auto_links.early_link(SLOW, monkeypatch, auto_tf, SIZE)
+    auto = hvd_compress.Auto(codec_costs=CODEC_COSTS, calibration_steps=1, recheck_every=0)
+    run = Injected(auto)
+    run.step(1)
+    tf_run = auto.adapter_for("tensorflow").run
+    traces = tf_run.traces
+    for step in range(2, 5):  # decided at step 2
+        run.step(step)
+    plan = auto.current_plan()
+    assert plan["w:0"] != "none", auto.describe()
+    assert tf_run.traces == traces and tf_run.retrace_asked is None
+    assert "retrace_request" not in auto.plan_state.check_seconds and auto.plan_state.early_link is not None
+    labels = [c.label for c in auto.candidates]
+    assert labels.index(plan["w:0"]) + 1 in tf_run.traced["w:0"]
+    assert applied_schemes(auto) == expected_schemes(auto, plan)
+    assert same_on_all_ranks(plan, "test.autotf.predicted_plan")
+
+
+def test_ranks_tracing_different_tensors_raise_on_every_rank(monkeypatch):
+    """Rank 1 reports another class for the codec timing it agrees at the
+    trace: every rank raises PlanMismatchError at the trace, none hangs."""
+    auto = hvd_compress.Auto(calibration_steps=1, recheck_every=0, exclude=("FP16", "TopK(0.1)", "TopK(0.01)"))
+    if RANK == 1:
+        row = auto_tf.class_timing_row
+        monkeypatch.setattr(auto_tf, "class_timing_row", lambda cls, numel, seconds: row(cls, numel + 1, seconds))
+    run = Injected(auto, {"only": (8, 4)})
+    with pytest.raises(Exception, match="ranks traced different tensors") as err:  # TF wraps it in a StagingError
+        run.step_fn([tf.ones([8, 4])])
+    assert PlanMismatchError.__name__ in str(err.value)
+    assert same_on_all_ranks("after", "test.autotf.after_trace_mismatch")  # the ranks are still in step
+
+
+def test_ranks_tracing_different_modes_raise_at_the_decision(monkeypatch):
+    """Rank 1 predicts, and traces, Int8 where rank 0 traces none only: the
+    calibration step runs none on both, and the decision raises
+    PlanMismatchError on every rank before any rank runs a mode the other lacks."""
+    links([FAST], monkeypatch)
+    auto_links.early_link(FAST, monkeypatch, auto_tf, SIZE)
+    if RANK == 1:
+        monkeypatch.setattr(auto_tf, "predict_label", lambda *a: "Int8")
+    auto = hvd_compress.Auto(codec_costs=CODEC_COSTS, calibration_steps=1, recheck_every=0)
+    run = Injected(auto, {"only": (8, 4)})
+    run.step_fn([tf.ones([8, 4])])
+    with pytest.raises(Exception, match="different plans") as err:
+        run.step_fn([tf.ones([8, 4])])
+    assert "PlanMismatchError" in repr(err.value) or "PlanMismatchError" in str(err.value)
+    assert same_on_all_ranks("after", "test.autotf.after_modes_mismatch")
 
 
 def test_a_forced_disagreement_raises_on_every_rank(monkeypatch):

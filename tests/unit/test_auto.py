@@ -245,6 +245,68 @@ def test_tensorflow_codec_timing():
     assert got[0] == 0.0 and got[1] is None and all(0.0 <= t < 1.0 for t in got[2:]), got
 
 
+def test_tensorflow_trace_agrees_codec_timings_per_class():
+    """A class timed at the trace: its rows carry a hash of the class and the
+    tensor timed; the ranks keep the average, or all raise where a class differs."""
+    pytest.importorskip("tensorflow")
+    from hvd_compress.auto import tf_auto as auto_tf
+    from hvd_compress.auto.planner import PlanMismatchError
+    cls = (1 << 12, (True, False, True))
+    mine, other = auto_tf.class_timing_row(cls, 4000, [0.0, None, 2e-3]), auto_tf.class_timing_row(cls, 4000,
+                                                                                                   [0.0, None, 4e-3])
+    assert mine[:2] == other[:2] and mine[2:] == [0.0, -1.0, 2e-3]
+    assert auto_tf.agreed_class_timing([mine, other], 0) == [0.0, None, pytest.approx(3e-3)]
+    assert auto_tf.class_timing_row(cls, 4001, [0.0, None, 2e-3])[:2] != mine[:2]  # another tensor timed
+    assert auto_tf.class_timing_row((1 << 12, (True, True, True)), 4000, [0.0, 1.0, 2e-3])[:2] != mine[:2]
+    with pytest.raises(PlanMismatchError, match=r"ranks traced different tensors: codec timing class 3 .*\[1\]"):
+        auto_tf.agreed_class_timing([mine, auto_tf.class_timing_row(cls, 4001, [0.0, None, 2e-3])], 3)
+
+
+def _tf_auto(**kwargs):
+    """An Auto planning BIG and SMALL in TensorFlow, with fixed codec costs."""
+    auto = hvd_compress.Auto(codec_costs={c.label: 1e-9 for c in default_candidates()[1:]}, **kwargs)
+    auto._framework = "tensorflow"
+    for key, (numel, shape) in TENSORS.items():
+        auto.plan_for(key, numel, shape)
+    return auto
+
+
+def test_tensorflow_trace_holds_the_predicted_choice():
+    """Before the first plan a trace holds none and the choice predicted on
+    the early probe's link; once a plan is in force, its modes only."""
+    pytest.importorskip("tensorflow")
+    from hvd_compress.auto import tf_auto as auto_tf
+    auto = _tf_auto()
+    labels = [c.label for c in auto.candidates]
+    assert auto_tf.predict_label(auto, BIG[0], 2, {}) == "none"  # nothing probed yet
+    auto.plan_state.early_link = SLOW
+    predicted = auto_tf.predict_label(auto, BIG[0], 2, {})
+    assert predicted != "none" and auto_tf.predict_label(auto, SMALL[0], 2, {}) == "none"
+    assert auto_tf.traced_modes(auto, BIG[0], predicted) == (auto_tf.PLAIN, labels.index(predicted) + 1)
+    auto.plan_state.early_link = FAST
+    assert auto_tf.predict_label(auto, BIG[0], 2, {}) == "none"
+    auto.plan_state.history.append((3, {BIG[0]: Choice("Int8", 0.0, 0.0, None)}, 0))
+    assert auto_tf.predict_label(auto, BIG[0], 2, {}) == "none"
+    assert auto_tf.traced_modes(auto, BIG[0], predicted) == (auto_tf.PLAIN, auto_tf.FLUSH, labels.index("Int8") + 1)
+
+
+@pytest.mark.parametrize("traced, threshold, want", [("Int8", 0.99, "Int8"), ("Int8", 0.1, "TopK(0.01)"),
+                                                     ("TopK(0.01)", 0.99, "TopK(0.01)")])
+def test_tensorflow_first_decision_prefers_the_traced_plan(traced, threshold, want):
+    """The first decision in TF keeps the plan its trace holds unless a fresh
+    one (which needs a retrace) is ``replan_threshold`` faster."""
+    pytest.importorskip("tensorflow")
+    auto = _tf_auto(replan_threshold=threshold, exclude=("FP16", "PowerSGD(4)"))
+    labels = [c.label for c in auto.candidates]
+    run = auto.adapter_for("tensorflow").run
+    run.traced = {BIG[0]: (0, labels.index(traced) + 1), SMALL[0]: (0,)}
+    state = auto.plan_state
+    state.link, state.codec_s = SLOW, codec_costs(auto.candidates)
+    keys = sorted(TENSORS)
+    got = dict(zip(keys, (labels[i] for i in auto._propose(keys, 2))))
+    assert got == {BIG[0]: want, SMALL[0]: "none"}
+
+
 def test_one_auto_serves_one_framework():
     tf = pytest.importorskip("tensorflow")
     auto = hvd_compress.Auto()

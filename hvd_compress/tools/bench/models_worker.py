@@ -231,16 +231,21 @@ def _plan_counts(comp):
 
 
 def _auto_startup(comp, slowest, framework):
-    """What Auto's start cost: this rank's seconds in its probes, codec timings
-    (at the trace in TensorFlow) and decision, its calibration steps, and the
-    steps before the plan in force at the end with their seconds (TensorFlow:
-    up to the step traced with the plan's codecs, which runs it)."""
+    """What Auto's start cost: this rank's seconds in its probes (the early
+    one, before the first step, also alone), codec timings (at the trace in
+    TensorFlow, with their agreement over ranks there) and decision, its
+    calibration steps, and the steps before the plan in force at the end with
+    their seconds (TensorFlow, where that plan asked for a retrace: up to the
+    step traced with the plan's codecs, which runs it)."""
     state = comp.plan_state
     seconds = dict(state.check_seconds or {})
-    final = state.history[-1][0] + (framework == "tensorflow") if state.history else len(slowest)
+    retraced = framework == "tensorflow" and len(state.history) - 1 in seconds.get("retraced_plans", ())
+    final = state.history[-1][0] + retraced if state.history else len(slowest)
     return {"probe_s": seconds.get("early_probe", 0.0) + seconds.get("probe", 0.0),
+            "early_probe_s": seconds.get("early_probe"), "trace_agree_s": seconds.get("trace_agree"),
             "codec_s": seconds.get("codecs", 0.0) + seconds.get("trace_codecs", 0.0),
             "decide_s": seconds.get("decide"), "retrace_request_s": seconds.get("retrace_request"),
+            "retraced": retraced,
             "calibration_steps": comp.calibration_steps,
             "steps_before_final_plan": final, "steps_before_final_plan_s": sum(slowest[:final]),
             "plans_adopted": len(state.history), "link": None if state.link is None else
