@@ -421,13 +421,20 @@ class Auto(Compressor):
         """Rank 0: candidate indices of the new plan, or of the plan in force
         where the new one is not ``replan_threshold`` faster.  TensorFlow's
         first decision compares with the plan its trace already holds
-        (:func:`hvd_compress.auto.tf_auto.traced_plan`): a plan that needs
-        other modes has the step traced again, which costs about a first step."""
+        (:func:`hvd_compress.auto.tf_auto.traced_plan`), and a plan that needs
+        modes the trace lacks, which has the step traced again, is adopted only
+        where its saving until the next check pays for that trace
+        (:func:`hvd_compress.auto.tf_auto.retrace_pays`)."""
         state = self.plan_state
         current = state.in_force()
-        if current is None and self._framework == "tensorflow":
-            from .tf_auto import traced_plan
-            current = traced_plan(self, keys, size)
+        if self._framework == "tensorflow":
+            from .tf_auto import needs_retrace, retrace_pays, traced_plan
+            current = traced_plan(self, keys, size) if current is None else current
+            fresh = plan({k: state.tensors[k] for k in keys}, size, state.link, self.candidates, state.codec_s, (),
+                         self.min_gain, state.machine, state.backward_s)
+            if needs_retrace(self, fresh) and not retrace_pays(self, current, fresh, keys, size):
+                index = {c.label: i for i, c in enumerate(self.candidates)}
+                return [index[current[k].label] if k in current else 0 for k in keys]
         return propose({k: state.tensors[k] for k in keys}, size, state.link, self.candidates, state.codec_s,
                        self.min_gain, current, self.replan_threshold, state.machine, state.backward_s)
 

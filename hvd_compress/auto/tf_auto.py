@@ -470,6 +470,38 @@ def traced_plan(auto, keys, size):
                 state.machine, state.backward_s)
 
 
+#: the steps a plan's saving is counted over, where Auto never re-checks
+#: (``recheck_every=0``), when a retrace must pay for itself (:func:`retrace_pays`)
+RETRACE_HORIZON_STEPS = 1000
+
+
+def needs_retrace(auto, choices):
+    """Whether a plan ``{key: Choice}`` needs a mode some tensor's trace lacks."""
+    run = auto.adapters["tensorflow"].run
+    return any(mode_for(auto, c.label, PLAIN) not in run.traced.get(k, ()) + (FLUSH,) for k, c in choices.items())
+
+
+def retrace_pays(auto, current, fresh, keys, size):
+    """Whether the plan ``fresh`` is worth a retrace over ``current`` (the plan
+    the trace holds): its predicted saving a step, over the steps until the
+    next check (``recheck_every``, or :data:`RETRACE_HORIZON_STEPS`), must
+    exceed what the first trace cost (:meth:`AutoTFRun.trace_seconds`): on
+    MobileNetV2 a retrace costs as much as 150 of its steps, more than a plan a
+    few percent faster saves before the next check.  Both numbers are kept in
+    ``check_seconds`` (``retrace_s``, ``retrace_saving_s``)."""
+    from .planner import predicted_total
+    state, run = auto.plan_state, auto.adapters["tensorflow"].run
+    tensors = {k: state.tensors[k] for k in keys}
+
+    def total(choices):
+        return predicted_total(choices, tensors, size, state.link, auto.candidates, state.codec_s, state.machine,
+                               state.backward_s)
+    saving = (total(current) - total(fresh)) * (auto.recheck_every or RETRACE_HORIZON_STEPS)
+    cost = run.trace_seconds()
+    state.check_seconds = {**(state.check_seconds or {}), "retrace_s": cost, "retrace_saving_s": saving}
+    return saving > cost
+
+
 def branch_of_mode(modes_traced, count):
     """``[branch index of mode m]`` for every mode ``m < count``: a mode the
     trace lacks runs ``none`` (branch 0, without error feedback: the residual
@@ -566,6 +598,8 @@ class AutoTFRun:
     retrace_asked: Any = None
     #: classes of ``codec_timings`` agreed so far (names the allgather of the next, :func:`agree_class_timing`)
     classes_agreed: int = 0
+    #: wall clock (``time.time()``, as ``tf.timestamp()``) at Auto's first ``compress`` at the first trace
+    trace_started: Any = None
 
     def restart(self):
         """After an elastic reset: nothing decided, every variable zero."""
@@ -573,6 +607,16 @@ class AutoTFRun:
         self.plan_var.assign("")
         for v in list(self.mode_vars.values()) + ([self.timestamps] if self.timestamps is not None else []):
             v.assign(tf.zeros_like(v))
+
+    def trace_seconds(self):
+        """What the first trace of the step cost, about: from Auto's first
+        ``compress`` at the trace (``trace_started``, wall clock) to the first
+        tensor's communication in the first step (its stamp); 0 where either
+        is unknown (a restored plan, a trace before the stamps)."""
+        stamps = self.step_times()
+        if self.trace_started is None or not stamps:
+            return 0.0
+        return max(0.0, stamps[0] - self.trace_started)
 
     def step_times(self):
         """perf-counter-like stamps of the calibration steps recorded so far."""
@@ -623,6 +667,8 @@ class AutoTFAdapter(TFAdapter):
         """At the trace (eagerly): check the plan it is built from, probe the
         link (first trace), time the codecs (new classes), predict ``key``'s
         choice; the modes its switch holds (:func:`traced_modes`)."""
+        if self.run.trace_started is None:
+            self.run.trace_started = time.time()
         with tf.init_scope():
             sync_plan(auto)  # a plan restored before this trace: trace its modes
         if key == next(iter(auto.plan_state.tensors)):
