@@ -106,6 +106,24 @@ def test_auto_runs_with_its_momentum_in_the_compressor_and_the_recipes_warmup():
     assert (timed.warmup_steps, timed.dense_below) == (0, 2048)
 
 
+def test_any_auto_spec_runs_under_autos_recipe_with_its_own_arguments():
+    """``Auto(include_sign=True)`` gets the same recipe as ``Auto()`` (its arguments win where they
+    overlap), trains on every link as Auto does, and is held to Auto's tolerance."""
+    from hvd_compress.tools.bench import tta
+    from hvd_compress.tools.bench.specs import keyword_args
+    from hvd_compress.tools.bench.tta_worker import build_compression
+    from hvd_compress.tools.recipes import tolerance_of
+    comp, placement, _ = build_compression("Auto(include_sign=True, warmup_steps=5)", "cnn", 32, "torch")
+    assert placement == "compressor" and (comp.warmup_steps, comp.dense_below) == (5, 1024)
+    assert "EFSignSGD" in [c.label for c in comp.candidates]
+    assert tta.is_auto("Auto(include_sign=True)") and tta.is_auto("Auto()") and not tta.is_auto("TopK(0.01)")
+    assert tta.dense_phase_steps("Auto(include_sign=True)", "cnn", 32) == 0
+    assert tolerance_of("Auto(include_sign=True)") == tolerance_of("Auto()") == 0.5
+    assert keyword_args("Auto(include_sign=True)") == {"include_sign": True} and keyword_args("Int8") == {}
+    with pytest.raises(ValueError, match="must be Python literals"):
+        keyword_args("Auto(rules=[Rule()])")
+
+
 def test_tta_smoke_two_ranks(tmp_path):
     cluster = cluster_or_skip("ttat")
     out = tmp_path / "tta.json"

@@ -53,6 +53,18 @@ def parse_spec(spec: str):
     return _build(tree.body, _factories())
 
 
+def keyword_args(spec: str) -> dict:
+    """The keyword arguments written in ``spec`` (``"Auto(include_sign=True)"``:
+    ``{"include_sign": True}``), each a Python literal."""
+    node = ast.parse(spec.strip(), mode="eval").body
+    if not isinstance(node, ast.Call):
+        return {}
+    try:
+        return {k.arg: ast.literal_eval(k.value) for k in node.keywords}
+    except ValueError:
+        raise ValueError(f"the keyword arguments of {spec!r} must be Python literals") from None
+
+
 def split_specs(text: str):
     """Split a comma-separated list of specs, keeping commas inside parentheses."""
     out, depth, cur = [], 0, ""

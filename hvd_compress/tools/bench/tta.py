@@ -52,6 +52,11 @@ FIELDS = ("model", "params", "framework", "workers", "link", "link_mbit", "schem
 DEFAULT_SCHEMES = "none,hvd_fp16,TopK(0.01),DGC(0.001),PowerSGD(4),Int8(),EFSignSGD(),Auto()"
 LINKS = ("unshaped",) + tuple(REFERENCE_GBIT)
 AUTO = "Auto()"
+
+
+def is_auto(spec):
+    """Whether ``spec`` is an ``Auto(...)``: it chooses by link, so it trains on every link."""
+    return spec.replace(" ", "").startswith("Auto(")
 #: (training steps at 4 ranks, evaluate every): the CNN's 10 epochs and the transformer's 20 of the
 #: convergence bench (32 steps an epoch at 4 ranks, batch 32), the character LM's 300 steps
 MODEL_STEPS = {"cnn": (320, 16), "transformer": (640, 32), "charlm": (300, 25)}
@@ -86,7 +91,7 @@ def make_row(*, model, params, framework, workers, link, link_mbit, scheme, seed
 
 def dense_phase_steps(spec, model, steps_per_epoch):
     """Steps of ``spec``'s recipe spent dense (its warmup) or on the ratio ramp."""
-    if spec in HOROVOD_SPECS or spec == AUTO:
+    if spec in HOROVOD_SPECS or is_auto(spec):
         return 0
     r = recipe_of_spec(spec)
     warm = WARMUP_EPOCHS[model] * steps_per_epoch if r.warmup else 0
@@ -174,7 +179,8 @@ def run(framework="torch", model="cnn", schemes=DEFAULT_SCHEMES, seeds="1,2,3", 
     a = {"framework": framework, "model": model, "workers": workers, "threads": threads, "run_timeout": run_timeout,
          "steps": steps or default_steps, "eval_every": eval_every or default_eval}
     command = command or _command()
-    fixed = [s for s in schemes if s != AUTO]
+    fixed = [s for s in schemes if not is_auto(s)]
+    auto_specs = [s for s in schemes if is_auto(s)]
     prog = Progress(3 + len(links), enabled=progress)
     meta = {"command": command, "started": _now(), "model": model, "framework": framework, "workers": workers,
             "steps": a["steps"], "eval_every": a["eval_every"], "stands_for": stands_for, "seeds": seeds,
@@ -185,7 +191,7 @@ def run(framework="torch", model="cnn", schemes=DEFAULT_SCHEMES, seeds="1,2,3", 
         c.set_rate(None)
         meta["latency_s"] = measure_rtt_s(c) / 2
         curves = (_saved_curves(curves_from, a, schemes, seeds) if curves_from else
-                  ses.launch("curves (unshaped)", fixed + ([AUTO] if AUTO in schemes else []), seeds,
+                  ses.launch("curves (unshaped)", fixed + auto_specs, seeds,
                              compute_steps=3))
         prog.step("curves", f"{len(curves)} runs")
         if not curves:
@@ -206,8 +212,8 @@ def run(framework="torch", model="cnn", schemes=DEFAULT_SCHEMES, seeds="1,2,3", 
             if link != "unshaped":  # there the curves themselves are measured end to end
                 timed = ses.launch(f"step times ({link})", fixed, [1], time_steps=time_steps)
                 times[link] = {r["scheme"]: r["median_step_s"] for r in timed}
-            if AUTO in schemes and link != "unshaped":  # Auto chooses by link: every seed runs there
-                autos[link] = ses.launch(f"Auto ({link})", [AUTO], seeds)
+            if auto_specs and link != "unshaped":  # Auto chooses by link: every seed runs there
+                autos[link] = ses.launch(f"Auto ({link})", auto_specs, seeds)
             if link == validate_link:
                 measured_val = ses.launch(f"validation ({link})", split_specs(validate_schemes) if validate_schemes
                                           else fixed, [seeds[0]])
@@ -265,7 +271,7 @@ def build_rows(a, curves, times, autos, measured_val, rates, validate_link, comm
                              measured=measured, command=command, steps=rec["steps"], auto_plan=rec.get("auto_plan")))
     for rec in curves:
         add(rec, "unshaped", rec["curve"], True)
-        if rec["scheme"] == AUTO:
+        if is_auto(rec["scheme"]):
             continue
         for link, t in times.items():
             if link == "unshaped" or t.get(rec["scheme"]) is None or t.get("none") is None:

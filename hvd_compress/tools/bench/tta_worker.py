@@ -29,7 +29,7 @@ import time
 
 from ..recipes import DENSE_BELOW_WITH_EMBEDDINGS, MODEL_LR_PER_RANK, WARMUP_EPOCHS, per_model, recipe_of_spec
 from .e2e_worker import read_iface
-from .specs import HOROVOD_SPECS, horovod_compression, split_specs
+from .specs import HOROVOD_SPECS, horovod_compression, keyword_args, split_specs
 from .tta_data import BATCH, load, lm_batch
 
 #: the momentum of every run (in the optimizer, or in the compressor where the recipe says so)
@@ -44,15 +44,17 @@ def build_compression(spec, model, steps_per_epoch, framework, seed=0, timing=Fa
     lr = MODEL_LR_PER_RANK[model]
     if spec in HOROVOD_SPECS:
         return horovod_compression(spec, framework), "optimizer", lr
-    if spec.replace(" ", "") == "Auto()":
+    if spec.replace(" ", "").startswith("Auto("):
         # Auto's own advice (its docstring, docs/guide/schemes.md "Momentum placement"): momentum in
         # the compressor, the optimizer's at 0. Auto may pick a sign scheme or Top-K, whose residual
         # an optimizer's momentum amplifies; the recipes of those schemes place it the same way.
         # The dense warmup and dense small tensors are the lossy recipes' (the calibration runs
         # inside the warmup); on a slow link Auto picks their schemes.
         warmup = 0 if timing else WARMUP_EPOCHS[model] * steps_per_epoch
-        auto = hvd_compress.Auto(seed=seed, momentum=MOMENTUM, warmup_steps=warmup,
-                                 dense_below=per_model(DENSE_BELOW_WITH_EMBEDDINGS, model))
+        # the spec's own arguments (Auto(include_sign=True)) join these, and win over them
+        recipe_args = {"seed": seed, "momentum": MOMENTUM, "warmup_steps": warmup,
+                       "dense_below": per_model(DENSE_BELOW_WITH_EMBEDDINGS, model)}
+        auto = hvd_compress.Auto(**{**recipe_args, **keyword_args(spec)})
         return auto, "compressor", lr
     r = recipe_of_spec(spec)
     kwargs = {k: v for k, v in r.params.items() if k != "ramp" and v is not None}
