@@ -296,6 +296,8 @@ def test_models_smoke_two_hosts(tmp_path):
     assert none["plan"] is None and fp16["plan"] is None and sum(auto["plan"].values()) == 28
     best = min(none["median_step_s"], fp16["median_step_s"]) / auto["median_step_s"]
     assert auto["vs_best_candidate"] == pytest.approx(best) and "vs_best_candidate" not in none
+    states = json.loads(open(models_bench.auto_state_path(str(out))).read())
+    assert list(states) == [models_bench.row_key(auto)] and len(states[models_bench.row_key(auto)]["plan"]) == 28
     parts = auto["auto_startup"]
     assert parts["calibration_steps"] == 3 and parts["steps_before_final_plan"] == 3 and parts["probe_s"] > 0
     assert models_bench.merged(str(out), data[:1]) == data[1:] + data[:1]  # a rerun replaces its own rows
@@ -325,21 +327,21 @@ def test_models_architectures_match_their_published_sizes():
 
 
 def test_models_replay_predicts_each_fixed_scheme_from_autos_own_measurements():
-    """The replay rebuilds Auto's planner inputs from its row: on a slow link
-    the predicted communication of Top-K and Int8 is below ``none``'s, Auto's
-    adopted plan is predicted as its own choices, and schemes Auto cannot
-    choose are left out."""
+    """The replay rebuilds Auto's planner inputs from its saved state: on a slow
+    link the predicted communication of Top-K and Int8 is below ``none``'s,
+    Auto's adopted plan is predicted as its own choices, and schemes Auto
+    cannot choose are left out."""
     from dataclasses import asdict
-    from hvd_compress.auto.compressor import AutoPlan
-    from hvd_compress.auto.planner import Choice
-    from hvd_compress.costmodel.model import LINK_ONLY, Link
+    from hvd_compress.costmodel.model import LINK_ONLY
     from hvd_compress.tools.bench.models_replay import candidate_label, format_replay, replay
-    tensors = {"w": (1 << 20, (1024, 1024)), "b": (1024, (1024,))}
-    codec = {"w": {"none": 0.0, "Int8": 1e-3, "TopK(0.01)": 2e-3}, "b": {"none": 0.0}}
-    state = AutoPlan(tensors=tensors, codec_s=codec, link=Link(1e-4, 12.5e6), backward_s=0.0,
-                     history=[(3, {"w": Choice("TopK(0.01)", 0, 0, None), "b": Choice("none", 0, 0, None)}, 0)])
-    auto = {"scheme": "Auto()", "workers": 2, "median_step_s": 0.5,
-            "auto_state": {**state.to_json(), "machine": asdict(LINK_ONLY)}}
+    from hvd_compress.tools.bench.specs import parse_spec
+    labels = [c.label for c in parse_spec("Auto()").candidates]
+    cost = {"none": 0.0, "Int8": 1e-3, "TopK(0.01)": 2e-3}
+    state = {"candidates": labels, "tensors": {"w": [1 << 20, [1024, 1024]], "b": [1024, [1024]]},
+             "codec_s": {"w": [cost.get(x) for x in labels], "b": [0.0] + [None] * (len(labels) - 1)},
+             "link": [1e-4, 12.5e6], "backward_s": 0.0, "step_s": 1.0, "machine": asdict(LINK_ONLY),
+             "min_gain": 0.1, "plan": {"w": "TopK(0.01)", "b": "none"}}
+    auto = {"scheme": "Auto()", "workers": 2, "median_step_s": 0.5, "auto_state": state}
     fixed = [{"scheme": s, "median_step_s": t} for s, t in
              (("none", 1.0), ("TopK(0.01)", 0.5), ("Int8", 0.6), ("EFSignSGD", 0.4))]
     rows = {r["plan"]: r for r in replay(auto, fixed)}
@@ -348,3 +350,5 @@ def test_models_replay_predicts_each_fixed_scheme_from_autos_own_measurements():
     assert rows["TopK(0.01)"]["predicted_comm_s"] < rows["Int8"]["predicted_comm_s"] < rows["none"]["predicted_comm_s"]
     assert "measured - none" in format_replay(list(rows.values()))
     assert candidate_label("hvd_fp16", ["none", "FP16"]) == "FP16" and candidate_label("EFSignSGD", ["none"]) is None
+    with pytest.raises(ValueError, match="candidates"):
+        replay({**auto, "scheme": "Auto(include_sign=True)"}, fixed)

@@ -86,7 +86,9 @@ def run(models="resnet50,mobilenetv2,bert,gpt2", frameworks="torch,tensorflow", 
                                           f"{f['model']} {f['scheme']} ({_why(f)})" for f in failures),
               file=stream)
     if out_json:
+        states = split_auto_states(rows)
         write_json(out_json, merged(out_json, rows) if merge else rows)
+        write_auto_states(auto_state_path(out_json), states, merge)
         print(f"wrote {out_json}", file=stream)
         if failures:
             write_json(os.path.splitext(out_json)[0] + "_failures.json", failures)
@@ -162,6 +164,46 @@ def auto_may_choose(auto_spec, fixed_spec):
             return False
         fixed = type(comp.scheme).__name__
     return fixed in {type(c.scheme).__name__ for c in parse_spec(auto_spec).candidates}
+
+
+def row_key(row):
+    """A row's key (:data:`KEY`) as one string: ``model|size|framework|workers|link_mbit|scheme``."""
+    return "|".join(str(row.get(k)) for k in KEY)
+
+
+def auto_state_path(out_json):
+    """Where the Auto rows' planner inputs go: beside ``out_json``, ``<stem>_auto_state.json``."""
+    return os.path.splitext(out_json)[0] + "_auto_state.json"
+
+
+def split_auto_states(rows):
+    """``{row key: auto_state}`` taken out of the rows (tens of kB each: kept
+    apart so that the rows stay readable), each number to 4 significant digits."""
+    return {row_key(r): _rounded(r.pop("auto_state")) for r in rows if r.get("auto_state")}
+
+
+def _rounded(x):
+    if isinstance(x, float):
+        return float(f"{x:.4g}")
+    if isinstance(x, dict):
+        return {k: _rounded(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_rounded(v) for v in x]
+    return x
+
+
+def write_auto_states(path, states, merge=True):
+    """Write ``states`` (merged into ``path``'s where ``merge``), one compact line a row."""
+    old = {}
+    if merge and os.path.exists(path):
+        with open(path) as f:
+            old = json.load(f)
+    out = {**old, **states}
+    if not out:
+        return
+    with open(path, "w") as f:
+        f.write("{\n" + ",\n".join(f"{json.dumps(k)}: {json.dumps(v, separators=(',', ':'))}"
+                                   for k, v in out.items()) + "\n}\n")
 
 
 def merged(path, rows):

@@ -1,9 +1,9 @@
 """Replay ``Auto``'s decision of a ``bench models`` run offline, against the
 fixed schemes measured in the same run.
 
-Each ``Auto`` row keeps what its planner saw (``auto_state``: the tensors,
-the codec seconds averaged over ranks, the fitted link, the backward span,
-the host, the plan).  For the plan Auto adopted and for each fixed scheme
+Each ``Auto`` row keeps what its planner saw (``auto_state``, in
+``<stem>_auto_state.json`` beside the rows: the tensors, the codec seconds
+averaged over ranks, the fitted link, the backward span, the host, the plan).  For the plan Auto adopted and for each fixed scheme
 it may choose, applied to every tensor it can carry, the cost model's
 predicted communication seconds a step (:func:`hvd_compress.auto.planner.predicted_total`)
 stand beside the measured median step.  Compute is the same in every row,
@@ -34,29 +34,29 @@ def replay(auto_row, same_run):
     """Rows ``{plan, measured_step_s, predicted_comm_s}``: Auto's adopted plan
     (``plan``: ``"Auto"``) and each fixed scheme of ``same_run`` it may
     choose, every tensor it can carry under that scheme and the rest dense."""
-    from hvd_compress.auto.compressor import AutoPlan
     from hvd_compress.auto.planner import Choice, predicted_total, tensor_options
-    from hvd_compress.costmodel.model import Machine
+    from hvd_compress.costmodel.model import Link, Machine
     from .specs import parse_spec
-    saved = auto_row["auto_state"]
-    state = AutoPlan.from_json(saved)
-    machine = Machine(**saved["machine"])
+    saved, workers = auto_row["auto_state"], auto_row["workers"]
     candidates = parse_spec(auto_row["scheme"]).candidates
     labels = [c.label for c in candidates]
+    if labels != saved["candidates"]:
+        raise ValueError(f"{auto_row['scheme']} has the candidates {labels}, its saved state {saved['candidates']}")
+    tensors = {k: (n, tuple(s)) for k, (n, s) in saved["tensors"].items()}
+    codec_s = {k: {label: v for label, v in zip(labels, row) if v is not None} for k, row in saved["codec_s"].items()}
+    link, machine = Link(*saved["link"]), Machine(**saved["machine"])
 
-    def predicted(choices):
-        return predicted_total(choices, state.tensors, auto_row["workers"], state.link, candidates, state.codec_s,
-                               machine, state.backward_s)
+    def predicted(label_of):
+        choices = {k: Choice(label_of(k), 0.0, 0.0, None) for k in tensors}
+        return predicted_total(choices, tensors, workers, link, candidates, codec_s, machine, saved["backward_s"])
 
     def uniform(label):
-        out = {}
-        for key, (numel, shape) in state.tensors.items():
-            opts = tensor_options(numel, shape, auto_row["workers"], state.link, candidates,
-                                  state.codec_s.get(key, {}), machine)
-            out[key] = Choice(label if label in opts else "none", 0.0, 0.0, None)
-        return out
+        def label_of(key):
+            opts = tensor_options(*tensors[key], workers, link, candidates, codec_s.get(key, {}), machine)
+            return label if label in opts else "none"
+        return label_of
     rows = [{"plan": "Auto", "measured_step_s": auto_row["median_step_s"],
-             "predicted_comm_s": predicted(state.in_force() or uniform("none"))}]
+             "predicted_comm_s": predicted(lambda k: saved["plan"].get(k, "none"))}]
     for fixed in same_run:
         label = candidate_label(fixed["scheme"], labels)
         if label is not None:
@@ -66,9 +66,19 @@ def replay(auto_row, same_run):
 
 
 def replay_file(path):
-    """(title, rows) for every Auto row with ``auto_state`` in a models.json."""
+    """(title, rows) for every Auto row of a models.json whose planner inputs
+    were kept (``<stem>_auto_state.json`` beside it)."""
+    import os
+    from .models_bench import auto_state_path, row_key
     with open(path) as f:
         rows = json.load(f)
+    states = {}
+    if os.path.exists(auto_state_path(path)):
+        with open(auto_state_path(path)) as f:
+            states = json.load(f)
+    for r in rows:
+        if row_key(r) in states:
+            r["auto_state"] = states[row_key(r)]
     key = ("model", "size", "framework", "workers", "link_mbit")
     out = []
     for auto in rows:

@@ -255,13 +255,19 @@ def _auto_startup(comp, slowest, framework):
 
 
 def _auto_state(comp):
-    """Rank 0's Auto state at the end (``AutoPlan.to_json``: tensors, codec
-    seconds averaged over ranks, link, backward span, plans) and its host,
-    so that a decision can be replayed with the planner offline
-    (``models_bench.replay``)."""
+    """What rank 0's Auto planner saw at its last decision, compact enough to
+    keep (``models_replay`` replays the decision with it): the tensors, the
+    candidates, each tensor's codec seconds in the candidates' order (None:
+    not usable), the fitted link, the backward span, the calibration step,
+    the host, ``min_gain`` and the plan in force (``{key: label}``)."""
     from dataclasses import asdict
-    return {**comp.plan_state.to_json(), "machine": asdict(comp.plan_state.machine),
-            "candidates": [c.label for c in comp.candidates], "min_gain": comp.min_gain}
+    state = comp.plan_state
+    labels = [c.label for c in comp.candidates]
+    return {"candidates": labels, "tensors": {k: [n, list(s)] for k, (n, s) in state.tensors.items()},
+            "codec_s": {k: [row.get(label) for label in labels] for k, row in state.codec_s.items()},
+            "link": None if state.link is None else [state.link.latency_s, state.link.bytes_per_s],
+            "backward_s": state.backward_s, "step_s": state.step_s, "machine": asdict(state.machine),
+            "min_gain": comp.min_gain, "plan": comp.current_plan()}
 
 
 def _codec_ns_per_element(state):
