@@ -423,13 +423,13 @@ class Auto(Compressor):
         first decision compares with the plan its trace already holds
         (:func:`hvd_compress.auto.tf_auto.traced_plan`), and a plan that needs
         modes the trace lacks, which has the step traced again, is adopted only
-        where its saving until the next check pays for that trace
+        where its saving over 1000 steps pays for that trace
         (:func:`hvd_compress.auto.tf_auto.retrace_pays`)."""
         state = self.plan_state
         current = state.in_force()
-        if self._framework == "tensorflow":
+        if self._framework == "tensorflow" and current is None:  # re-checks: the threshold alone, as in PyTorch
             from .tf_auto import needs_retrace, retrace_pays, traced_plan
-            current = traced_plan(self, keys, size) if current is None else current
+            current = traced_plan(self, keys, size)
             fresh = plan({k: state.tensors[k] for k in keys}, size, state.link, self.candidates, state.codec_s, (),
                          self.min_gain, state.machine, state.backward_s)
             if needs_retrace(self, fresh) and not retrace_pays(self, current, fresh, keys, size):

@@ -470,8 +470,9 @@ def traced_plan(auto, keys, size):
                 state.machine, state.backward_s)
 
 
-#: the steps a plan's saving is counted over, where Auto never re-checks
-#: (``recheck_every=0``), when a retrace must pay for itself (:func:`retrace_pays`)
+#: the steps a plan's saving is counted over when a retrace must pay for itself
+#: (:func:`retrace_pays`): the job's length is unknown, and a plan that wins on
+#: the link seen at the first decision usually stays in force past later checks
 RETRACE_HORIZON_STEPS = 1000
 
 
@@ -483,11 +484,10 @@ def needs_retrace(auto, choices):
 
 def retrace_pays(auto, current, fresh, keys, size):
     """Whether the plan ``fresh`` is worth a retrace over ``current`` (the plan
-    the trace holds): its predicted saving a step, over the steps until the
-    next check (``recheck_every``, or :data:`RETRACE_HORIZON_STEPS`), must
-    exceed what the first trace cost (:meth:`AutoTFRun.trace_seconds`): on
+    the trace holds), at the first decision: its predicted saving a step, over
+    :data:`RETRACE_HORIZON_STEPS` steps, must exceed what the first trace cost (:meth:`AutoTFRun.trace_seconds`): on
     MobileNetV2 a retrace costs as much as 150 of its steps, more than a plan a
-    few percent faster saves before the next check.  Both numbers are kept in
+    few percent faster saves in 1000.  Both numbers are kept in
     ``check_seconds`` (``retrace_s``, ``retrace_saving_s``)."""
     from .planner import predicted_total
     state, run = auto.plan_state, auto.adapters["tensorflow"].run
@@ -496,7 +496,7 @@ def retrace_pays(auto, current, fresh, keys, size):
     def total(choices):
         return predicted_total(choices, tensors, size, state.link, auto.candidates, state.codec_s, state.machine,
                                state.backward_s)
-    saving = (total(current) - total(fresh)) * (auto.recheck_every or RETRACE_HORIZON_STEPS)
+    saving = (total(current) - total(fresh)) * RETRACE_HORIZON_STEPS
     cost = run.trace_seconds()
     state.check_seconds = {**(state.check_seconds or {}), "retrace_s": cost, "retrace_saving_s": saving}
     return saving > cost
