@@ -20,6 +20,20 @@ Life of an ``Auto``:
    (:func:`hvd_compress.auto.planner.plan`) and broadcasts candidate indices in sorted key
    order; every rank allgathers a hash of the plan it is about to apply and raises
    :class:`~hvd_compress.auto.planner.PlanMismatchError` where they differ.
+   PyTorch, the first decision (and an elastic re-plan's): rank 0 also plans
+   with the candidates restricted to ``none`` and one family each
+   (:func:`hvd_compress.auto.planner.trial_plans`), and where plans other than the
+   fresh one are predicted within a tenth of the calibrated step of it, broadcasts
+   up to ``trial_plans`` of them (one flat list, hashed on every rank).
+   **Try** them: each runs ``trial_steps`` steps, best predicted first, timed by
+   the first tensor's ``compress`` calls (the median gap, the plan's first step
+   left out: it pays new collective names and allocations); after the last,
+   the medians are averaged over ranks and rank 0's pick of the fastest (of
+   equals the one predicted better) is broadcast, hashed and adopted.  Why:
+   the cost model prices compression's in-step cost low, and plans predicted
+   within its error of each other can differ in the step by more than it;
+   only the step tells them apart.  Each trial plan is a plan version (a
+   phase), so error feedback carries across them as across any re-plan.
 3. **Re-check** every ``recheck_every`` steps: re-probe the link (the codec
    costs are kept) and adopt rank 0's new plan where it is predicted more
    than ``replan_threshold`` faster than the plan in force.
@@ -200,6 +214,24 @@ class Auto(Compressor):
             two-phase exchange as a candidate ``"<label>/two_phase"``, so the
             cost model chooses the transport by the number of ranks
             (PyTorch; TensorFlow never chooses the two-phase candidates).
+        trial_plans: PyTorch, at the first decision: how many plans, the fresh
+            one and per candidate family the plan restricted to that family,
+            predicted within a tenth of the calibrated step of the fresh one,
+            to run in training and time; the fastest measured is adopted (module
+            docstring, **Try**).  Why: plans the cost model predicts that close
+            can differ in the step by more than that; only the step separates
+            them.  0 or 1: the fresh plan at once, no trial steps; where only
+            the fresh plan is predicted that close, no trial runs either.
+            TensorFlow never runs trials.
+        trial_steps: steps each trial plan runs (>= 2: the first is left out of
+            its timing).  Tuning: the trials cost up to ``trial_plans x
+            trial_steps`` steps under plans predicted within a tenth of a step of
+            the best; more steps time each plan against more noise.  A
+            checkpoint taken during the trials resumes them: the trials timed
+            before it keep their timings, the one it cut is timed on its steps
+            after the resume (clock readings are not saved), and a trial
+            left without a timed step is not adopted (all of them without
+            one: the best predicted).
     """
 
     def __init__(self, rules=(), calibration_steps=3, recheck_every=1000, topk_ratios=(0.1, 0.01),
