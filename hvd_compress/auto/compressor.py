@@ -142,7 +142,9 @@ class AutoPlan:
                 "next_check": self.next_check, "step_s": self.step_s, "backward_s": self.backward_s,
                 "codec_s": self.codec_s,
                 "link": link(self.link), "early_link": link(self.early_link), "provisional": self.provisional,
-                "pair_swap_bytes": self.pair_swap_bytes, "trials": self.trials, "trial_pick": self.trial_pick,
+                "pair_swap_bytes": self.pair_swap_bytes,
+                # only where trials ran: TensorFlow's checkpointed plan stays as it was
+                **({"trials": self.trials, "trial_pick": self.trial_pick} if self.trials else {}),
                 "history": [[start, {k: list(astuple(c)) for k, c in ch.items()}, v]
                             for start, ch, v in self.history]}
 
@@ -649,7 +651,7 @@ class Auto(Compressor):
         for i, trial in enumerate(state.trials):
             counts = dict(sorted(collections.Counter(trial["labels"].values()).items()))
             seconds = trial["step_s"] if trial["step_s"] is not None else trial["local_s"]
-            measured = ("not timed yet" if seconds is None else f"{1e3 * seconds:.1f} ms"
+            measured = ("not timed" if seconds is None else f"{1e3 * seconds:.1f} ms"
                         + (" (this rank)" if trial["step_s"] is None else ""))
             mark = "  <- adopted" if state.trial_pick == i else ""
             lines.append(f"  {i + 1}. {counts}: step {measured}, predicted communication "
