@@ -622,7 +622,7 @@ def _row(a, spec, blocks, info):
         # the timed steps at which Auto re-checked the link (its schedule: after the calibration and
         # the trial plans, then every recheck_every communications; the c-th call is timed step c - warmup - 1), whether
         # or not the check adopted a new plan
-        first_check = info["auto_calibration_steps"] + 1 + info["auto_trial_calls"]
+        first_check = info["auto_calibration_steps"] + 1 + info.get("auto_trial_calls", 0)
         n = blocks[-1][0]["steps"]
         every = info["auto_recheck_every"] or (n + warmup + 1)
         result["auto_check_steps"] = [c - warmup - 1 for c in range(first_check, warmup + n + 1, every)
