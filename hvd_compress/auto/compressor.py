@@ -20,6 +20,20 @@ Life of an ``Auto``:
    (:func:`hvd_compress.auto.planner.plan`) and broadcasts candidate indices in sorted key
    order; every rank allgathers a hash of the plan it is about to apply and raises
    :class:`~hvd_compress.auto.planner.PlanMismatchError` where they differ.
+   PyTorch, the first decision (and an elastic re-plan's): rank 0 also plans
+   with the candidates restricted to ``none`` and one family each
+   (:func:`hvd_compress.auto.planner.trial_plans`), and where plans other than the
+   fresh one are predicted within a tenth of the calibrated step of it, broadcasts
+   up to ``trial_plans`` of them (one flat list, hashed on every rank).
+   **Try** them: each runs ``trial_steps`` steps, best predicted first, timed by
+   the first tensor's ``compress`` calls (the median gap, the plan's first step
+   left out: it pays new collective names and allocations); after the last,
+   the medians are averaged over ranks and rank 0's pick of the fastest (of
+   equals the one predicted better) is broadcast, hashed and adopted.  Why:
+   the cost model prices compression's in-step cost low, and plans predicted
+   within its error of each other can differ in the step by more than it;
+   only the step tells them apart.  Each trial plan is a plan version (a
+   phase), so error feedback carries across them as across any re-plan.
 3. **Re-check** every ``recheck_every`` steps: re-probe the link (the codec
    costs are kept) and adopt rank 0's new plan where it is predicted more
    than ``replan_threshold`` faster than the plan in force.
@@ -42,14 +56,16 @@ Only the global process set, one framework per ``Auto``; tensors first seen afte
 """
 from __future__ import annotations
 
+import collections
 import json
+import math
 import statistics
 import time
 from dataclasses import astuple, dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from .planner import (NONE_LABEL, Choice, Link, check_codec_costs, choice_as, codec_table, default_candidates,
-                      fit_link, format_plan, plan, propose)
+                      fit_link, format_plan, plan, predicted_total, propose, trial_plans)
 from .probe import DEFAULT_PROBE_NUMELS, EARLY_PROBE_NUMELS, pair_swap_for, probe_numels_for
 from .provisional import provisional_candidates, provisional_choice
 from ..compressor import Compressor, Phase
@@ -96,6 +112,16 @@ class AutoPlan:
     check_seconds: Optional[dict] = None
     #: key -> its phases, built from ``provisional`` and ``history`` (dropped where they change)
     phases: Dict[str, list] = field(default_factory=dict, repr=False)
+    #: PyTorch, the first decision's trial plans in the order they run, each a dict:
+    #: ``labels`` ({key: label}), ``predicted_s`` (its predicted seconds a step), ``start``
+    #: (the communication it runs from; None: not yet), ``local_s`` (this rank's median step
+    #: gap; None: not timed) and ``step_s`` (that median averaged over ranks, once all ran)
+    trials: List[dict] = field(default_factory=list)
+    #: the trial adopted as the final plan (its index; None: no trial finished)
+    trial_pick: Optional[int] = None
+    #: [communication, perf_counter] of the first key's calls during the trials (this
+    #: process's clock: not saved)
+    trial_stamps: List[list] = field(default_factory=list, repr=False)
     #: TensorFlow: the plan's JSON as this object last took it from or wrote it to the
     #: checkpointed plan variable (an Auto a retrace built shares the variable, not this)
     synced_json: str = field(default="", repr=False)
@@ -103,6 +129,10 @@ class AutoPlan:
     def in_force(self) -> Optional[Dict[str, Choice]]:
         """``{key: Choice}`` of the plan in force (None during calibration)."""
         return self.history[-1][1] if self.history else None
+
+    def trial_running(self) -> bool:
+        """Whether the first decision's trial plans are still being timed."""
+        return bool(self.trials) and self.trial_pick is None
 
     def to_json(self) -> dict:
         """The plan as JSON-ready data (what :meth:`Auto.state_dict` saves)."""
@@ -113,6 +143,8 @@ class AutoPlan:
                 "codec_s": self.codec_s,
                 "link": link(self.link), "early_link": link(self.early_link), "provisional": self.provisional,
                 "pair_swap_bytes": self.pair_swap_bytes,
+                # only where trials ran: TensorFlow's checkpointed plan stays as it was
+                **({"trials": self.trials, "trial_pick": self.trial_pick} if self.trials else {}),
                 "history": [[start, {k: list(astuple(c)) for k, c in ch.items()}, v]
                             for start, ch, v in self.history]}
 
@@ -126,6 +158,7 @@ class AutoPlan:
                    tensors={k: (n, tuple(s)) for k, (n, s) in saved["tensors"].items()},
                    codec_s=saved["codec_s"], link=link(saved["link"]), early_link=link(saved.get("early_link")),
                    provisional=dict(saved.get("provisional", {})), pair_swap_bytes=saved.get("pair_swap_bytes", 0),
+                   trials=[dict(t) for t in saved.get("trials", [])], trial_pick=saved.get("trial_pick"),
                    history=[(start, {k: Choice(*c) for k, c in ch.items()}, v) for start, ch, v in saved["history"]])
 
 
@@ -183,12 +216,31 @@ class Auto(Compressor):
             two-phase exchange as a candidate ``"<label>/two_phase"``, so the
             cost model chooses the transport by the number of ranks
             (PyTorch; TensorFlow never chooses the two-phase candidates).
+        trial_plans: PyTorch, at the first decision: how many plans, the fresh
+            one and per candidate family the plan restricted to that family,
+            predicted within a tenth of the calibrated step of the fresh one,
+            to run in training and time; the fastest measured is adopted (module
+            docstring, **Try**).  Why: plans the cost model predicts that close
+            can differ in the step by more than that; only the step separates
+            them.  0 or 1: the fresh plan at once, no trial steps; where only
+            the fresh plan is predicted that close, no trial runs either.
+            TensorFlow never runs trials.
+        trial_steps: steps each trial plan runs (>= 2: the first is left out of
+            its timing).  Tuning: the trials cost up to ``trial_plans x
+            trial_steps`` steps under plans predicted within a tenth of a step of
+            the best; more steps time each plan against more noise.  A
+            checkpoint taken during the trials resumes them: the trials timed
+            before it keep their timings, the one it cut is timed on its steps
+            after the resume (clock readings are not saved), and a trial
+            left without a timed step is not adopted (all of them without
+            one: the best predicted).
     """
 
     def __init__(self, rules=(), calibration_steps=3, recheck_every=1000, topk_ratios=(0.1, 0.01),
                  min_topk_ratio=0.01, powersgd_rank=4, include_sign=False, min_gain=0.1, replan_threshold=0.1,
                  probe_numels=DEFAULT_PROBE_NUMELS, exclude=(), seed=0, momentum=0.0, nesterov=False,
-                 codec_costs=None, calibrate_compressed=True, two_phase=True, warmup_steps=0, dense_below=0):
+                 codec_costs=None, calibrate_compressed=True, two_phase=True, warmup_steps=0, dense_below=0,
+                 trial_plans=3, trial_steps=4):
         from ..feedback.memory import MomentumMemory, momentum_memory
         from ..policy import Rule
         from ..schemes import NoCompression
@@ -200,6 +252,8 @@ class Auto(Compressor):
         self.warmup_steps = check_range("warmup_steps", warmup_steps, 0, None, kind=int)
         self.dense_below = check_range("dense_below", dense_below, 0, None, kind=int)
         self.recheck_every = check_range("recheck_every", recheck_every, 0, None, kind=int)
+        self.trial_plans = check_range("trial_plans", trial_plans, 0, None, kind=int)
+        self.trial_steps = check_range("trial_steps", trial_steps, 2, None, kind=int)
         self.min_gain = check_range("min_gain", min_gain, 0.0, 1.0, hi_open=True)
         self.replan_threshold = check_range("replan_threshold", replan_threshold, 0.0, 1.0, hi_open=True)
         if not isinstance(probe_numels, (list, tuple)) or len(set(probe_numels)) < 2:
@@ -282,10 +336,24 @@ class Auto(Compressor):
             state.step_times.append(time.perf_counter())
         if not state.history and calls <= self.steps_before_plan:
             self._stretch_span(first_key)
+        if first_key and state.trial_running():
+            state.trial_stamps.append([calls - 1, time.perf_counter()])
         if state.next_check and calls >= state.next_check:
-            self.decide(calls - 1)
-            state.next_check = calls + self.recheck_every if self.recheck_every else 0
+            self._check(calls)
         return self._phases_of(key)
+
+    def _check(self, calls):
+        """At communication ``calls`` (the same on every rank): end a trial, or
+        decide; then set the next check (the next trial's end, or a re-check)."""
+        state = self.plan_state
+        if state.trial_running():
+            self._next_trial(calls - 1)
+        else:
+            self.decide(calls - 1)
+        if state.trial_running():
+            state.next_check = calls + self.trial_steps
+        else:
+            state.next_check = calls + self.recheck_every if self.recheck_every else 0
 
     def _stretch_span(self, first_key):
         """The backward pass as the hooks see it: a step's span opens at its
@@ -361,22 +429,115 @@ class Auto(Compressor):
         version = f"{len(state.history)}.{start}"
         keys = sorted(k for k in state.tensors if self._pinned(k) is None)
         self._measure(cal, keys, version, size, step_times)
-        # rank 0's plan, and its choice of the 2-rank swap, are every rank's
-        proposal = self._propose(keys, size) + [pair_swap_for(state.link, size)] if rank == 0 else [0] * (len(keys) + 1)
-        indices = cal.broadcast_indices(proposal, version, ps)
-        labels = self.labels_from_indices(keys, indices[:-1])
-        cal.check_same_plan(labels, version, ps)
-        self._use_pair_swap(indices[-1])
         current = state.in_force()
+        if current is None and self.trial_plans > 1 and self._framework != "tensorflow":
+            labels = self._agree_trials(cal, keys, version, start)
+        else:
+            # rank 0's plan, and its choice of the 2-rank swap, are every rank's
+            proposal = (self._propose(keys, size) + [pair_swap_for(state.link, size)] if rank == 0
+                        else [0] * (len(keys) + 1))
+            indices = cal.broadcast_indices(proposal, version, ps)
+            labels = self.labels_from_indices(keys, indices[:-1])
+            cal.check_same_plan(labels, version, ps)
+            self._use_pair_swap(indices[-1])
         if current is None or {k: c.label for k, c in current.items()} != labels:
-            choices = plan({k: state.tensors[k] for k in keys}, size, state.link, self.candidates, state.codec_s,
-                           (), self.min_gain, state.machine)
-            choices = {k: self._choice_as(choices[k], labels[k], k, size) for k in keys}
-            state.history.append((start, choices, len(state.history)))
-            state.phases = {}
-            if "torch" in self._adapters:  # two-phase owners' residuals join the whole tensor's
-                self._adapters["torch"].fold_owned_chunks(rank, size)
+            self._adopt(start, labels, rank, size)
         state.check_seconds["decide"] = time.perf_counter() - t0
+
+    def _adopt(self, start, labels, rank, size):
+        """Append ``{key: label}`` to the history as the plan from communication
+        ``start``, with this rank's predictions of it; its phases are rebuilt."""
+        state = self.plan_state
+        keys = sorted(labels)
+        choices = plan({k: state.tensors[k] for k in keys}, size, state.link, self.candidates, state.codec_s,
+                       (), self.min_gain, state.machine)
+        choices = {k: self._choice_as(choices[k], labels[k], k, size) for k in keys}
+        state.history.append((start, choices, len(state.history)))
+        state.phases = {}
+        if "torch" in self._adapters:  # two-phase owners' residuals join the whole tensor's
+            self._adapters["torch"].fold_owned_chunks(rank, size)
+
+    # --- trial plans (PyTorch) --------------------------------------------------------
+    def _agree_trials(self, cal, keys, version, start):
+        """The first decision's plans to time (PyTorch): rank 0's
+        :func:`hvd_compress.auto.planner.trial_plans` and 2-rank swap, broadcast as one
+        flat list ``[count, swap, indices of plan 1, ..., of plan trial_plans]``
+        (``hvdc.auto.plan.trials.<version>``) and hashed on every rank.  Returns
+        the first plan's labels; where there are more, they are kept in
+        ``trials``, the first running from ``start``."""
+        state, (ps, size, rank) = self.plan_state, cal.world()
+        width = len(keys)
+        flat = [0] * (2 + self.trial_plans * width)
+        if rank == 0:
+            index = {c.label: i for i, c in enumerate(self.candidates)}
+            found = trial_plans({k: state.tensors[k] for k in keys}, size, state.link, self.candidates,
+                                state.codec_s, self.min_gain, state.machine, state.backward_s, self.trial_plans,
+                                0.1 * (state.step_s or 0.0))
+            flat[:2] = [len(found), pair_swap_for(state.link, size)]
+            for i, (labels, _) in enumerate(found):
+                flat[2 + i * width:2 + (i + 1) * width] = [index[labels[k]] for k in keys]
+        flat = cal.broadcast_indices(flat, f"trials.{version}", ps)
+        if not 1 <= flat[0] <= self.trial_plans:
+            raise ValueError(f"hvd_compress.Auto: the broadcast trials hold {flat[0]} plans, expected 1 to "
+                             f"{self.trial_plans}")
+        found = [self.labels_from_indices(keys, flat[2 + i * width:2 + (i + 1) * width]) for i in range(flat[0])]
+        cal.check_same_plan(found, f"trials.{version}", ps)
+        self._use_pair_swap(flat[1])
+        if len(found) > 1:
+            state.trials = [{"labels": labels, "predicted_s": self._predicted_s(labels, size), "start": None,
+                             "local_s": None, "step_s": None} for labels in found]
+            state.trials[0]["start"] = start
+        return found[0]
+
+    def _predicted_s(self, labels, size):
+        """The cost model's seconds a step of the plan ``{key: label}``."""
+        state = self.plan_state
+        return predicted_total({k: Choice(label, 0.0, 0.0, None) for k, label in labels.items()}, state.tensors,
+                               size, state.link, self.candidates, state.codec_s, state.machine, state.backward_s)
+
+    def _next_trial(self, start):
+        """At a trial's end, the same communication on every rank: keep this
+        rank's median step of it, then run the next trial plan from ``start``,
+        or after the last adopt the fastest (:meth:`_pick_trial`)."""
+        state = self.plan_state
+        ran = [t for t in state.trials if t["start"] is not None]
+        ran[-1]["local_s"] = self._trial_median(ran[-1]["start"])
+        if len(ran) == len(state.trials):
+            self._pick_trial(start)
+            return
+        _, size, rank = self._calibration().world()
+        state.trials[len(ran)]["start"] = start
+        self._adopt(start, state.trials[len(ran)]["labels"], rank, size)
+
+    def _trial_median(self, first):
+        """This rank's median gap between the first key's calls over a trial
+        from communication ``first``, its first step left out (a new plan's
+        first step pays new collective names and allocations); None where no
+        gap was timed (its stamps came before a resume)."""
+        stamps = {int(step): t for step, t in self.plan_state.trial_stamps}
+        gaps = [stamps[j + 1] - stamps[j] for j in range(first + 1, first + self.trial_steps)
+                if j in stamps and j + 1 in stamps]
+        return statistics.median(gaps) if gaps else None
+
+    def _pick_trial(self, start):
+        """After the last trial: the trials' medians averaged over ranks, rank
+        0's pick of the fastest (of equals the earlier: predicted better)
+        broadcast and hashed, and adopted from ``start``."""
+        cal, state = self._calibration(), self.plan_state
+        ps, size, rank = cal.world()
+        version = f"{len(state.history)}.{start}"
+        local = [math.inf if t["local_s"] is None else t["local_s"] for t in state.trials]
+        measured = cal.average_over_ranks(local, f"trials.{version}", ps)
+        for trial, seconds in zip(state.trials, measured):
+            trial["step_s"] = seconds if math.isfinite(seconds) else None
+        pick = min(range(len(measured)), key=measured.__getitem__) if rank == 0 else 0
+        pick = cal.broadcast_indices([pick], f"trial_pick.{version}", ps)[0]
+        if not 0 <= pick < len(state.trials):
+            raise ValueError(f"hvd_compress.Auto: the broadcast trial {pick} is not among {len(state.trials)}")
+        labels = state.trials[pick]["labels"]
+        cal.check_same_plan(labels, f"trial_pick.{version}", ps)
+        state.trial_pick, state.trial_stamps = pick, []
+        self._adopt(start, labels, rank, size)
 
     def _measure(self, cal, keys, version, size, step_times):
         """Probe the link, time the codecs (first check only: a re-check keeps
@@ -477,12 +638,31 @@ class Auto(Compressor):
             return f"Auto: calibrating ({self.steps_before_plan} steps before the first plan)"
         start, choices, version = state.history[-1]
         head = f"Auto plan version {version}, in force from communication {start}\n"
-        return head + format_plan(choices, state.tensors, state.link, state.step_s, state.codec_s)
+        return head + format_plan(choices, state.tensors, state.link, state.step_s, state.codec_s) + self._trial_lines()
+
+    def _trial_lines(self):
+        """One line per trial plan: its {label: tensors}, its measured median
+        step and its predicted communication ('' where no trial ran)."""
+        state = self.plan_state
+        if not state.trials:
+            return ""
+        lines = [f"trial plans, {self.trial_steps} steps each (median step averaged over ranks, its first "
+                 f"step left out):"]
+        for i, trial in enumerate(state.trials):
+            counts = dict(sorted(collections.Counter(trial["labels"].values()).items()))
+            seconds = trial["step_s"] if trial["step_s"] is not None else trial["local_s"]
+            measured = ("not timed" if seconds is None else f"{1e3 * seconds:.1f} ms"
+                        + (" (this rank)" if trial["step_s"] is None else ""))
+            mark = "  <- adopted" if state.trial_pick == i else ""
+            lines.append(f"  {i + 1}. {counts}: step {measured}, predicted communication "
+                         f"{1e3 * trial['predicted_s']:.1f} ms{mark}")
+        return "\n" + "\n".join(lines)
 
     def config(self):
         return {"auto": [c.label for c in self.candidates], "rules": [r.config() for r in self.rules],
                 "calibration_steps": self.calibration_steps, "warmup_steps": self.warmup_steps,
                 "dense_below": self.dense_below, "recheck_every": self.recheck_every,
+                "trial_plans": self.trial_plans, "trial_steps": self.trial_steps,
                 "min_gain": self.min_gain, "replan_threshold": self.replan_threshold,
                 "probe_numels": list(self.probe_numels), "seed": self.seed,
                 "memory": self.feedback_memory.config(),

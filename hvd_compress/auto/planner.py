@@ -425,3 +425,42 @@ def choice_as(choice, label, numel, shape, workers, link, candidates, codec_s, m
                                                        NONE_LABEL: codec_s.get(NONE_LABEL, 0.0)}, min_gain=0.0,
                  machine=machine)
     return Choice(label, got.predicted_s if got.label == label else float("nan"), got.none_s, None)
+
+
+def candidate_families(candidates) -> List[str]:
+    """The compressed candidates' scheme labels (``"TopK(0.01)"`` and
+    ``"TopK(0.01)/two_phase"`` are one family), in the candidates' order."""
+    out = []
+    for cand in candidates[1:]:
+        if cand.base_label not in out:
+            out.append(cand.base_label)
+    return out
+
+
+def trial_plans(tensors, workers, link, candidates, codec_s, min_gain=0.1, machine=LINK_ONLY, backward_s=0.0,
+                most=3, margin_s=0.0):
+    """The plans worth timing in training, best predicted first, as
+    ``[({key: label}, predicted seconds a step)]``: the fresh :func:`plan`,
+    then for each candidate family (:func:`candidate_families`) the plan
+    with the candidates restricted to ``none`` and that family.  A plan
+    predicted more than ``margin_s`` slower than the fresh one, or one with
+    the same label on every tensor as a plan before it, is left out; at most
+    ``most``.  Why: the cost model prices plans within its error of each
+    other alike, and only the step can tell them apart."""
+    check_range("most", most, 1, None, kind=int)
+    fresh = plan(tensors, workers, link, candidates, codec_s, (), min_gain, machine, backward_s)
+    found = [fresh]
+    for family in candidate_families(candidates):
+        only = [candidates[0]] + [c for c in candidates[1:] if c.base_label == family]
+        found.append(plan(tensors, workers, link, only, codec_s, (), min_gain, machine, backward_s))
+    totals = [predicted_total(p, tensors, workers, link, candidates, codec_s, machine, backward_s) for p in found]
+    out, seen = [], set()
+    # the fresh plan first, then the others by predicted total (sorted() keeps the earlier of equals)
+    for i in [0] + sorted(range(1, len(found)), key=lambda j: totals[j]):
+        labels = {k: c.label for k, c in found[i].items()}
+        signature = tuple(sorted(labels.items()))
+        if signature in seen or totals[i] > totals[0] + max(margin_s, 0.0):
+            continue
+        seen.add(signature)
+        out.append((labels, totals[i]))
+    return out[:most]

@@ -3,6 +3,7 @@ per-tensor choices out.  Codec costs here are fixed numbers, so each test
 knows what the cost model must pick."""
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 import hvd_compress
 from hvd_compress.auto import (Choice, Link, choose, comm_time, default_candidates, fit_link, format_plan, plan,
                                predict_comm, predicted_total)
+from hvd_compress.auto.compressor import AutoPlan
 
 BIG = ("layer.weight", (1 << 22, (2048, 2048)))
 SMALL = ("layer.bias", (64, (64,)))
@@ -182,6 +184,11 @@ def test_predicted_total_and_table():
     (dict(warmup_steps=-1), "warmup_steps"),
     (dict(warmup_steps=2.5), "warmup_steps"),
     (dict(dense_below=-1), "dense_below"),
+    (dict(trial_plans=-1), "trial_plans"),
+    (dict(trial_plans=2.0), "trial_plans"),
+    (dict(trial_plans=True), "trial_plans"),
+    (dict(trial_steps=1), "trial_steps"),
+    (dict(trial_steps=4.5), "trial_steps"),
 ])
 def test_bad_arguments_name_the_parameter(kwargs, name):
     with pytest.raises(ValueError, match=name):
@@ -754,3 +761,144 @@ def test_auto_times_the_backward_span_in_its_calibration_steps(monkeypatch):
     auto.decide(3, OneRankCalibration(SLOW), step_times=[0.0, 1.0, 2.0])
     assert auto.plan_state.backward_s == pytest.approx(0.5)  # the median, averaged over ranks
     assert auto.plan_state.to_json()["backward_s"] == pytest.approx(0.5)
+
+
+# Trial plans: on the slow link Int8 is predicted best for the 2048x2048 weight and Top-K 1%
+# and PowerSGD within a tenth of the calibrated step (2 s here) of it; the fake clock then makes
+# each step last what TRIAL_STEP_S says for the plan in force, plus NEW_PLAN_S on the first step
+# of a plan (which a trial leaves out).
+TRIAL_COSTS = {"Int8": 1e-9, "TopK(0.01)": 1e-7, "PowerSGD(4)": 1e-7}
+TRIAL_STEP_S = {"none": 2.0, "Int8": 1.0, "TopK(0.01)": 0.6, "PowerSGD(4)": 0.8}
+NEW_PLAN_S = 30.0
+
+
+def _run_auto(auto, steps, now, step_s=TRIAL_STEP_S, first=0):
+    """Steps ``first`` .. ``steps - 1`` of BIG and SMALL under a fake clock ``now``."""
+    for step in range(first, steps):
+        for key, (numel, shape) in TENSORS.items():
+            auto.plan_for(key, numel, shape)
+        history = auto.plan_state.history
+        label = auto.current_plan().get(BIG[0], "none")
+        now[0] += step_s[label] + (NEW_PLAN_S if history and history[-1][0] == step else 0.0)
+
+
+def _trial_auto(monkeypatch, **kwargs):
+    now = [0.0]
+    monkeypatch.setattr("hvd_compress.auto.compressor.time.perf_counter", lambda: now[0])
+    auto = hvd_compress.Auto(calibration_steps=2, codec_costs=TRIAL_COSTS, recheck_every=0,
+                             calibrate_compressed=False, **kwargs)
+    auto.measurements = OneRankCalibration(SLOW)
+    return auto, now
+
+
+@pytest.mark.parametrize("steps", [2, 4])
+def test_trials_adopt_the_fastest_measured_plan_not_the_predicted_best(steps, monkeypatch):
+    """Plans predicted within a tenth of a step of the best run ``trial_steps``
+    steps each, best predicted first; the fastest measured (its first step
+    left out) is adopted, here Top-K although Int8 was predicted best."""
+    auto, now = _trial_auto(monkeypatch, trial_steps=steps)
+    _run_auto(auto, 20, now)
+    state = auto.plan_state
+    trials = state.trials
+    labels = [t["labels"][BIG[0]] for t in trials]
+    assert labels[0] == "Int8" and "TopK(0.01)" in labels and 2 <= len(trials) <= 3, labels
+    predicted = [t["predicted_s"] for t in trials]
+    assert predicted == sorted(predicted) and predicted[-1] <= predicted[0] + 0.1 * state.step_s
+    assert [t["start"] for t in trials] == [2 + steps * i for i in range(len(trials))]
+    assert [t["step_s"] for t in trials] == pytest.approx([TRIAL_STEP_S[label] for label in labels])
+    assert state.trial_pick == labels.index("TopK(0.01)") and auto.current_plan()[BIG[0]] == "TopK(0.01)"
+    # every trial and the final plan are history entries: the phases change as at any re-plan
+    assert [(start, c[BIG[0]].label) for start, c, _ in state.history] == (
+        [(2 + steps * i, label) for i, label in enumerate(labels)] + [(2 + steps * len(labels), "TopK(0.01)")])
+    assert state.next_check == 0 and state.trial_stamps == []
+    table = auto.describe()
+    assert f"trial plans, {steps} steps each" in table and "step 600.0 ms" in table and "<- adopted" in table
+    assert "{'TopK(0.01)': 1, 'none': 1}" in table
+
+
+@pytest.mark.parametrize("link, calibration_step_s", [(SLOW, 0.01), (FAST, 2.0)])
+def test_no_trial_where_only_the_fresh_plan_is_predicted_close(link, calibration_step_s, monkeypatch):
+    """A short calibrated step (a tenth of it below every other plan's predicted
+    extra) or a link on which every family plans ``none``: the fresh plan is
+    adopted at the first check, as with ``trial_plans=1``."""
+    auto, now = _trial_auto(monkeypatch)
+    auto.measurements = OneRankCalibration(link)
+    _run_auto(auto, 12, now, {label: calibration_step_s for label in TRIAL_STEP_S})
+    assert not auto.plan_state.trials and len(auto.plan_state.history) == 1
+    assert auto.plan_state.history[0][0] == 2 and "trial plans" not in auto.describe()
+
+
+@pytest.mark.parametrize("trial_plans", [0, 1])
+def test_one_trial_plan_is_the_fresh_plan_at_once(trial_plans, monkeypatch):
+    auto, now = _trial_auto(monkeypatch, trial_plans=trial_plans)
+    _run_auto(auto, 20, now)
+    state = auto.plan_state
+    assert not state.trials and [(start, c[BIG[0]].label) for start, c, _ in state.history] == [(2, "Int8")]
+    assert auto.config()["trial_plans"] == trial_plans
+
+
+def test_a_checkpoint_taken_mid_trial_resumes_the_trials(monkeypatch):
+    """The saved plan keeps the trials run so far; the resumed Auto goes on
+    with them, the trial the checkpoint cut timed on its steps after the
+    resume (clock readings of the saving process are not kept)."""
+    auto, now = _trial_auto(monkeypatch)
+    _run_auto(auto, 8, now)  # trial 2 runs communications 6-9
+    saved = json.loads(json.dumps(auto.plan_state.to_json()))
+    assert "trial_stamps" not in saved and saved["trials"][0]["local_s"] == 1.0 and saved["trial_pick"] is None
+    resumed, now = _trial_auto(monkeypatch)
+    resumed.plan_state = AutoPlan.from_json(saved)
+    now[0] = 1e6  # another process's clock
+    _run_auto(resumed, 20, now, first=8)
+    state = resumed.plan_state
+    labels = [t["labels"][BIG[0]] for t in state.trials]
+    assert [t["step_s"] for t in state.trials] == pytest.approx([TRIAL_STEP_S[label] for label in labels])
+    assert resumed.current_plan()[BIG[0]] == "TopK(0.01)" and state.trial_pick == labels.index("TopK(0.01)")
+    assert [start for start, _, _ in state.history] == [2 + 4 * i for i in range(len(labels) + 1)]
+
+
+def test_trial_plans_are_the_families_within_the_margin():
+    """The fresh plan first, then a plan per family (Top-K 1% with its
+    two-phase candidate) by predicted total; duplicates and plans beyond the
+    margin left out, at most ``most``."""
+    from hvd_compress.auto.planner import candidate_families, trial_plans
+    cands = default_candidates()
+    assert candidate_families(cands) == ["FP16", "Int8", "TopK(0.1)", "TopK(0.01)", "PowerSGD(4)"]
+    costs = codec_costs(cands)
+    found = trial_plans(TENSORS, 2, SLOW, cands, costs, most=10, margin_s=10.0)
+    totals = [t for _, t in found]
+    fresh = plan(TENSORS, 2, SLOW, cands, costs)
+    assert found[0][0] == {k: c.label for k, c in fresh.items()} and totals[1:] == sorted(totals[1:])
+    assert len({tuple(sorted(labels.items())) for labels, _ in found}) == len(found) > 2
+    assert trial_plans(TENSORS, 2, SLOW, cands, costs, most=2, margin_s=10.0) == found[:2]
+    assert trial_plans(TENSORS, 2, SLOW, cands, costs, margin_s=0.0) == [
+        (labels, total) for labels, total in found if total <= totals[0]]
+
+
+def _saved_trials(row_key):
+    """The trial plans Auto() makes from what it measured in a ``bench models`` row
+    (docs/results/models_auto_state.json), as ``[{family label: tensors}]``."""
+    import collections
+    import os
+    from hvd_compress.auto.planner import trial_plans
+    from hvd_compress.costmodel.model import Machine
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "results", "models_auto_state.json")
+    with open(path) as f:
+        saved = json.load(f)[row_key]
+    cands = hvd_compress.Auto().candidates
+    assert [c.label for c in cands] == saved["candidates"]
+    tensors = {k: (n, tuple(s)) for k, (n, s) in saved["tensors"].items()}
+    codec = {k: {c.label: v for c, v in zip(cands, row) if v is not None} for k, row in saved["codec_s"].items()}
+    found = trial_plans(tensors, int(row_key.split("|")[3]), Link(*saved["link"]), cands, codec, saved["min_gain"],
+                        Machine(**saved["machine"]), saved["backward_s"], 3, 0.1 * saved["step_s"])
+    return [dict(collections.Counter(labels.values())) for labels, _ in found]
+
+
+def test_trials_on_mobilenetv2_are_the_schemes_the_model_cannot_separate():
+    """``bench models``, PyTorch MobileNetV2 at 2 ranks: at 100 Mbit/s the cost model, fed
+    Auto's own measurements, puts Int8's plan first and PowerSGD's and Top-K 1%'s within a
+    tenth of the calibrated step of it (measured in the same run, the fixed schemes' steps
+    differed by more than that), so the three run as trials; on the unshaped link every
+    plan is all dense and none runs."""
+    slow = _saved_trials("mobilenetv2|full|torch|2|100.0|Auto()")
+    assert [next(k for k in plan if k != "none") for plan in slow] == ["Int8", "PowerSGD(4)", "TopK(0.01)"]
+    assert _saved_trials("mobilenetv2|full|torch|2|None|Auto()") == [{"none": 158}]

@@ -193,8 +193,13 @@ def _is_auto(comp):
 
 def _warmup_steps(a, comp):
     """``--warmup``, plus Auto's calibration steps and the step that applies
-    its first plan: the timed steps see the plan, not the calibration."""
-    return a.warmup + (comp.steps_before_plan + 1 if _is_auto(comp) else 0)
+    its first plan (PyTorch: and the trial plans' steps, ``trial_plans x
+    trial_steps``, a bound where fewer run): the timed steps see the final plan,
+    not the calibration."""
+    if not _is_auto(comp):
+        return a.warmup
+    trials = comp.trial_plans * comp.trial_steps if a.framework == "torch" and comp.trial_plans > 1 else 0
+    return a.warmup + comp.steps_before_plan + 1 + trials
 
 
 # ----------------------------------------------------------------------------- torch
@@ -497,6 +502,8 @@ def _compressor_info(a, comp, spec, layer_shapes, size):
         info["auto_history_starts"] = [start for start, *_ in comp.plan_state.history]
         info["auto_calibration_steps"] = comp.steps_before_plan
         info["auto_recheck_every"] = comp.recheck_every
+        # the communications the trial plans ran (PyTorch): the re-checks count from their end
+        info["auto_trial_calls"] = len(comp.plan_state.trials) * comp.trial_steps
         # the early probe's link (None: not probed) and what each tensor was calibrated with
         early = comp.plan_state.early_link
         info["auto_early_link"] = None if early is None else {"latency_s": early.latency_s,
@@ -612,10 +619,10 @@ def _row(a, spec, blocks, info):
         # the timed step at which each plan took effect: a plan's start counts the communications
         # before it (warm-up included), so start s is the (s + 1)-th call, timed step s - warmup
         result["auto_plan_steps"] = [start - warmup for start in info["auto_history_starts"]]
-        # the timed steps at which Auto re-checked the link (its schedule: after the calibration, then
-        # every recheck_every communications; the c-th call is timed step c - warmup - 1), whether
+        # the timed steps at which Auto re-checked the link (its schedule: after the calibration and
+        # the trial plans, then every recheck_every communications; the c-th call is timed step c - warmup - 1), whether
         # or not the check adopted a new plan
-        first_check = info["auto_calibration_steps"] + 1
+        first_check = info["auto_calibration_steps"] + 1 + info.get("auto_trial_calls", 0)
         n = blocks[-1][0]["steps"]
         every = info["auto_recheck_every"] or (n + warmup + 1)
         result["auto_check_steps"] = [c - warmup - 1 for c in range(first_check, warmup + n + 1, every)

@@ -55,10 +55,16 @@ def _is_auto(comp):
 
 def _untimed_steps(a, comp):
     """``--warmup``, plus Auto's calibration steps and the step that decides
-    (TensorFlow: and the next, which traces the step with the plan's codecs)."""
+    (TensorFlow: and the next, which traces the step with the plan's codecs;
+    PyTorch: and the trial plans' steps, ``trial_plans x trial_steps``, a bound:
+    fewer plans may qualify, and then the timed steps start under the final plan
+    all the same)."""
     if not _is_auto(comp):
         return a.warmup
-    return a.warmup + comp.steps_before_plan + 1 + (1 if a.framework == "tensorflow" else 0)
+    if a.framework == "tensorflow":
+        return a.warmup + comp.steps_before_plan + 2
+    trials = comp.trial_plans * comp.trial_steps if comp.trial_plans > 1 else 0
+    return a.warmup + comp.steps_before_plan + 1 + trials
 
 
 def _clock(step, count):
@@ -235,7 +241,7 @@ def _auto_startup(comp, slowest, framework):
     one, before the first step, also alone), codec timings (at the trace in
     TensorFlow, with their agreement over ranks there) and decision, its
     calibration steps, and the steps before the plan in force at the end with
-    their seconds (TensorFlow, where that plan asked for a retrace: up to the
+    their seconds (PyTorch: the trial plans' steps included; TensorFlow, where that plan asked for a retrace: up to the
     step traced with the plan's codecs, which runs it)."""
     state = comp.plan_state
     seconds = dict(state.check_seconds or {})
@@ -248,7 +254,7 @@ def _auto_startup(comp, slowest, framework):
             "retraced": retraced,
             "calibration_steps": comp.calibration_steps,
             "steps_before_final_plan": final, "steps_before_final_plan_s": sum(slowest[:final]),
-            "plans_adopted": len(state.history), "link": None if state.link is None else
+            "plans_adopted": len(state.history), "trial_plans_run": len(state.trials), "link": None if state.link is None else
             {"latency_s": state.link.latency_s, "bytes_per_s": state.link.bytes_per_s},
             "pair_swap_bytes": state.pair_swap_bytes, "backward_s": state.backward_s, "step_s": state.step_s,
             "codec_ns_per_element": _codec_ns_per_element(state)}
