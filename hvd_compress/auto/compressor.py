@@ -49,8 +49,9 @@ graph: the link probed and the codecs timed and agreed at the first trace,
 a per-tensor mode switch over the modes the plan in force needs (before the
 first plan: ``none`` and the choice predicted from those measurements; the
 step traced again when a plan needs others, which the first decision avoids
-unless the new plan is ``replan_threshold`` faster), measurements and
-agreement in a host callback.
+unless the new plan is ``replan_threshold`` faster; a tensor traced with
+``none`` alone has no switch), measurements and agreement in one host
+callback a step, which every tensor's ops of the step wait for.
 
 Only the global process set, one framework per ``Auto``; tensors first seen after calibration are not planned.
 """

@@ -4,33 +4,49 @@ and a plan that the traced step already holds, or that a retrace puts in.
 Horovod traces ``compress`` once per trace of the step function, so Python
 there cannot see the steps.  Instead, per tensor, the graph holds:
 
-* a **mode** variable (checkpointed with the other state) and a
-  ``tf.switch_case`` over the modes the trace holds (:func:`traced_modes`):
-  ``none`` without error feedback, the one-step ``none`` flush of a residual
-  (once a plan was adopted), and one lossy candidate with error feedback
-  (one residual per tensor, shared by all lossy modes, so it carries across
-  plan changes): the plan's, once a plan is in force, and before that the
-  candidate the first decision is predicted to choose (:func:`predict_label`).
-  A trace of every candidate for every tensor costs MobileNetV2's 158 tensors
-  several times a fixed scheme's first step; instead, a plan whose modes a
-  trace lacks has every ``tf.function`` holding these ops traced again at its
-  next call (:func:`request_retrace`), which costs about a first step again,
-  and the step that adopted it runs ``none`` where the mode is not traced
-  yet.  So the first decision keeps the plan the trace holds
-  (:func:`traced_plan`) unless a fresh one is predicted ``replan_threshold``
-  faster;
-* a **host callback** (``tf.py_function``) that runs only at check steps
-  (the tensor's communication ``calibration_steps + 1``, then every
-  ``recheck_every``).  The first callback of the step on each rank measures
-  and agrees eagerly, before any of the step's gradient collectives of Auto's
-  tensors (they wait for their callback): blocking Horovod allreduces of the
-  probe sizes, one allreduce of the measurements, rank 0's plan broadcast,
-  an allgathered hash of the plan and of every tensor's traced modes
-  (:class:`~hvd_compress.auto.planner.PlanMismatchError` on every rank where any
-  differs).  Every callback returns its tensor's new mode; other steps read
-  the mode variable.
-* for the first tensor, ``tf.timestamp()`` at each calibration step (the
-  measured step time).
+* a **mode** variable (checkpointed with the other state), read once the
+  step's host callback has run, and, where the trace holds more than
+  ``none``, a ``tf.switch_case`` over the modes the trace holds
+  (:func:`traced_modes`): ``none`` without error feedback, the one-step
+  ``none`` flush of a residual (where a plan made the tensor lossy), and one
+  lossy candidate with error feedback (one residual per tensor, shared by
+  all lossy modes, so it carries across plan changes): the plan's, once a
+  plan is in force, and before that the candidate the first decision is
+  predicted to choose (:func:`predict_label`).  A tensor whose trace holds
+  ``none`` alone runs it without a switch, and only the host callback
+  writes its mode variable.  TensorFlow traces, optimizes and instantiates
+  every branch and every ``tf.cond`` as a function of its own, which is
+  most of what a first step costs: a trace of every candidate for every
+  tensor costs MobileNetV2's 158 tensors several times a fixed scheme's
+  first step; instead, a plan whose modes a trace lacks has every
+  ``tf.function`` holding these ops traced again at its next call
+  (:func:`request_retrace`), which costs about a first step again, and the
+  step that adopted it runs ``none`` where the mode is not traced yet.  So
+  the first decision keeps the plan the trace holds (:func:`traced_plan`)
+  unless a fresh one is predicted ``replan_threshold`` faster.
+
+Once per step, in the function around Horovod's ``tf.cond`` of each
+gradient (built at the first tensor's trace, and captured by every tensor's
+branch, so every Auto op of the step waits for it):
+
+* ``tf.timestamp()`` at each calibration step (the measured step time);
+* a **host callback** (``tf.py_function``) behind one ``tf.cond`` that runs
+  only at check steps (communication ``calibration_steps + 1``, then every
+  ``recheck_every``) or after the plan variable changed outside a decision
+  (a ``tf.train.Checkpoint`` restored after the trace: it asks for a retrace
+  where a mode variable holds a mode its trace lacks).  At a check step it
+  measures and agrees eagerly, before any of the step's gradient
+  collectives of Auto's tensors: blocking Horovod allreduces of the probe
+  sizes, one allreduce of the measurements, rank 0's plan broadcast, an
+  allgathered hash of the plan and of every tensor's traced modes
+  (:class:`~hvd_compress.auto.planner.PlanMismatchError` on every rank
+  where any differs: no rank has issued a collective of Auto's tensors for
+  that step), then writes every tensor's new mode into its variable and
+  asks for a retrace where one is not traced (:func:`decide_at`).
+
+Where a tensor's graph has no enclosing function, it has that callback and
+stamp of its own instead, which returns its mode (the first of the step's
+callbacks decides, the others wait for it).
 
 At the first trace, eagerly while no step runs (inside ``tf.init_scope()``;
 every rank traces the same call): each trace checks that every rank builds
@@ -56,6 +72,7 @@ from __future__ import annotations
 
 import json
 import threading
+import weakref
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -400,17 +417,20 @@ def publish_plan(auto):
 
 # --- which modes a trace holds -----------------------------------------------------------
 def traced_modes(auto, key, predicted=NONE_LABEL):
-    """The modes a trace of ``key`` holds: ``none``; once any plan was adopted,
-    its flush (only a lossy plan leaves a residual); and the mode of the plan
-    in force, if lossy, else (before the first plan) the ``predicted`` one
-    (:func:`predict_label`), if lossy.  A trace of every candidate behind the
-    switch (hundreds of tensors x every candidate) costs several times a fixed
-    scheme's first step; a plan that needs a mode not traced has the step
-    traced again (:func:`request_retrace`), which costs about as much again."""
+    """The modes a trace of ``key`` holds: ``none``; its flush, where a plan
+    adopted so far made it lossy (only a lossy mode leaves a residual); and
+    the mode of the plan in force, if lossy, else (before the first plan) the
+    ``predicted`` one (:func:`predict_label`), if lossy.  A trace of every
+    candidate behind the switch (hundreds of tensors x every candidate) costs
+    several times a fixed scheme's first step; a plan that needs a mode not
+    traced has the step traced again (:func:`request_retrace`), which costs
+    about as much again."""
+    history = auto.plan_state.history
     choice = (auto.plan_state.in_force() or {}).get(key)
-    label = predicted if not auto.plan_state.history else NONE_LABEL if choice is None else choice.label
+    label = predicted if not history else NONE_LABEL if choice is None else choice.label
     labels = [c.label for c in auto.candidates]
-    return ((PLAIN,) + ((FLUSH,) if auto.plan_state.history else ())
+    lossy_before = any(key in choices and choices[key].label != NONE_LABEL for _, choices, _ in history)
+    return ((PLAIN,) + ((FLUSH,) if lossy_before else ())
             + ((labels.index(label) + 1,) if label in labels[1:] else ()))
 
 
@@ -520,17 +540,6 @@ def request_retrace(auto):
     add_check_seconds(auto, "retrace_request", time.perf_counter() - t0)
 
 
-def retrace_if_stale(auto, key, mode):
-    """At a step whose mode of ``key`` its trace lacks (a plan restored after
-    the trace, or the step that adopted it): ask once per plan for a retrace."""
-    run = auto.adapters["tensorflow"].run
-    with run.lock:
-        if run.retrace_asked != len(auto.plan_state.history):
-            run.retrace_asked = len(auto.plan_state.history)
-            request_retrace(auto)
-    return tf.constant(0, tf.int32)
-
-
 def check_same_trace(auto, run, process_set):
     """At each trace of the first tensor (eagerly: every rank traces the same
     call): the plan the trace is built from must be every rank's, else their
@@ -541,55 +550,114 @@ def check_same_trace(auto, run, process_set):
         check_same_plan(labels, f"trace.{run.traces}", process_set)
 
 
-def decide_for(auto, key, step, previous):
-    """The host callback of ``key`` at check step ``step``: the first call of
-    the step decides (collectives, the same on every rank), every call
-    returns its tensor's new mode.  An error is raised again, without
-    collectives, by the other tensors' calls of that step."""
-    step, previous = int(step.numpy()), int(previous.numpy())
+def settle_step(auto, step, check):
+    """The first host callback of communication ``step`` on each rank; the
+    step's other callbacks wait for it and reuse what it did.  At a check
+    step it decides (:func:`decide_at`: collectives, the same on every rank),
+    else it takes up a plan restored after the trace (:func:`check_restored`).
+    An error is raised again, without collectives, by the step's other callbacks."""
     run = auto.adapters["tensorflow"].run
     with run.lock:
         if run.decided != step:
             run.decided, run.error = step, None
             try:
-                sync_plan(auto)
-                auto.decide(step - 1, Calibration(run.codec_timings, run.traced), run.step_times())
-                publish_plan(auto)
-                if any(m not in run.traced.get(k, ()) for k, m in plan_modes(auto).items()):
-                    run.retrace_asked = len(auto.plan_state.history)
-                    auto.plan_state.check_seconds.setdefault("retraced_plans", []).append(run.retrace_asked - 1)
-                    request_retrace(auto)  # this step runs none where the new mode is not traced yet
+                decide_at(auto, step) if check else check_restored(auto)
             except Exception as err:  # noqa: BLE001 - kept, raised again below
                 run.error = err
                 raise
         if run.error is not None:
             raise RuntimeError(f"hvd_compress.Auto: this step's plan failed: {run.error!r}")
-        label = (auto.plan_state.in_force() or {}).get(key)
-        label = NONE_LABEL if label is None else label.label
-    return tf.constant(mode_for(auto, label, previous), tf.int32)
 
 
-def plan_modes(auto):
-    """{key: its mode under the plan in force} (a ``none`` after a lossy mode:
-    the flush, which every trace made since a plan was adopted holds)."""
-    return {k: mode_for(auto, c.label, PLAIN) for k, c in (auto.plan_state.in_force() or {}).items()}
+def decide_at(auto, step):
+    """Check step ``step``: measure, agree and maybe adopt a plan; every
+    tensor's mode variable gets its new mode before any op of the step reads
+    it (the step's Auto ops wait for this callback), and a plan needing a
+    mode some tensor's trace lacks (a lossy mode, or the flush after one) has
+    the step traced again: until then such a tensor runs ``none``."""
+    run = auto.adapters["tensorflow"].run
+    sync_plan(auto)
+    auto.decide(step - 1, Calibration(run.codec_timings, run.traced), run.step_times())
+    publish_plan(auto)
+    run.new_modes = next_modes(auto, run)
+    for key, mode in run.new_modes.items():
+        if key in run.mode_vars:
+            run.mode_vars[key].assign(float(mode))
+    if not all_traced(run, run.new_modes):
+        run.retrace_asked = len(auto.plan_state.history)
+        auto.plan_state.check_seconds.setdefault("retraced_plans", []).append(run.retrace_asked - 1)
+        request_retrace(auto)
+    run.plan_seen.assign(run.plan_var.read_value())
+
+
+def next_modes(auto, run):
+    """{key: its mode from this step on}: its mode under the plan in force,
+    after the mode its variable holds (``none`` after a lossy mode: the flush)."""
+    plan = auto.plan_state.in_force() or {}
+    now = current_modes(run)
+    return {k: mode_for(auto, plan[k].label if k in plan else NONE_LABEL, now.get(k, PLAIN))
+            for k in sorted(set(plan) | set(now))}
+
+
+def current_modes(run):
+    """{key: the mode its variable holds} (eagerly)."""
+    return {k: int(v.numpy()) for k, v in run.mode_vars.items()}
+
+
+def all_traced(run, modes_by_key):
+    """Whether every key's mode is among the modes its latest trace holds."""
+    return all(m in run.traced.get(k, (PLAIN,)) for k, m in modes_by_key.items())
+
+
+def check_restored(auto):
+    """A step after the plan variable changed outside a decision (a
+    ``tf.train.Checkpoint`` restored after the trace, ``load_state_dict``):
+    take the plan up and, once per plan, ask for a retrace where a mode
+    variable holds a mode its trace lacks (it runs ``none`` until then)."""
+    run = auto.adapters["tensorflow"].run
+    sync_plan(auto)
+    if not all_traced(run, current_modes(run)) and run.retrace_asked != len(auto.plan_state.history):
+        run.retrace_asked = len(auto.plan_state.history)
+        request_retrace(auto)
+    run.plan_seen.assign(run.plan_var.read_value())
+
+
+def tensor_mode(auto, key, step, check, previous):
+    """The host callback of ``key`` where its step has no shared one
+    (:meth:`AutoTFAdapter._step_token`): its mode from this step on."""
+    step, check, previous = int(step.numpy()), bool(check.numpy()), int(previous.numpy())
+    settle_step(auto, step, check)
+    return tf.constant(auto.adapters["tensorflow"].run.new_modes.get(key, previous) if check else previous,
+                       tf.int32)
+
+
+def step_callback(auto, step, check):
+    """The host callback shared by every tensor of a step (:meth:`AutoTFAdapter._step_token`)."""
+    settle_step(auto, int(step.numpy()), bool(check.numpy()))
+    return tf.constant(0, tf.int32)
 
 
 @dataclass(eq=False)
 class AutoTFRun:
     """Auto's TensorFlow run state, one object on its adapter: the plan
-    variable (checkpointed), the per-tensor mode variables and calibration
-    stamps, the host callbacks' lock, the check step decided last and its
-    error, and this rank's codec timings by class of tensors
-    (:func:`hvd_compress.auto.planner.timed_row`), made at the trace and kept
-    across resets: the graph is not traced again."""
+    variable (checkpointed) and the plan last decided or taken up here (not
+    checkpointed: a restored plan differs from it), the per-tensor mode
+    variables and calibration stamps, the host callbacks' lock, the check
+    step decided last, its error and its modes, and this rank's codec timings
+    by class of tensors (:func:`hvd_compress.auto.planner.timed_row`), made at
+    the trace and kept across resets: the graph is not traced again."""
     plan_var: Any
+    plan_seen: Any
     lock: Any = field(default_factory=threading.Lock)
     codec_timings: dict = field(default_factory=dict)
     mode_vars: dict = field(default_factory=dict)
     timestamps: Any = None
     decided: Any = None
     error: Any = None
+    #: enclosing function graph -> the name of its step's callback token (:meth:`AutoTFAdapter._step_token`)
+    step_tokens: Any = field(default_factory=weakref.WeakKeyDictionary)
+    #: key -> its mode from the last check step on (:func:`next_modes`)
+    new_modes: dict = field(default_factory=dict)
     #: key -> the modes its latest trace holds (:func:`traced_modes`)
     traced: dict = field(default_factory=dict)
     #: traces of the first tensor so far (names the check of each); the plan (its index in the history)
@@ -604,15 +672,17 @@ class AutoTFRun:
     def restart(self):
         """After an elastic reset: nothing decided, every variable zero."""
         self.decided = self.error = self.retrace_asked = None
+        self.new_modes = {}
         self.plan_var.assign("")
+        self.plan_seen.assign("")
         for v in list(self.mode_vars.values()) + ([self.timestamps] if self.timestamps is not None else []):
             v.assign(tf.zeros_like(v))
 
     def trace_seconds(self):
         """What the first trace of the step cost, about: from Auto's first
         ``compress`` at the trace (``trace_started``, wall clock) to the first
-        tensor's communication in the first step (its stamp); 0 where either
-        is unknown (a restored plan, a trace before the stamps)."""
+        step's stamp; 0 where either is unknown (a restored plan, a trace
+        before the stamps)."""
         stamps = self.step_times()
         if self.trace_started is None or not stamps:
             return 0.0
@@ -633,15 +703,14 @@ class AutoTFAdapter(TFAdapter):
     def reset(self):
         super().reset()
         if getattr(self, "run", None) is None:
-            self.run = AutoTFRun(state_variable("", tf.string, name="hvdc_auto_plan"))
+            self.run = AutoTFRun(state_variable("", tf.string, name="hvdc_auto_plan"),
+                                 state_variable("", tf.string, name="hvdc_auto_plan_seen"))
             self.state_module.auto_plan = self.run.plan_var
         else:
             self.run.restart()
 
-    def _stamp(self, auto, key, step):
-        """``tf.timestamp()`` of the first tensor's calibration steps."""
-        if key != next(iter(auto.plan_state.tensors)):
-            return None
+    def _stamp(self, auto, step):
+        """``tf.timestamp()`` of the calibration steps (the first tensor's)."""
         n = auto.calibration_steps + 1
         if self.run.timestamps is None:
             self.run.timestamps = state_variable(lambda: tf.zeros([n], tf.float64), tf.float64, name="hvdc_auto_stamps")
@@ -649,19 +718,73 @@ class AutoTFAdapter(TFAdapter):
         value = tf.where(step <= n, tf.timestamp(), tf.gather(self.run.timestamps, index))
         return self.run.timestamps.scatter_nd_update(tf.reshape(index, [1, 1]), tf.reshape(value, [1]))
 
-    def _mode(self, auto, key, step, stamp):
-        """This step's mode of ``key``: the host callback's at check steps, else the variable's."""
+    def _asks(self, auto, step, first):
+        """(whether the host callback runs at communication ``step``: a check
+        step, or, for the ``first`` callback of a step, a plan restored since
+        the last callback; whether it is a check step)."""
+        check = is_check_step(step, auto.steps_before_plan, auto.recheck_every)
+        if not first:
+            return check, check
+        restored = tf.not_equal(self.run.plan_var.read_value(), self.run.plan_seen.read_value())
+        return tf.logical_or(check, restored), check
+
+    def _step_token(self, auto, key):
+        """A tensor that the step's shared host callback has run (or was not
+        needed) when it is ready, built once per enclosing function in that
+        function's graph, around Horovod's ``tf.cond`` of each gradient: one
+        ``tf.cond`` a step instead of one a tensor.  None where this graph has
+        no enclosing function (the tensor then asks on its own, :meth:`_mode`)."""
+        from tensorflow.python.framework.func_graph import FuncGraph
+        outer = getattr(tf.compat.v1.get_default_graph(), "outer_graph", None)
+        if not isinstance(outer, FuncGraph):
+            return None
+        name = self.run.step_tokens.get(outer)  # a name: a tensor would keep its graph alive
+        if name is None:
+            with outer.as_default():
+                name = self.run.step_tokens[outer] = self._step_callback_op(auto, key).name
+        return tf.identity(outer.get_tensor_by_name(name))  # captured: this tensor's ops wait for it
+
+    def _step_callback_op(self, auto, key):
+        """In the enclosing function: this communication's number (``key``'s,
+        read before its ``tf.cond`` adds one), its stamp (first tensor) and the
+        shared host callback where :meth:`_asks` says so."""
+        step = self.roles.store.params.of(key).step.read_value() + 1
+        stamp = self._stamp(auto, step) if key == next(iter(auto.plan_state.tensors)) else None
+        ask, check = self._asks(auto, step, first=True)
+        with tf.control_dependencies([stamp] if stamp is not None else []):
+            step_in = tf.identity(step)
+        done = tf.cond(ask, lambda: tf.reshape(tf.py_function(lambda s, c: step_callback(auto, s, c),
+                                                              [step_in, check], tf.int32), []),
+                       lambda: tf.constant(0, tf.int32))
+        with tf.control_dependencies([stamp] if stamp is not None else []):
+            return tf.identity(done)
+
+    def _mode(self, auto, key, step):
+        """This step's mode of ``key``, read once the step's host callback has
+        run (it writes the mode variables at check steps), and its variable."""
         store, slot = tf_checkpoint_slot(self.state_module, "scheme", key, "auto_mode")
         self.run.mode_vars[key] = variable = self._var(store, slot, 0.0, tf.float32)
+        token = self._step_token(auto, key)
+        if token is None:
+            return self._own_callback_mode(auto, key, step, variable), variable
+        with tf.control_dependencies([token]):
+            return tf.cast(variable.read_value(), tf.int32), variable
+
+    def _own_callback_mode(self, auto, key, step, variable):
+        """Without an enclosing function: ``key``'s own host callback where
+        :meth:`_asks` says so, else its variable's mode."""
+        first = key == next(iter(auto.plan_state.tensors))
+        stamp = self._stamp(auto, step) if first else None
         current = tf.cast(variable.read_value(), tf.int32)
+        ask, check = self._asks(auto, step, first)
         with tf.control_dependencies([stamp] if stamp is not None else []):
             step_in = tf.identity(step)
 
-        def ask():
-            mode = tf.py_function(lambda s, m: decide_for(auto, key, s, m), [step_in, current], tf.int32)
+        def callback():
+            mode = tf.py_function(lambda s, c, m: tensor_mode(auto, key, s, c, m), [step_in, check, current],
+                                  tf.int32)
             return tf.reshape(mode, [])
-        mode = tf.cond(is_check_step(step, auto.steps_before_plan, auto.recheck_every), ask, lambda: current)
-        return mode, variable
+        return tf.cond(ask, callback, lambda: current)
 
     def _trace_modes(self, auto, key, size, process_set):
         """At the trace (eagerly): check the plan it is built from, probe the
@@ -684,20 +807,22 @@ class AutoTFAdapter(TFAdapter):
             return super()._compress_scheduled(phases, call)
         auto = call.comp
         held = self._trace_modes(auto, call.key, call.size, call.group.process_set)
-        step = tf.cast(call.step, tf.int64)
-        stamp = self._stamp(auto, call.key, step)
-        mode, variable = self._mode(auto, call.key, step, stamp)
-        branch = tf.gather(tf.constant(branch_of_mode(held, len(phases)), tf.int32), mode)
-        stale = tf.cond(tf.logical_and(tf.equal(branch, 0), tf.not_equal(mode, PLAIN)),
-                        lambda: tf.reshape(tf.py_function(lambda m: retrace_if_stale(auto, call.key, m), [mode],
-                                                          tf.int32), []),
-                        lambda: tf.constant(0, tf.int32))
-        with tf.control_dependencies([stale]):
-            branch = tf.identity(branch)
-        dense, apply_scale = tf.switch_case(branch, [self._resolved_branch(call, f"@m{m}", phases[m]) for m in held])
-        # a flush lasts one step; one the trace lacks waits for the retrace (the residual stays)
-        with tf.control_dependencies([dense]):
-            after_flush = PLAIN if FLUSH in held else FLUSH
-            kept = variable.assign(tf.cast(tf.where(tf.equal(mode, FLUSH), after_flush, mode), tf.float32))
+        mode, variable = self._mode(auto, call.key, tf.cast(call.step, tf.int64))
+        if held == (PLAIN,):  # none only: no switch, and the mode variable is the callback's alone
+            with tf.control_dependencies([mode]):
+                dense, apply_scale = self._resolved_branch(call, f"@m{PLAIN}", phases[PLAIN])()
+            deps = [dense]
+        else:
+            branch = tf.gather(tf.constant(branch_of_mode(held, len(phases)), tf.int32), mode)
+            dense, apply_scale = tf.switch_case(branch, [self._resolved_branch(call, f"@m{m}", phases[m])
+                                                         for m in held])
+            # a flush lasts one step; one the trace lacks waits for the retrace (the residual stays)
+            with tf.control_dependencies([dense]):
+                after_flush = PLAIN if FLUSH in held else FLUSH
+                deps = [dense, variable.assign(tf.cast(tf.where(tf.equal(mode, FLUSH), after_flush, mode),
+                                                       tf.float32))]
         pending = ResolvedPending(transport=RESOLVED, dense=dense, apply_scale=apply_scale, **pending_fields(call))
-        return self.B.identity_with_deps(tf.ones([1], tf.float32), [dense, kept]), pending
+        # Horovod names its allreduce of this placeholder after it: a fixed name, not one numbered by the ops
+        # before it, which differ between a switch and none alone (ranks whose traces differ until the decision)
+        with tf.control_dependencies(deps):
+            return tf.identity(tf.ones([1], tf.float32), name="hvdc_auto_placeholder"), pending

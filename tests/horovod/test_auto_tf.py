@@ -268,20 +268,28 @@ def test_legacy_optimizer(monkeypatch):
     assert same_on_all_ranks(auto.current_plan(), "test.autotf.legacy_plan")
 
 
-def test_resume_from_a_tf_checkpoint_keeps_the_plan(monkeypatch):
-    """tf.train.Checkpoint(hvdc=auto.tf_checkpointable()) restored before the
-    first trace: the plan, the modes and the residuals come back, and the
-    resumed job does not re-calibrate (its link probe would say otherwise)."""
+def trained_to_a_lossy_plan(monkeypatch, **kwargs):
+    """An Auto trained on the slow link until its plan compresses the weight,
+    and a tf.train.Checkpoint of it: (its kwargs, it, its run, the checkpoint's path)."""
     links([SLOW], monkeypatch)
-    kwargs = dict(codec_costs=CODEC_COSTS, calibration_steps=1, recheck_every=50, exclude=("FP16",))
+    kwargs = dict(codec_costs=CODEC_COSTS, calibration_steps=1, exclude=("FP16",), **kwargs)
     auto = hvd_compress.Auto(**kwargs)
     run = Injected(auto)
     for step in range(1, 4):
         run.step(step)
-    plan, history = auto.current_plan(), auto.plan_state.history
-    assert plan["w:0"] != "none"
+    assert auto.current_plan()["w:0"] != "none", auto.describe()
     path = tf.train.Checkpoint(hvdc=auto.tf_checkpointable(), v=run.vars).save(
         os.path.join(tempfile.mkdtemp(prefix=f"autotf{RANK}_"), "ck"))
+    return kwargs, auto, run, path
+
+
+def test_resume_from_a_tf_checkpoint_keeps_the_plan(monkeypatch):
+    """tf.train.Checkpoint(hvdc=auto.tf_checkpointable()) restored before the
+    first trace: the plan, the modes and the residuals come back, and the
+    resumed job does not re-calibrate (its link probe would say otherwise)."""
+    kwargs, auto, run, path = trained_to_a_lossy_plan(monkeypatch, recheck_every=50)
+    plan, history = auto.current_plan(), auto.plan_state.history
+    assert plan["w:0"] != "none"
     residual = auto.adapter_for("tensorflow").residuals["w:0"].numpy()
     # state_dict() carries the plan and the modes too
     loaded = hvd_compress.Auto(**kwargs)
@@ -302,6 +310,63 @@ def test_resume_from_a_tf_checkpoint_keeps_the_plan(monkeypatch):
     # the restored residual went into step 4's error feedback: it is no longer the saved one
     assert not np.array_equal(restored.residuals["w:0"].numpy(), residual)
     assert same_on_all_ranks(resumed.current_plan(), "test.autotf.resumed_same")
+
+
+def op_types(graph):
+    """Every op type in ``graph`` and in the functions of its library (the branches)."""
+    graph_def = graph.as_graph_def()
+    return [n.op for n in graph_def.node] + [n.op for f in graph_def.library.function for n in f.node_def]
+
+
+def test_the_step_holds_one_host_callback_and_a_switch_only_where_a_lossy_mode_is_traced(monkeypatch):
+    """What a trace builds: one host callback a step, shared by every tensor
+    (not one a tensor); a tensor traced with ``none`` alone runs it without a
+    ``tf.switch_case``.  Fast link: both tensors predicted none, no switch;
+    slow link: the weight's predicted lossy mode behind one switch."""
+    for name, link in (("fast", FAST), ("slow", SLOW)):
+        links([link], monkeypatch)
+        auto_links.early_link(link, monkeypatch, auto_tf, SIZE)
+        auto = hvd_compress.Auto(codec_costs=CODEC_COSTS, calibration_steps=1, recheck_every=0)
+        run = Injected(auto)
+        g = grads_at(1)
+        ops = op_types(run.step_fn.get_concrete_function([tf.constant(g[n]) for n in run.names]).graph)
+        lossy = {k for k, held in auto.adapter_for("tensorflow").run.traced.items() if len(held) > 1}
+        assert ops.count("EagerPyFunc") == 1, ops.count("EagerPyFunc")
+        assert ops.count("Case") + ops.count("StatelessCase") == len(lossy), lossy
+        assert ("w:0" in lossy) == (link is SLOW) and (link is SLOW or not lossy), lossy
+        for step in range(1, 4):
+            run.step(step)
+        assert (auto.current_plan()["w:0"] != "none") == (link is SLOW), auto.describe()
+        assert applied_schemes(auto) == expected_schemes(auto, auto.current_plan())
+        assert same_on_all_ranks(auto.current_plan(), f"test.autotf.one_callback.{name}")
+
+
+def test_a_plan_restored_after_the_trace_has_the_step_traced_again(monkeypatch):
+    """A job traced on a fast link (none only), then a checkpoint with a
+    lossy plan restored into it: the next step takes the plan up, runs none
+    where its trace lacks the plan's mode (the residual waits) and asks for
+    a retrace; the step after runs the plan."""
+    kwargs, auto, run, path = trained_to_a_lossy_plan(monkeypatch, recheck_every=0)
+    plan = auto.current_plan()
+    residual = auto.adapter_for("tensorflow").residuals["w:0"].numpy()
+
+    links([FAST], monkeypatch)
+    auto_links.early_link(FAST, monkeypatch, auto_tf, SIZE)
+    resumed = hvd_compress.Auto(**kwargs)
+    run2 = Injected(resumed)
+    run2.step(1)  # traced before the restore: none only
+    tf_run = resumed.adapter_for("tensorflow").run
+    assert tf_run.traced["w:0"] == (auto_tf.PLAIN,) and tf_run.retrace_asked is None
+    tf.train.Checkpoint(hvdc=resumed.tf_checkpointable(), v=run2.vars).restore(path).assert_existing_objects_matched()
+    run2.step(4)
+    assert resumed.current_plan() == plan and tf_run.retrace_asked == 1
+    assert "w:0" not in resumed.adapter_for("tensorflow").residuals  # none only: the restored residual waits
+    run2.step(5)
+    assert len(tf_run.traced["w:0"]) > 1 and resumed.current_plan() == plan
+    # the restored residual (made at the retrace) went into step 5's error feedback
+    assert not np.array_equal(resumed.adapter_for("tensorflow").residuals["w:0"].numpy(), residual)
+    assert applied_schemes(resumed) == expected_schemes(resumed, plan)
+    assert same_on_all_ranks(resumed.current_plan(), "test.autotf.late_restore_same")
 
 
 def _shard():
