@@ -44,9 +44,14 @@ branch, so every Auto op of the step waits for it):
   that step), then writes every tensor's new mode into its variable and
   asks for a retrace where one is not traced (:func:`decide_at`).
 
-Where a tensor's graph has no enclosing function, it has that callback and
-stamp of its own instead, which returns its mode (the first of the step's
-callbacks decides, the others wait for it).
+Where a tensor's graph has no enclosing function (``compress`` called
+outside Horovod's ``tf.cond``), each such tensor has a callback of its own
+instead, behind its own ``tf.cond``, which returns its mode (the first of
+the step's callbacks decides, the others wait for it), and the first tensor
+takes the stamp.  Horovod names its allreduce of the placeholder each
+tensor hands it after that op, so the placeholder has a fixed name: ranks
+whose traces differ until the decision (a switch on one, ``none`` alone on
+another) issue the same collectives.
 
 At the first trace, eagerly while no step runs (inside ``tf.init_scope()``;
 every rank traces the same call): each trace checks that every rank builds
