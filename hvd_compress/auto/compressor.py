@@ -294,6 +294,13 @@ class Auto(Compressor):
         or the dense warmup where that is longer (the calibration runs inside it)."""
         return max(self.calibration_steps, self.warmup_steps)
 
+    @property
+    def most_trial_steps(self):
+        """PyTorch: the most communications the first decision's trial plans
+        can run (``trial_plans x trial_steps``; 0 where trials are off), a
+        bound: fewer plans may qualify."""
+        return self.trial_plans * self.trial_steps if self.trial_plans > 1 else 0
+
     def _reset_plan(self, warmup=True):
         first = (self.steps_before_plan if warmup else self.calibration_steps) + 1
         self.plan_state = AutoPlan(next_check=first)
@@ -588,17 +595,17 @@ class Auto(Compressor):
         where its saving over 1000 steps pays for that trace
         (:func:`hvd_compress.auto.tf_auto.retrace_pays`)."""
         state = self.plan_state
-        current = state.in_force()
+        tensors = {k: state.tensors[k] for k in keys}
+        current, fresh = state.in_force(), None
         if self._framework == "tensorflow" and current is None:  # re-checks: the threshold alone, as in PyTorch
             from .tf_auto import needs_retrace, retrace_pays, traced_plan
             current = traced_plan(self, keys, size)
-            fresh = plan({k: state.tensors[k] for k in keys}, size, state.link, self.candidates, state.codec_s, (),
-                         self.min_gain, state.machine, state.backward_s)
+            fresh = plan(tensors, size, state.link, self.candidates, state.codec_s, (), self.min_gain, state.machine,
+                         state.backward_s)
             if needs_retrace(self, fresh) and not retrace_pays(self, current, fresh, keys, size):
-                index = {c.label: i for i, c in enumerate(self.candidates)}
-                return [index[current[k].label] if k in current else 0 for k in keys]
-        return propose({k: state.tensors[k] for k in keys}, size, state.link, self.candidates, state.codec_s,
-                       self.min_gain, current, self.replan_threshold, state.machine, state.backward_s)
+                fresh = current  # keep the traced plan
+        return propose(tensors, size, state.link, self.candidates, state.codec_s, self.min_gain, current,
+                       self.replan_threshold, state.machine, state.backward_s, fresh)
 
     def _use_pair_swap(self, min_bytes):
         """Switch the 2-rank swap of the torch adapter (:func:`hvd_compress.auto.probe.pair_swap_for`)

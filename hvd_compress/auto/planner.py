@@ -348,11 +348,12 @@ def format_plan(choices: Dict[str, Choice], tensors, link: Optional[Link] = None
 
 
 def propose(tensors, workers, link, candidates, codec_s, min_gain, current=None, replan_threshold=0.0,
-            machine=LINK_ONLY, backward_s=0.0):
+            machine=LINK_ONLY, backward_s=0.0, fresh=None):
     """Candidate indices (in ``tensors``' order) of a fresh :func:`plan`, or of
     ``current`` (the plan in force) where the fresh one is not predicted
-    ``replan_threshold`` faster."""
-    fresh = plan(tensors, workers, link, candidates, codec_s, (), min_gain, machine, backward_s)
+    ``replan_threshold`` faster; ``fresh``: that plan where the caller made it already."""
+    if fresh is None:
+        fresh = plan(tensors, workers, link, candidates, codec_s, (), min_gain, machine, backward_s)
     if current:
         now = predicted_total(current, tensors, workers, link, candidates, codec_s, machine, backward_s)
         new = predicted_total(fresh, tensors, workers, link, candidates, codec_s, machine, backward_s)

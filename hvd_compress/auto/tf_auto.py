@@ -503,8 +503,8 @@ RETRACE_HORIZON_STEPS = 1000
 
 def needs_retrace(auto, choices):
     """Whether a plan ``{key: Choice}`` needs a mode some tensor's trace lacks."""
-    run = auto.adapters["tensorflow"].run
-    return any(mode_for(auto, c.label, PLAIN) not in run.traced.get(k, ()) + (FLUSH,) for k, c in choices.items())
+    return not all_traced(auto.adapters["tensorflow"].run,
+                          {k: mode_for(auto, c.label, PLAIN) for k, c in choices.items()})
 
 
 def retrace_pays(auto, current, fresh, keys, size):

@@ -7,6 +7,8 @@ tolerance here: the one place either is written.  Pure Python, no framework impo
 """
 from __future__ import annotations
 
+import re
+
 from typing import NamedTuple, Optional, Union
 
 #: the per-rank learning rate each model's rows use unless a recipe names its own
@@ -101,11 +103,17 @@ def recipe_of_spec(spec: str) -> Recipe:
     raise ValueError(f"scheme {spec!r} has no recipe; the recipe table has: {known}")
 
 
+def is_auto_spec(spec: str) -> bool:
+    """Whether a scheme spec (``"Auto()"``, ``"Auto(include_sign=True)"``, ``"Auto"``) builds an
+    :class:`hvd_compress.Auto`, which chooses by link and is held to ``Auto()``'s tolerance."""
+    return re.match(r"\s*Auto\s*(\(|$)", spec) is not None
+
+
 def tolerance_of(spec: str) -> float:
     """Points below dense's accuracy that ``spec``'s target allows (``none``: 0)."""
     if spec in EXTRA_TOLERANCES:
         return EXTRA_TOLERANCES[spec]
-    if spec.replace(" ", "").startswith("Auto("):  # every Auto is held to Auto()'s promise
+    if is_auto_spec(spec):  # every Auto is held to Auto()'s promise
         return EXTRA_TOLERANCES["Auto()"]
     tol = recipe_of_spec(spec).tolerance
     return 0.0 if tol is None else tol

@@ -112,11 +112,11 @@ def test_any_auto_spec_runs_under_autos_recipe_with_its_own_arguments():
     from hvd_compress.tools.bench import tta
     from hvd_compress.tools.bench.specs import keyword_args
     from hvd_compress.tools.bench.tta_worker import build_compression
-    from hvd_compress.tools.recipes import tolerance_of
+    from hvd_compress.tools.recipes import is_auto_spec, tolerance_of
     comp, placement, _ = build_compression("Auto(include_sign=True, warmup_steps=5)", "cnn", 32, "torch")
     assert placement == "compressor" and (comp.warmup_steps, comp.dense_below) == (5, 1024)
     assert "EFSignSGD" in [c.label for c in comp.candidates]
-    assert tta.is_auto("Auto(include_sign=True)") and tta.is_auto("Auto()") and not tta.is_auto("TopK(0.01)")
+    assert is_auto_spec("Auto(include_sign=True)") and is_auto_spec("Auto()") and not is_auto_spec("TopK(0.01)")
     assert tta.dense_phase_steps("Auto(include_sign=True)", "cnn", 32) == 0
     assert tolerance_of("Auto(include_sign=True)") == tolerance_of("Auto()") == 0.5
     assert keyword_args("Auto(include_sign=True)") == {"include_sign": True} and keyword_args("Int8") == {}

@@ -198,7 +198,7 @@ def _warmup_steps(a, comp):
     not the calibration."""
     if not _is_auto(comp):
         return a.warmup
-    trials = comp.trial_plans * comp.trial_steps if a.framework == "torch" and comp.trial_plans > 1 else 0
+    trials = comp.most_trial_steps if a.framework == "torch" else 0
     return a.warmup + comp.steps_before_plan + 1 + trials
 
 

@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 
+from ..recipes import is_auto_spec
 from .e2e import clean_log, parse_rates, rate_label, run_launch
 from .report import Progress, human_seconds, table, write_json
 from .specs import parse_spec, split_specs
@@ -148,7 +149,7 @@ def _add_best_fixed(rows):
     for r in rows:
         same = [x for x in rows if x is not r and all(x[k] == r[k] for k in KEY[:-1])]
         r["vs_best_fixed"] = min(x["median_step_s"] for x in same) / r["median_step_s"] if same else None
-        if r["scheme"].startswith("Auto"):
+        if is_auto_spec(r["scheme"]):
             mine = [x for x in same if auto_may_choose(r["scheme"], x["scheme"])]
             r["vs_best_candidate"] = min(x["median_step_s"] for x in mine) / r["median_step_s"] if mine else None
 

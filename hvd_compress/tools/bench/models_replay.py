@@ -3,8 +3,9 @@ fixed schemes measured in the same run.
 
 Each ``Auto`` row keeps what its planner saw (``auto_state``, in
 ``<stem>_auto_state.json`` beside the rows: the tensors, the codec seconds
-averaged over ranks, the fitted link, the backward span, the host, the plan).  For the plan Auto adopted and for each fixed scheme
-it may choose, applied to every tensor it can carry, the cost model's
+averaged over ranks, the fitted link, the backward span, the host, the
+plan).  For the plan Auto adopted and for each fixed scheme it may choose,
+applied to every tensor it can carry, the cost model's
 predicted communication seconds a step (:func:`hvd_compress.auto.planner.predicted_total`)
 stand beside the measured median step.  Compute is the same in every row,
 so the differences from ``none`` compare: where the predicted and the
@@ -69,6 +70,7 @@ def replay_file(path):
     """(title, rows) for every Auto row of a models.json whose planner inputs
     were kept (``<stem>_auto_state.json`` beside it)."""
     import os
+    from ..recipes import is_auto_spec
     from .models_bench import auto_state_path, row_key
     with open(path) as f:
         rows = json.load(f)
@@ -84,7 +86,7 @@ def replay_file(path):
     for auto in rows:
         if not auto.get("auto_state") or not auto.get("auto_state", {}).get("link"):
             continue
-        same = [r for r in rows if r is not auto and "median_step_s" in r and not r["scheme"].startswith("Auto")
+        same = [r for r in rows if r is not auto and "median_step_s" in r and not is_auto_spec(r["scheme"])
                 and all(r.get(k) == auto.get(k) for k in key)]
         title = " ".join(f"{k}={auto.get(k)}" for k in key) + f" {auto['scheme']}"
         out.append((title, replay(auto, same)))

@@ -63,8 +63,7 @@ def _untimed_steps(a, comp):
         return a.warmup
     if a.framework == "tensorflow":
         return a.warmup + comp.steps_before_plan + 2
-    trials = comp.trial_plans * comp.trial_steps if comp.trial_plans > 1 else 0
-    return a.warmup + comp.steps_before_plan + 1 + trials
+    return a.warmup + comp.steps_before_plan + 1 + comp.most_trial_steps
 
 
 def _clock(step, count):
@@ -254,8 +253,9 @@ def _auto_startup(comp, slowest, framework):
             "retraced": retraced,
             "calibration_steps": comp.calibration_steps,
             "steps_before_final_plan": final, "steps_before_final_plan_s": sum(slowest[:final]),
-            "plans_adopted": len(state.history), "trial_plans_run": len(state.trials), "link": None if state.link is None else
-            {"latency_s": state.link.latency_s, "bytes_per_s": state.link.bytes_per_s},
+            "plans_adopted": len(state.history), "trial_plans_run": len(state.trials),
+            "link": None if state.link is None else {"latency_s": state.link.latency_s,
+                                                     "bytes_per_s": state.link.bytes_per_s},
             "pair_swap_bytes": state.pair_swap_bytes, "backward_s": state.backward_s, "step_s": state.step_s,
             "codec_ns_per_element": _codec_ns_per_element(state)}
 

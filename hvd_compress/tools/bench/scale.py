@@ -89,6 +89,7 @@ import sys
 import tempfile
 import time
 
+from ..recipes import is_auto_spec
 from ..units import parse_count
 from .e2e import clean_log, parse_rates, rate_label, run_launch
 from .report import Progress, human_bytes, human_count, human_seconds, table, write_json
@@ -221,11 +222,11 @@ def auto_vs_best(rows):
     out = []
     for n, link in sorted({(r["workers"], r["link_mbit"]) for r in rows}, key=lambda k: (k[0], k[1] or 0)):
         same = [r for r in rows if r["workers"] == n and r["link_mbit"] == link]
-        fixed = [r for r in same if not r["scheme"].startswith("Auto")]
+        fixed = [r for r in same if not is_auto_spec(r["scheme"])]
         if not fixed:
             continue
         best = min(fixed, key=lambda r: r["median_step_s"])
-        for auto in (r for r in same if r["scheme"].startswith("Auto")):
+        for auto in (r for r in same if is_auto_spec(r["scheme"])):
             out.append({"workers": n, "link_mbit": link, "auto_scheme": auto["scheme"],
                         "auto_step_s": auto["median_step_s"], "best_scheme": best["scheme"],
                         "best_step_s": best["median_step_s"], "ratio": best["median_step_s"] / auto["median_step_s"],

@@ -42,7 +42,7 @@ import tempfile
 import time
 
 from ..link_mapping import REFERENCE_GBIT, map_links
-from ..recipes import WARMUP_EPOCHS, per_model, recipe_of_spec, tolerance_of
+from ..recipes import WARMUP_EPOCHS, is_auto_spec, per_model, recipe_of_spec, tolerance_of
 from .e2e import clean_log, run_launch
 from .report import Progress, write_json
 from .specs import HOROVOD_SPECS, parse_spec, split_specs
@@ -53,10 +53,6 @@ DEFAULT_SCHEMES = "none,hvd_fp16,TopK(0.01),DGC(0.001),PowerSGD(4),Int8(),EFSign
 LINKS = ("unshaped",) + tuple(REFERENCE_GBIT)
 AUTO = "Auto()"
 
-
-def is_auto(spec):
-    """Whether ``spec`` is an ``Auto(...)``: it chooses by link, so it trains on every link."""
-    return spec.replace(" ", "").startswith("Auto(")
 #: (training steps at 4 ranks, evaluate every): the CNN's 10 epochs and the transformer's 20 of the
 #: convergence bench (32 steps an epoch at 4 ranks, batch 32), the character LM's 300 steps
 MODEL_STEPS = {"cnn": (320, 16), "transformer": (640, 32), "charlm": (300, 25)}
@@ -91,7 +87,7 @@ def make_row(*, model, params, framework, workers, link, link_mbit, scheme, seed
 
 def dense_phase_steps(spec, model, steps_per_epoch):
     """Steps of ``spec``'s recipe spent dense (its warmup) or on the ratio ramp."""
-    if spec in HOROVOD_SPECS or is_auto(spec):
+    if spec in HOROVOD_SPECS or is_auto_spec(spec):
         return 0
     r = recipe_of_spec(spec)
     warm = WARMUP_EPOCHS[model] * steps_per_epoch if r.warmup else 0
@@ -179,8 +175,8 @@ def run(framework="torch", model="cnn", schemes=DEFAULT_SCHEMES, seeds="1,2,3", 
     a = {"framework": framework, "model": model, "workers": workers, "threads": threads, "run_timeout": run_timeout,
          "steps": steps or default_steps, "eval_every": eval_every or default_eval}
     command = command or _command()
-    fixed = [s for s in schemes if not is_auto(s)]
-    auto_specs = [s for s in schemes if is_auto(s)]
+    fixed = [s for s in schemes if not is_auto_spec(s)]
+    auto_specs = [s for s in schemes if is_auto_spec(s)]
     prog = Progress(3 + len(links), enabled=progress)
     meta = {"command": command, "started": _now(), "model": model, "framework": framework, "workers": workers,
             "steps": a["steps"], "eval_every": a["eval_every"], "stands_for": stands_for, "seeds": seeds,
@@ -271,7 +267,7 @@ def build_rows(a, curves, times, autos, measured_val, rates, validate_link, comm
                              measured=measured, command=command, steps=rec["steps"], auto_plan=rec.get("auto_plan")))
     for rec in curves:
         add(rec, "unshaped", rec["curve"], True)
-        if is_auto(rec["scheme"]):
+        if is_auto_spec(rec["scheme"]):
             continue
         for link, t in times.items():
             if link == "unshaped" or t.get(rec["scheme"]) is None or t.get("none") is None:

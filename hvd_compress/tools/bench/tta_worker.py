@@ -27,7 +27,8 @@ import statistics
 import sys
 import time
 
-from ..recipes import DENSE_BELOW_WITH_EMBEDDINGS, MODEL_LR_PER_RANK, WARMUP_EPOCHS, per_model, recipe_of_spec
+from ..recipes import (DENSE_BELOW_WITH_EMBEDDINGS, MODEL_LR_PER_RANK, WARMUP_EPOCHS, is_auto_spec, per_model,
+                       recipe_of_spec)
 from .e2e_worker import read_iface
 from .specs import HOROVOD_SPECS, horovod_compression, keyword_args, split_specs
 from .tta_data import BATCH, load, lm_batch
@@ -44,7 +45,7 @@ def build_compression(spec, model, steps_per_epoch, framework, seed=0, timing=Fa
     lr = MODEL_LR_PER_RANK[model]
     if spec in HOROVOD_SPECS:
         return horovod_compression(spec, framework), "optimizer", lr
-    if spec.replace(" ", "").startswith("Auto("):
+    if is_auto_spec(spec):
         # Auto's own advice (its docstring, docs/guide/schemes.md "Momentum placement"): momentum in
         # the compressor, the optimizer's at 0. Auto may pick a sign scheme or Top-K, whose residual
         # an optimizer's momentum amplifies; the recipes of those schemes place it the same way.
