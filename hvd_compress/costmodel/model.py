@@ -40,9 +40,12 @@ both factors.)  On top of the link:
 * **tensor fusion** -- Horovod fuses the allreduces of one cycle into buffers
   of up to ``HOROVOD_FUSION_THRESHOLD`` bytes (128 MiB by default): in a
   step, the allreduce latency is paid once per fusion buffer, not once per
-  tensor (:func:`step_cost`).  Horovod fuses tensors of one dtype: the fp32
-  allreduces with the allgather schemes' fp32 placeholders, the half-precision
-  payloads among themselves; it fuses the allgathers of a cycle too, the
+  tensor (:func:`step_cost`).  Horovod fuses tensors of one dtype, the
+  half-precision payloads among themselves.  The fp32 allreduces and the
+  allgather schemes' fp32 placeholders are one dtype but rarely one cycle:
+  a dense gradient is handed to Horovod at its hook, a placeholder only after
+  its tensor's encode, so a step that mixes them pays a round for each
+  (:data:`PLACEHOLDER_GROUP`).  Horovod fuses the allgathers of a cycle too, the
   two-phase transport sends one alltoall and one allgather for all the
   tensors of a round, and PowerSGD launches a step's Q rounds together, so
   those rounds' latency is also paid once per step (per tensor,
@@ -68,6 +71,14 @@ from typing import Iterable, List, Optional, Tuple
 
 #: the transports the model knows
 TRANSPORTS = ("allreduce", "allgather", "two_phase", "powersgd")
+#: the fusion group of the compressed transports' fp32 placeholders: apart from
+#: the dense fp32 allreduces, which reach Horovod at their hooks while a
+#: placeholder waits for its tensor's encode.  Measured side by side on 8
+#: emulated hosts at 1 Gbit/s (4M-parameter MLP; ``hvd-compress bench scale
+#: --workers 8 --rates 1000``): Top-K 1% on every tensor 0.279 s a step, the
+#: same with the tensors under 16384 elements dense 0.319 s, about one more
+#: allreduce round (14 ring steps) at that link's fitted latency
+PLACEHOLDER_GROUP = "float32:placeholder"
 #: Horovod's defaults (horovodrun --help: --cycle-time-ms 1, --fusion-threshold-mb 128)
 HOROVOD_CYCLE_S = 1e-3
 HOROVOD_FUSION_BYTES = 128 * 1024 * 1024
@@ -271,7 +282,8 @@ class TensorCost:
     #: placeholder): what tensor fusion shares across a step's tensors
     fusable_latency_s: float = 0.0
     fusable_bytes: float = 0.0
-    #: the dtype of the fusable part: Horovod fuses tensors of one dtype only
+    #: the fusion group of the fusable part: its dtype (Horovod fuses tensors of
+    #: one dtype only), or :data:`PLACEHOLDER_GROUP` for a placeholder
     fusion_dtype: str = "float32"
     #: the latency of the tensor's rounds beyond its allreduce part (the
     #: allgathers, two-phase's alltoall and allgather, PowerSGD's P and Q),
@@ -294,14 +306,14 @@ class TensorCost:
 
     @property
     def marginal_s(self) -> float:
-        """What this tensor adds to a step whose fp32 allreduces Horovod fuses:
+        """What this tensor adds to a step whose fp32 allreduces (placeholders) Horovod fuses:
         the total less its allreduce part's latency (paid once per fusion
         buffer, :func:`step_cost`).  Every transport has one such part (the
         tensor's allreduce or the allgather's placeholder), so per-tensor
         comparisons of schemes use this; a half-precision payload keeps its
         latency (it shares a buffer only with other half-precision tensors,
         which a per-tensor choice cannot count on)."""
-        return self.total_s - (self.fusable_latency_s if self.fusion_dtype == "float32" else 0.0)
+        return self.total_s - (self.fusable_latency_s if self.fusion_dtype != "float16" else 0.0)
 
     @property
     def own_s(self) -> float:
@@ -322,9 +334,12 @@ def tensor_cost(transport, payload, workers, link: Link, machine: Machine = LINK
     codec = codec_seconds(transport, encode_s, decode_s, workers) if codec_s is None else float(codec_s)
     extra_rounds = rounds(transport) - 1 if workers > 1 else 0
     fusable = 2 * (workers - 1) * link.latency_s
-    # Horovod fuses tensors of one dtype: the fp32 allreduces and the
-    # placeholders share fp32 buffers, half-precision payloads their own
-    dtype = "float16" if half and transport == "allreduce" else "float32"
+    # Horovod fuses tensors of one dtype (half-precision payloads apart), and the
+    # placeholders come after their encodes, apart from the dense tensors
+    if transport == "allreduce":
+        dtype = "float16" if half else "float32"
+    else:
+        dtype = PLACEHOLDER_GROUP
     gather = 0.0
     if transport != "allreduce" and workers > 1:
         gather = (latency_steps(transport, workers, extra_allgathers) - 2 * (workers - 1)) * link.latency_s
@@ -365,7 +380,7 @@ def step_cost(costs: Iterable[TensorCost], machine: Machine = LINK_ONLY, backwar
     (Horovod's hooks start each gradient's as it is ready); up to that much of
     the link's time hides behind it, the codecs' and the collectives' CPU work
     never (they run on the cores the backward pass uses).  Fusion: the
-    allreduce parts (tensors and placeholders) of one dtype share fusion
+    allreduce parts of one fusion group (fp32 tensors, fp16 ones, placeholders) share fusion
     buffers of ``machine.fusion_bytes``, so their latency is paid once per
     buffer, and so do the allgathers, two-phase's and PowerSGD's rounds; the
     step waits one cycle of Horovod's per dependent round (two where any

@@ -17,14 +17,19 @@ transports a step may use is scored whole by
 
 The search is exact over the candidates that matter: every subset of the
 candidates that win some tensor (by their own cost, or charged their rounds
-in full), each tensor taking the cheapest of the subset, the subset whose
-step is cheapest winning.  ``min_gain`` is the margin against the model's
+in full), each tensor taking the cheapest of the subset where it beats
+``none`` by the margin, the plan whose step is cheapest winning.  A second
+plan per subset puts every tensor on the subset wherever one of it applies:
+dense tensors among compressed ones cost a fused allreduce round of their
+own (:data:`hvd_compress.costmodel.model.PLACEHOLDER_GROUP`), which at many
+ranks can outweigh compressing the small ones.  ``min_gain`` is the margin against the model's
 error, twice:
 
 * per tensor, a compressed candidate is taken only where its own cost is at
   least ``min_gain`` below ``none``'s;
 * per step, each candidate a plan uses beyond a smaller plan's must make the
-  step at least ``min_gain`` faster.  Every transport a step adds brings
+  step at least ``min_gain`` faster, and so must the second plan of a subset
+  against its first.  Every transport a step adds brings
   collectives and Horovod cycles of its own, which cost most where the model
   is least sure (ranks sharing cores).  Measured on 4 emulated hosts sharing
   2 cores at 100 Mbit/s: a plan of PowerSGD(4) on the two large weights and
@@ -56,6 +61,24 @@ def _cheapest(options: Dict[str, TensorCost], allowed, none_label, keep) -> str:
         if cost.own_s <= base * keep and cost.own_s < best_s:
             best, best_s = label, cost.own_s
     return best
+
+
+def _without_none(options: Dict[str, TensorCost], allowed, none_label) -> str:
+    """The label of ``allowed`` with the least own cost, ``none`` only where
+    none of them may carry the tensor: the plan that keeps a step's dense
+    tensors off the link where each of them would cost little compressed, but
+    would cost a fused allreduce round of their own (see the module docstring)."""
+    usable = [label for label in allowed if label != none_label and label in options]
+    return min(usable, key=lambda label: options[label].own_s) if usable else none_label
+
+
+def _subset_plans(options: Sequence[Dict[str, TensorCost]], subset, none_label, keep) -> List[List[str]]:
+    """The plans a subset of candidates makes: each tensor on the cheapest of
+    them where it beats ``none`` by the margin, then (where that differs)
+    each tensor on the cheapest of them wherever one applies."""
+    with_none = [_cheapest(opts, subset, none_label, keep) for opts in options]
+    without = [_without_none(opts, subset, none_label) for opts in options]
+    return [with_none] if without == with_none else [with_none, without]
 
 
 def _searched(options: Sequence[Dict[str, TensorCost]], order, none_label, keep) -> List[str]:
@@ -91,11 +114,12 @@ def plan_step(options: Sequence[Dict[str, TensorCost]], machine: Machine = LINK_
     best_s = step_cost([opts[none_label] for opts in options], machine, backward_s).seconds
     for size in range(1, len(searched) + 1):
         for subset in combinations(searched, size):
-            labels = [_cheapest(opts, subset, none_label, keep) for opts in options]
-            if set(labels) != set(subset) | ({none_label} & set(labels)):
-                continue  # a candidate of the subset won nothing: a smaller subset holds this plan
-            seconds = step_cost([opts[k] for opts, k in zip(options, labels)], machine, backward_s).seconds
-            # each candidate beyond the best plan's must pay min_gain of the step
-            if seconds < best_s * keep ** (size - best_size) * (1.0 - 1e-12):
-                best_labels, best_s, best_size = labels, seconds, size
+            bar = float("inf")  # the plan without `none` must pay min_gain of the one with it
+            for labels in _subset_plans(options, subset, none_label, keep):
+                seconds = step_cost([opts[k] for opts, k in zip(options, labels)], machine, backward_s).seconds
+                valid = set(labels) == set(subset) | ({none_label} & set(labels))  # else a smaller subset's
+                # each candidate beyond the best plan's must pay min_gain of the step
+                if valid and seconds < min(bar, best_s * keep ** (size - best_size)) * (1.0 - 1e-12):
+                    best_labels, best_s, best_size = labels, seconds, size
+                bar = seconds * keep
     return best_labels

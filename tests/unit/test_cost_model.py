@@ -166,9 +166,11 @@ def test_each_ring_step_waits_for_a_core_and_fusion_shares_the_wait():
     assert topk[0].wait_s == pytest.approx(12 * 3e-3) and none.wait_s == pytest.approx(6 * 3e-3)
     assert topk[0].link_s == pytest.approx(topk[0].wire_bytes / MB + 12 * 3e-3)
     step = cm.step_cost(topk + [none], m)
-    # fused: one allreduce ring (6 steps) and one gather of each kind (3 + 3 steps)
-    assert step.wait_s == pytest.approx(12 * 3e-3)
+    # fused: one allreduce ring for the placeholders and one for the dense tensor (6 + 6 steps),
+    # and one gather of each kind (3 + 3 steps)
+    assert step.wait_s == pytest.approx(18 * 3e-3)
     assert step.seconds == pytest.approx(step.link_s + step.wait_s)
+    assert cm.step_cost(topk, m).wait_s == pytest.approx(12 * 3e-3)
     assert cm.step_cost([none], m).wait_s == pytest.approx(6 * 3e-3)
     alone = [cm.tensor_cost("allgather", 100, 4, link, Machine(), extra_allgathers=1) for _ in range(3)]
     assert cm.step_cost(alone, Machine()).wait_s == 0.0 and alone[0].wait_s == 0.0

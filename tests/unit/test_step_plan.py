@@ -98,13 +98,18 @@ def test_bad_input_names_the_parameter():
         plan_step([{"topk": cost}])
 
 
-def test_a_tiny_tensor_stays_dense_beside_a_compressed_one():
+def test_a_tiny_tensor_stays_dense_beside_a_compressed_one_unless_its_round_costs_more():
     """The big tensor pays the allgather's rounds; an 8-element bias would join
-    them for free but for the collectives it would enter (ENTRY_S each)."""
+    them for the collectives it would enter (ENTRY_S each), and dense it costs
+    an allreduce round beside the placeholders'.  On a link of 50 us a ring step
+    that round is a small part of the step and the bias stays dense (the second
+    plan must pay ``min_gain``); at 3 ms a ring step it is not, and it joins."""
     cands = default_candidates(topk_ratios=(0.01,), powersgd_rank=None, fp16=False, int8=False)
     tensors = {"w": (1 << 20, (1024, 1024)), "b": (8, (8,))}
-    choices = plan(tensors, 4, SLOW_HIGH_LATENCY, cands, _codecs(tensors, cands))
-    assert choices["w"].label != "none" and choices["b"].label == "none"
+    fast = plan(tensors, 4, Link(50e-6, 100e6 / 8), cands, _codecs(tensors, cands))
+    assert fast["w"].label != "none" and fast["b"].label == "none"
+    slow = plan(tensors, 4, SLOW_HIGH_LATENCY, cands, _codecs(tensors, cands))
+    assert slow["w"].label != "none" and slow["b"].label == slow["w"].label
 
 
 def test_each_candidate_a_plan_adds_must_pay_min_gain_of_the_step():
@@ -123,3 +128,41 @@ def test_each_candidate_a_plan_adds_must_pay_min_gain_of_the_step():
     assert small_gather.own_s < 0.5 * small_none.own_s and 0.9 * alone < mixed < alone
     assert plan_step(options, min_gain=0.1) == ["powersgd", "none"]
     assert plan_step(options, min_gain=0.01) == ["powersgd", "topk"]
+
+
+def test_small_tensors_join_the_compressed_transport_where_their_own_round_costs_more():
+    """8 emulated hosts at 1 Gbit/s, ranks sharing 2 cores: Auto's measured inputs
+    (``hvd-compress bench scale --workers 8 --rates 1000``, the 4M-parameter MLP;
+    codec seconds averaged over ranks, the link fitted to 4.5 ms a ring step).
+    Dense biases beside Top-K's placeholders cost an allreduce round of their own
+    (14 ring steps): measured in that run, Top-K on every tensor 0.279 s a step,
+    Top-K with the small tensors dense 0.319 s, Auto's mixed plan 0.308 s.  The
+    step plan puts the biases on Top-K too."""
+    from hvd_compress.costmodel.model import Machine
+    from hvd_compress.auto.planner import predicted_total, Choice
+    cands = default_candidates()
+    bias_codec = {"FP16": 5.79e-05, "Int8": 5.83e-05, "TopK(0.1)": 2.69e-04, "TopK(0.01)": 2.63e-04,
+                  "Int8/two_phase": 5.51e-05, "TopK(0.1)/two_phase": 2.39e-04, "TopK(0.01)/two_phase": 2.30e-04}
+    codec = {
+        "0.weight": {"FP16": 0.01369, "Int8": 0.02941, "TopK(0.1)": 0.04332, "TopK(0.01)": 0.02625,
+                     "PowerSGD(4)": 0.02263, "Int8/two_phase": 0.02334, "TopK(0.1)/two_phase": 0.02653,
+                     "TopK(0.01)/two_phase": 0.02434},
+        "2.weight": {"FP16": 0.01823, "Int8": 0.04511, "TopK(0.1)": 0.06592, "TopK(0.01)": 0.02434,
+                     "PowerSGD(4)": 0.03406, "Int8/two_phase": 0.02554, "TopK(0.1)/two_phase": 0.04693,
+                     "TopK(0.01)/two_phase": 0.02575},
+        "4.weight": {"FP16": 9.19e-05, "Int8": 9.67e-05, "TopK(0.1)": 1.020e-03, "TopK(0.01)": 5.98e-04,
+                     "PowerSGD(4)": 3.87e-04, "Int8/two_phase": 9.33e-05, "TopK(0.1)/two_phase": 6.26e-04,
+                     "TopK(0.01)/two_phase": 5.24e-04},
+        "0.bias": bias_codec, "2.bias": bias_codec, "4.bias": bias_codec}
+    codec = {k: dict(v, none=0.0) for k, v in codec.items()}
+    tensors = {"0.weight": (1585152, (1548, 1024)), "0.bias": (1548, (1548,)), "2.weight": (2396304, (1548, 1548)),
+               "2.bias": (1548, (1548,)), "4.weight": (15480, (10, 1548)), "4.bias": (10, (10,))}
+    link, machine, backward_s = Link(4.5e-3, 124.3e6), Machine(cpus=2, ranks_per_host=8), 0.0631
+    chosen = {k: c.label for k, c in plan(tensors, 8, link, cands, codec, (), 0.1, machine, backward_s).items()}
+    assert set(chosen.values()) == {"TopK(0.01)"}, chosen
+
+    def total(label_of):
+        choices = {k: Choice(label_of(k), 0.0, 0.0, None) for k in tensors}
+        return predicted_total(choices, tensors, 8, link, cands, codec, machine, backward_s)
+    mixed = total(lambda k: "none" if k.endswith("bias") else "TopK(0.01)")
+    assert mixed - total(lambda k: "TopK(0.01)") == pytest.approx(14 * 4.5e-3, rel=0.05)
