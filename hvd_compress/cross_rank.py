@@ -8,6 +8,7 @@ layer may import it.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 
@@ -24,8 +25,10 @@ def collective_name(key, part):
     return "hvdc." + safe + "." + part.replace(".", "_")
 
 
+@functools.lru_cache(maxsize=1 << 14, typed=True)  # per tensor and call: seeds of the same few keys
 def stable_hash(*parts):
     """A 63-bit integer from strings/ints, identical on every process
-    (Python's hash() is salted per process)."""
+    (Python's hash() is salted per process).  ``typed``: ``1`` and ``1.0``
+    print differently, so they are different inputs."""
     h = hashlib.blake2b("|".join(map(str, parts)).encode(), digest_size=8).digest()
     return int.from_bytes(h, "little") & 0x7FFF_FFFF_FFFF_FFFF

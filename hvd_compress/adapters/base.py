@@ -197,7 +197,7 @@ class AdapterBase:
         call = self._call(comp, key, B.cast(B.flatten(tensor), "float32"), self.roles.store.next_step(key), info,
                           shape, dtype, numel)
         if len(phases) == 1:
-            out, pending = self._compress_with(phases[0], call)
+            out, pending = self._compress_with(phases[0], call, fresh=True)
         else:
             out, pending = self._compress_scheduled(phases, call)
         self.roles.rounds.compressed(key, info)
@@ -222,11 +222,18 @@ class AdapterBase:
         (communications done so far, the same on every rank)."""
         done = int(call.step) - 1
         i = max(j for j, phase in enumerate(phases) if phase.start <= done)
-        return self._compress_with(phases[i], call.renamed(f"{call.key}@{i}"))
+        return self._compress_with(phases[i], call.renamed(f"{call.key}@{i}"), fresh=True)
 
-    def _compress_with(self, phase, call):
+    def _compress_with(self, phase, call, fresh=False):
+        """``fresh``: ``call`` is a copy of this phase's own (built or renamed for
+        it), so it is filled in place: ``dataclasses.replace`` on every tensor's
+        call costs about as much as the rest of a dense tensor's path."""
         transport = transport_for(phase.scheme, phase.transport, call.group.size, call.grad.numel, call.grad.shape)
-        return transport.start(replace(call, scheme=phase.scheme, memory=phase.memory))
+        if fresh:
+            call.scheme, call.memory = phase.scheme, phase.memory
+        else:
+            call = replace(call, scheme=phase.scheme, memory=phase.memory)
+        return transport.start(call)
 
     def decompress(self, comp, output, pending):
         return pending.transport.finish(pending, output)

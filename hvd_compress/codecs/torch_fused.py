@@ -246,6 +246,13 @@ FUSED = {Int8: Int8Codec, TopK: TopKCodec, Threshold: ThresholdCodec, DGC: DGCCo
          QSGD: QSGDCodec, TernGrad: TernGradCodec, RandomK: RandomKCodec}
 
 
+#: the codec chosen per (scheme, memory type, element count, kernel library): a codec
+#: holds only its library and scheme, and choosing one is a dozen checks and an object
+#: on every tensor's every call (tens of microseconds where a model has hundreds of tensors)
+_CHOSEN = {}
+_CHOSEN_MAX = 4096
+
+
 def codec_for(scheme, memory, x):
     """The fused codec of ``scheme`` for the flat float32 tensor ``x``, or None
     where the eager path runs: kernels off or unbuilt, not a CPU float32
@@ -253,15 +260,28 @@ def codec_for(scheme, memory, x):
     if not (isinstance(x, torch.Tensor) and x.dtype == torch.float32 and x.is_contiguous() and fits_fused(x.numel())
             and backend_for(x).host_reads_are_free(x)):  # CPU memory (and not the CUDA stand-in of the sync test)
         return None
+    lib = load()
+    if lib is None:
+        return None
+    key = (id(scheme), type(memory), x.numel(), id(lib))
+    hit = _CHOSEN.get(key)
+    if hit is not None and hit[0] is scheme:  # the scheme itself, not one that reused its id
+        return hit[1]
+    if len(_CHOSEN) >= _CHOSEN_MAX:
+        _CHOSEN.clear()
+    codec = _choose(scheme, memory, x.numel(), lib)
+    _CHOSEN[key] = (scheme, codec)
+    return codec
+
+
+def _choose(scheme, memory, numel, lib):
+    """:func:`codec_for` past the tensor's own checks and the library."""
     if memory is not None and type(memory) not in (ResidualMemory, MomentumMemory):
         return None  # DGC's memory masks its momentum by what was sent: the eager path
     if type(scheme) is Lossless and memory is not None:
         return None  # exact: nothing to feed back; a memory asked for anyway runs the eager code
-    lib = load()
-    if lib is None:
-        return None
     cls = type(scheme)
-    if cls is TopK and not fuses_topk(x.numel(), scheme.fixed_k(x.numel())):
+    if cls is TopK and not fuses_topk(numel, scheme.fixed_k(numel)):
         return None
     if cls in FUSED:
         return FUSED[cls](lib, scheme)

@@ -36,6 +36,7 @@ What elastic TensorFlow needs of Horovod's internals is in
 """
 from __future__ import annotations
 
+import functools
 import sys
 import warnings
 from dataclasses import dataclass
@@ -112,11 +113,16 @@ def is_adasum(opt) -> bool:
     """Horovod builds the Adasum optimizer as ``type(<wrapped class name>,
     (wrapped class,), dict(_DistributedAdasumOptimizer.__dict__))``, so neither
     the class name nor the MRO shows it; its methods are the same objects."""
+    return _is_adasum_class(type(opt))
+
+
+@functools.lru_cache(maxsize=256)  # asked at every tensor's call; the answer is the class's
+def _is_adasum_class(cls) -> bool:
     try:
         from horovod.torch.optimizer import _DistributedAdasumOptimizer
     except ImportError:  # pragma: no cover - other Horovod layouts
         return False
-    return type(opt).__dict__.get("_allreduce_grad_async") is \
+    return cls.__dict__.get("_allreduce_grad_async") is \
         _DistributedAdasumOptimizer.__dict__.get("_allreduce_grad_async")
 
 

@@ -23,9 +23,10 @@ only vectorised operations.
 """
 from __future__ import annotations
 
-from ..backend import ceil_div
-
+import functools
 import math
+
+from ..backend import ceil_div
 
 INDEX_CODES = ("raw", "bitmap", "elias_fano")
 
@@ -89,6 +90,11 @@ def index_code_nbytes(code, numel, k):
 
 def choose_index_code(numel, k, allowed=INDEX_CODES):
     """The smallest code for this tensor (ties go to the simpler code)."""
+    return _smallest_code(int(numel), int(k), tuple(allowed))
+
+
+@functools.lru_cache(maxsize=4096)  # asked several times per tensor per step, always of the same few sizes
+def _smallest_code(numel, k, allowed):
     return min(allowed, key=lambda c: (index_code_nbytes(c, numel, k), INDEX_CODES.index(c)))
 
 
