@@ -36,11 +36,15 @@ def test_a_row_is_reached_only_from_its_curve_and_nothing_is_extrapolated():
     assert not miss["reached"] and miss["time_to_target_s"] is None and miss["budget_steps"] == 40
 
 
-def test_combined_curve_charges_the_dense_warmup_at_dense_step_time():
+def test_combined_curve_charges_the_start_up_and_the_dense_warmup_at_dense_step_time():
     curve = _curve([50.0, 60.0, 70.0])
     out = tta.combined_curve(curve, 15, 2.0, 0.5)
     assert [p["time_s"] for p in out] == [20.0, 30.0 + 2.5, 30.0 + 7.5]
     assert [p["accuracy"] for p in out] == [50.0, 60.0, 70.0]
+    charged = tta.combined_curve(curve, 15, 2.0, 0.5, startup_s=7.0)
+    assert [p["time_s"] for p in charged] == [27.0, 39.5, 44.5]
+    assert tta.startup_s({"step_times_s": [7.5, 0.04, 0.05, 0.06], "median_step_s": 0.05}) == pytest.approx(7.45)
+    assert tta.startup_s({"step_times_s": [], "median_step_s": None}) == 0.0
     assert tta.dense_phase_steps("TopK(0.01)", "cnn", 32) == 32
     assert tta.dense_phase_steps("DGC(0.001)", "transformer", 32) == 2 * 32 + 4 * 32
     assert tta.dense_phase_steps("Auto()", "cnn", 32) == 0

@@ -95,14 +95,23 @@ def dense_phase_steps(spec, model, steps_per_epoch):
     return warm + ramp
 
 
-def combined_curve(curve, dense_steps, none_step_s, scheme_step_s):
-    """``curve`` with each point's time at a link's step times: its first ``dense_steps``
-    steps at ``none_step_s``, the rest at ``scheme_step_s``."""
+def combined_curve(curve, dense_steps, none_step_s, scheme_step_s, startup_s=0.0):
+    """``curve`` with each point's time at a link's step times: ``startup_s``, then its
+    first ``dense_steps`` steps at ``none_step_s``, the rest at ``scheme_step_s``."""
     out = []
     for p in curve:
         warm = min(p["step"], dense_steps)
-        out.append(dict(p, time_s=round(warm * none_step_s + (p["step"] - warm) * scheme_step_s, 4)))
+        out.append(dict(p, time_s=round(startup_s + warm * none_step_s + (p["step"] - warm) * scheme_step_s, 4)))
     return out
+
+
+def startup_s(rec):
+    """What a measured run's first step took beyond its median step: TensorFlow traces
+    the step there (seconds, where a step takes tens of milliseconds), which a curve
+    combined from median step times would otherwise leave out; 0 where the run kept no
+    step times."""
+    times, median = rec.get("step_times_s") or [], rec.get("median_step_s")
+    return max(0.0, times[0] - median) if times and median is not None else 0.0
 
 
 class Session:
@@ -273,7 +282,7 @@ def build_rows(a, curves, times, autos, measured_val, rates, validate_link, comm
             if link == "unshaped" or t.get(rec["scheme"]) is None or t.get("none") is None:
                 continue
             dense = dense_phase_steps(rec["scheme"], a["model"], rec["steps_per_epoch"])
-            add(rec, link, combined_curve(rec["curve"], dense, t["none"], t[rec["scheme"]]), False)
+            add(rec, link, combined_curve(rec["curve"], dense, t["none"], t[rec["scheme"]], startup_s(rec)), False)
     for link, recs in autos.items():
         for rec in recs:
             add(rec, link, rec["curve"], True)
