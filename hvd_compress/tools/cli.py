@@ -159,6 +159,8 @@ def _add_tta(bsub):
     t.add_argument("--validate-schemes", default=None, help="the fixed schemes --validate-link trains (default: all)")
     t.add_argument("--curves-from", default=None, help="a worker JSON of the unshaped curves, measured before, "
                    "instead of measuring them again (a run in two sittings)")
+    t.add_argument("--save-curves", default=None, help="write the unshaped curves' worker JSON here (with every "
+                   "step's time), for a later --curves-from")
     t.add_argument("--rates-from", default=None, help="a tta meta JSON: the shaped links' rates of its last run "
                    "of this model, framework and ranks, instead of mapping them again (rows that join that run's)")
     t.add_argument("--time-steps", type=int, default=8, help="steps timed per scheme and link (default %(default)s)")

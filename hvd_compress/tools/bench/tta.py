@@ -157,13 +157,14 @@ def _command():
 def run(framework="torch", model="cnn", schemes=DEFAULT_SCHEMES, seeds="1,2,3", links=",".join(LINKS),
         stands_for="resnet50", workers=4, steps=None, eval_every=None, validate_link=None, time_steps=8,
         threads=1, prefix="tta", out_json=None, out_png=None, run_timeout=3600, progress=True, command=None,
-        validate_schemes=None, curves_from=None, rates_from=None):
+        validate_schemes=None, curves_from=None, rates_from=None, save_curves=None):
     """Bring up the cluster, measure every curve, step time and Auto run, write the rows; return
     ``(rows, meta)``.  ``validate_schemes``: the fixed schemes trained end to end on
     ``validate_link`` (default: all).  ``curves_from``: a worker JSON of unshaped curves measured
     before (the same model, ranks, steps, schemes and seeds), in place of measuring them again.
     ``rates_from``: a tta meta JSON; the shaped links' rates of its last run of this model,
-    framework and ranks, in place of mapping them again (rows that join an earlier run's)."""
+    framework and ranks, in place of mapping them again (rows that join an earlier run's).
+    ``save_curves``: where to write the unshaped curves' worker JSON, for a later ``curves_from``."""
     from ..testing.cluster import Cluster
     from .scale import measure_rtt_s
 
@@ -199,6 +200,9 @@ def run(framework="torch", model="cnn", schemes=DEFAULT_SCHEMES, seeds="1,2,3", 
                   ses.launch("curves (unshaped)", fixed + auto_specs, seeds,
                              compute_steps=3))
         prog.step("curves", f"{len(curves)} runs")
+        if save_curves and not curves_from:
+            with open(save_curves, "w") as f:
+                json.dump(curves, f)
         if not curves:
             raise RuntimeError(f"no curve came back: {ses.failures}")
         base = curves[0]
@@ -453,7 +457,8 @@ def main_args(args, command) -> int:
                          eval_every=args.eval_every, validate_link=args.validate_link,
                          time_steps=args.time_steps, threads=args.threads, prefix=args.prefix,
                          out_json=args.out, out_png=png, validate_schemes=args.validate_schemes,
-                         curves_from=args.curves_from, rates_from=args.rates_from, command=command)
+                         curves_from=args.curves_from, rates_from=args.rates_from,
+                         save_curves=args.save_curves, command=command)
     except ClusterError as err:
         print(f"hvd-compress bench tta: {err}", file=sys.stderr)
         return 2
