@@ -42,7 +42,7 @@ both factors.)  On top of the link:
   step, the allreduce latency is paid once per fusion buffer, not once per
   tensor (:func:`step_cost`).  Horovod fuses tensors of one dtype, the
   half-precision payloads among themselves.  The fp32 allreduces and the
-  allgather schemes' fp32 placeholders are one dtype but rarely one cycle:
+  allgather and two-phase placeholders are one dtype but rarely one cycle:
   a dense gradient is handed to Horovod at its hook, a placeholder only after
   its tensor's encode, so a step that mixes them pays a round for each
   (:data:`PLACEHOLDER_GROUP`).  Horovod fuses the allgathers of a cycle too, the
@@ -71,13 +71,14 @@ from typing import Iterable, List, Optional, Tuple
 
 #: the transports the model knows
 TRANSPORTS = ("allreduce", "allgather", "two_phase", "powersgd")
-#: the fusion group of the compressed transports' fp32 placeholders: apart from
-#: the dense fp32 allreduces, which reach Horovod at their hooks while a
-#: placeholder waits for its tensor's encode.  Measured side by side on 8
-#: emulated hosts at 1 Gbit/s (4M-parameter MLP; ``hvd-compress bench scale
-#: --workers 8 --rates 1000``): Top-K 1% on every tensor 0.279 s a step, the
-#: same with the tensors under 16384 elements dense 0.319 s, about one more
-#: allreduce round (14 ring steps) at that link's fitted latency
+#: the fusion group of the allgather and two-phase transports' fp32 placeholders:
+#: apart from the dense fp32 allreduces, which reach Horovod at their hooks while a
+#: placeholder waits for its tensor's encode.  Measured side by side on 8 emulated
+#: hosts at 1 Gbit/s (4M-parameter MLP; ``hvd-compress bench scale --workers 8
+#: --rates 1000``): Top-K 1% on every tensor 0.279 s a step, the same with the
+#: tensors under 16384 elements dense 0.319 s.  PowerSGD's placeholders stay in the
+#: dense tensors' group: its N = 8 rows (biases dense) fit within 7% that way and
+#: 16-27% too high with a round of their own (``scripts/scale_model_check.py``)
 PLACEHOLDER_GROUP = "float32:placeholder"
 #: Horovod's defaults (horovodrun --help: --cycle-time-ms 1, --fusion-threshold-mb 128)
 HOROVOD_CYCLE_S = 1e-3
@@ -335,11 +336,11 @@ def tensor_cost(transport, payload, workers, link: Link, machine: Machine = LINK
     extra_rounds = rounds(transport) - 1 if workers > 1 else 0
     fusable = 2 * (workers - 1) * link.latency_s
     # Horovod fuses tensors of one dtype (half-precision payloads apart), and the
-    # placeholders come after their encodes, apart from the dense tensors
+    # allgather schemes' placeholders come after their encodes, apart from the dense tensors
     if transport == "allreduce":
         dtype = "float16" if half else "float32"
     else:
-        dtype = PLACEHOLDER_GROUP
+        dtype = PLACEHOLDER_GROUP if transport in ("allgather", "two_phase") else "float32"
     gather = 0.0
     if transport != "allreduce" and workers > 1:
         gather = (latency_steps(transport, workers, extra_allgathers) - 2 * (workers - 1)) * link.latency_s
