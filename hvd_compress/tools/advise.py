@@ -761,7 +761,7 @@ def validate(e2e_rows, overhead: Overhead, latency=DEFAULT_LATENCY_S, use_measur
 def format_validation(rows, micro_path=None, e2e_path=None, latency=DEFAULT_LATENCY_S) -> str:
     lines = ["# advise: predicted vs measured communication time", "",
              f"Measured = bench e2e `median_step_s - compute_s` ({e2e_path or 'e2e JSON'}); predicted = "
-             f"the one cost model (hvd_compress/model.py: ring allreduce 2(N-1)/N x payload, allgather "
+             f"the one cost model (hvd_compress/costmodel/model.py: ring allreduce 2(N-1)/N x payload, allgather "
              f"(N-1) x payload, latency {latency * 1e6:g} us per ring step, encode/decode from "
              f"{micro_path or 'bench micro'} with decode x N for allgather schemes, the collective's own CPU "
              f"cost and Horovod's cycle from advise.CPU_GLOO, each row's ranks sharing its cores with its load "
