@@ -11,7 +11,7 @@ payload with those and never calls back here.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from ..cross_rank import stable_hash
@@ -197,7 +197,7 @@ class AdapterBase:
         call = self._call(comp, key, B.cast(B.flatten(tensor), "float32"), self.roles.store.next_step(key), info,
                           shape, dtype, numel)
         if len(phases) == 1:
-            out, pending = self._compress_with(phases[0], call, fresh=True)
+            out, pending = self._compress_with(phases[0], call)
         else:
             out, pending = self._compress_scheduled(phases, call)
         self.roles.rounds.compressed(key, info)
@@ -222,17 +222,15 @@ class AdapterBase:
         (communications done so far, the same on every rank)."""
         done = int(call.step) - 1
         i = max(j for j, phase in enumerate(phases) if phase.start <= done)
-        return self._compress_with(phases[i], call.renamed(f"{call.key}@{i}"), fresh=True)
+        return self._compress_with(phases[i], call.renamed(f"{call.key}@{i}"))
 
-    def _compress_with(self, phase, call, fresh=False):
-        """``fresh``: ``call`` is a copy of this phase's own (built or renamed for
-        it), so it is filled in place: ``dataclasses.replace`` on every tensor's
-        call costs about as much as the rest of a dense tensor's path."""
+    def _compress_with(self, phase, call):
+        """Start ``phase`` on ``call``, which must be this phase's own (built or
+        renamed for it): it is filled in place, because ``dataclasses.replace``
+        on every tensor's call costs about as much as the rest of a dense
+        tensor's path."""
         transport = transport_for(phase.scheme, phase.transport, call.group.size, call.grad.numel, call.grad.shape)
-        if fresh:
-            call.scheme, call.memory = phase.scheme, phase.memory
-        else:
-            call = replace(call, scheme=phase.scheme, memory=phase.memory)
+        call.scheme, call.memory = phase.scheme, phase.memory
         return transport.start(call)
 
     def decompress(self, comp, output, pending):

@@ -125,7 +125,7 @@ class TFAdapter(AdapterBase):
         collectives named with ``tag``, and returns (the aggregated dense sum,
         whether the op's scaling applies to it)."""
         def run():
-            out, pending = self._compress_with(phase, call.renamed(f"{call.key}{tag}"), fresh=True)
+            out, pending = self._compress_with(phase, call.renamed(f"{call.key}{tag}"))
             dense = pending.transport.resolve_now(pending, out)
             return dense, tf.constant(1.0 if phase.scheme.apply_op_scale else 0.0)
         return run

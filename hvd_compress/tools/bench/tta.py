@@ -201,8 +201,7 @@ def run(framework="torch", model="cnn", schemes=DEFAULT_SCHEMES, seeds="1,2,3", 
                              compute_steps=3))
         prog.step("curves", f"{len(curves)} runs")
         if save_curves and not curves_from:
-            with open(save_curves, "w") as f:
-                json.dump(curves, f)
+            write_json(save_curves, curves)
         if not curves:
             raise RuntimeError(f"no curve came back: {ses.failures}")
         base = curves[0]
