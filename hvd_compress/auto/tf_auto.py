@@ -59,7 +59,8 @@ it from the same plan (:func:`check_same_trace`); the first one probes the
 link as PyTorch's first ``compress`` does (:func:`probe_at_first_trace`:
 the early probe averaged over ranks, the agreed host); the codecs are timed
 once per class of tensors (:func:`time_codecs`), each candidate as a compiled
-``tf.function`` on random tensors of the real shapes, and each class is
+``tf.function`` on random tensors of the real shapes (not at all where no
+compressed candidate could pay on that link, :func:`lossy_may_pay`), and each class is
 agreed by one allgather (:func:`agree_class_timing`: a hash of the class,
 :class:`~hvd_compress.auto.planner.PlanMismatchError` on every rank where
 ranks traced different tensors, else the ranks' average timings).  A
@@ -76,6 +77,7 @@ variable of :meth:`~hvd_compress.Compressor.tf_checkpointable`, so a
 from __future__ import annotations
 
 import json
+import math
 import threading
 import weakref
 import time
@@ -269,6 +271,45 @@ def codec_seconds(schemes, numel, shape, size, seed=0):
             for fn, b, z in zip(fns[1:], best[1:], free)]
 
 
+def codec_seconds_that_may_win(auto, numel, shape, size, usable):
+    """:func:`codec_seconds` of the candidates that could carry one tensor
+    best, None for the others (and for those not ``usable``).  First the
+    candidates cheapest at no codec cost on the early probe's link and on
+    one :data:`TIMING_LINK_MARGIN` times slower are timed; then every other
+    candidate whose cost on that tensor, at no codec cost, is below the best
+    timed one's on either link.  A candidate that loses even with a free
+    codec is not worth the seconds its timing costs at the first trace (on
+    a slow link FP16 and Int8 lose to Top-K's bytes whatever they cost).
+    ``none`` is not a rival here: the step's plan may move a tensor off it
+    to save a round (:func:`predict_label`).  Without an early probe, every
+    usable candidate is timed."""
+    from .planner import tensor_options
+    cands = auto.candidates
+    schemes = [c.scheme if usable(c, shape) else None for c in cands]
+    lossy = [c.label for c, sch in zip(cands[1:], schemes[1:]) if sch is not None]
+    state = auto.plan_state
+    if state.early_link is None or len(lossy) < 2:
+        return codec_seconds(schemes, numel, shape, size)
+    links = [_early_link(auto, size), _early_link(auto, size, TIMING_LINK_MARGIN)]
+
+    def costs(link, codec_s):  # {label: the tensor's own seconds a step} of the lossy candidates
+        opts = tensor_options(numel, shape, size, link, cands, codec_s, state.machine)
+        return {label: opts[label].marginal_s for label in codec_s if label in opts and label != NONE_LABEL}
+    free = [costs(link, {label: 0.0 for label in lossy}) for link in links]
+    first = {min(f, key=f.get) for f in free if f}
+    got = {}
+
+    def time_these(labels):
+        seconds = codec_seconds([sch if c.label in labels else None for c, sch in zip(cands, schemes)], numel,
+                                shape, size)
+        got.update({c.label: t for c, t in zip(cands, seconds) if c.label in labels and t is not None})
+    time_these(first)
+    best = [min(costs(link, got).values(), default=math.inf) for link in links]
+    time_these({label for label in lossy if label not in got
+                and any(label in f and f[label] < b for f, b in zip(free, best))})
+    return [0.0 if c.label == NONE_LABEL else got.get(c.label) for c in cands]
+
+
 def add_check_seconds(auto, part, seconds):
     """Add ``seconds`` to ``part`` of the plan state's ``check_seconds`` (what
     ``bench models`` reports as Auto's start-up)."""
@@ -293,7 +334,11 @@ def time_codecs(auto, key, size, timings, process_set):
     def time_class(numel, shape):
         t0 = time.perf_counter()
         with tf.init_scope():
-            mine = codec_seconds([c.scheme if usable(c, shape) else None for c in auto.candidates], numel, shape, size)
+            if lossy_may_pay(auto, key, size):
+                mine = codec_seconds_that_may_win(auto, numel, shape, size, usable)
+            else:  # dense whatever its codecs cost: nothing to time, but the class is still agreed
+                run.classes_not_timed += 1
+                mine = [0.0 if c.label == NONE_LABEL else None for c in auto.candidates]
             t1 = time.perf_counter()
             out = agree_class_timing(run, timing_class(numel, shape, auto.candidates, usable), numel, mine,
                                      process_set)
@@ -458,24 +503,73 @@ def probe_at_first_trace(auto, process_set, size):
     add_check_seconds(auto, "early_probe", time.perf_counter() - t0)
 
 
+def _early_link(auto, size, slower=1.0):
+    """The early probe's link as the planner sees it (with the wait floor of
+    ranks sharing cores), ``slower`` times its bandwidth less."""
+    from ..costmodel.machine import with_wait_floor
+    from ..costmodel.model import Link
+    state = auto.plan_state
+    link = with_wait_floor(state.early_link, state.machine, size)
+    return Link(link.latency_s, link.bytes_per_s / slower)
+
+
+def _early_plan(auto, size, codec_s, slower=1.0):
+    """The plan of the tensors traced so far (``state.tensors``, in trace order)
+    on :func:`_early_link`, with ``codec_s`` ({key: {label: seconds}}): what
+    the first decision would choose, from what the trace knows."""
+    from .planner import plan
+    state = auto.plan_state
+    return plan(dict(state.tensors), size, _early_link(auto, size, slower), auto.candidates, codec_s, (),
+                auto.min_gain, state.machine)
+
+
+#: a tensor's codecs are timed at the trace only where a compressed candidate
+#: could carry it, at no codec cost, on a link this many times slower than the
+#: early probe's (:func:`lossy_may_pay`)
+TIMING_LINK_MARGIN = 4.0
+
+
+def lossy_may_pay(auto, key, size):
+    """Whether the first decision could give ``key`` a compressed candidate:
+    whether :func:`_early_plan` does, with every codec free, on a link
+    :data:`TIMING_LINK_MARGIN` times slower than the early probe's.  Where it
+    cannot (a fast link: dense rounds cost latency alone), timing the codecs
+    at the trace would cost seconds of the first step for nothing, so the
+    class is not timed and its tensors stay dense for the rest of the job
+    (TensorFlow cannot time them later: see the module docstring).  Its
+    inputs are agreed over ranks (the averaged probe, the agreed host), so
+    every rank times the same classes; each class, timed or not, is still
+    agreed (:func:`agree_class_timing`), which is where ranks that traced
+    different tensors find out."""
+    from .planner import codec_usable
+    if auto.plan_state.early_link is None:
+        return True
+    usable = codec_usable(True)
+    free = {k: {c.label: 0.0 for c in auto.candidates if usable(c, shape)}
+            for k, (_, shape) in auto.plan_state.tensors.items()}
+    return _early_plan(auto, size, free, TIMING_LINK_MARGIN)[key].label != NONE_LABEL
+
+
 def predict_label(auto, key, size, timings):
     """Before the first plan, at the trace: the candidate the first decision
-    is likely to give ``key`` (:func:`~hvd_compress.auto.planner.choose` on the
-    early probe's link and the agreed codec costs), so that the trace holds
-    it and that decision needs no retrace.  Its inputs are agreed over ranks
-    (the averaged probe, the agreed host, :func:`agree_class_timing`), so every
-    rank predicts, and traces, the same modes."""
-    from ..costmodel.machine import with_wait_floor
-    from .planner import choose, codec_table
+    is likely to give ``key``, so that the trace holds it and that decision
+    needs no retrace: its label in :func:`_early_plan` of the tensors traced
+    so far, with the agreed codec costs.  The step's plan, not the tensor's
+    own best (:func:`~hvd_compress.auto.planner.choose`): a small tensor
+    that joins the others' compressed round, to save a dense round of its own,
+    was predicted dense and asked for a retrace at the decision.  Its inputs
+    are agreed over ranks (the averaged probe, the agreed host,
+    :func:`agree_class_timing`), so every rank predicts, and traces, the same
+    modes."""
+    from .planner import codec_table
     state = auto.plan_state
     if state.history or state.early_link is None:
         return NONE_LABEL
-    numel, shape = state.tensors[key]
-    row = codec_table(state.tensors, [key], auto.candidates, size, True, auto.codec_costs,
-                      Calibration(timings).measure_codecs)[0]
-    codec_s = {c.label: v for c, v in zip(auto.candidates, row) if v >= 0}
-    link = with_wait_floor(state.early_link, state.machine, size)
-    return choose(numel, shape, size, link, auto.candidates, codec_s, auto.min_gain, state.machine).label
+    keys = list(state.tensors)
+    rows = codec_table(state.tensors, keys, auto.candidates, size, True, auto.codec_costs,
+                       Calibration(timings).measure_codecs)
+    codec_s = {k: {c.label: v for c, v in zip(auto.candidates, row) if v >= 0} for k, row in zip(keys, rows)}
+    return _early_plan(auto, size, codec_s)[key].label
 
 
 def traced_plan(auto, keys, size):
@@ -512,7 +606,8 @@ def retrace_pays(auto, current, fresh, keys, size):
     the trace holds), at the first decision: its predicted saving a step, over
     :data:`RETRACE_HORIZON_STEPS` steps, must exceed what the first trace cost (:meth:`AutoTFRun.trace_seconds`): on
     MobileNetV2 a retrace costs as much as 150 of its steps, more than a plan a
-    few percent faster saves in 1000.  Both numbers are kept in
+    few percent faster saves in 1000.  Auto's own probe and codec timings at
+    the first trace are not counted: a retrace does not repeat them.  Both numbers are kept in
     ``check_seconds`` (``retrace_s``, ``retrace_saving_s``)."""
     from .planner import predicted_total
     state, run = auto.plan_state, auto.adapters["tensorflow"].run
@@ -522,7 +617,10 @@ def retrace_pays(auto, current, fresh, keys, size):
         return predicted_total(choices, tensors, size, state.link, auto.candidates, state.codec_s, state.machine,
                                state.backward_s)
     saving = (total(current) - total(fresh)) * RETRACE_HORIZON_STEPS
-    cost = run.trace_seconds()
+    # a retrace repeats the trace, not Auto's probe and codec timings at it
+    spent = state.check_seconds or {}
+    cost = max(0.0, run.trace_seconds() - sum(spent.get(k, 0.0) for k in ("early_probe", "trace_codecs",
+                                                                          "trace_agree")))
     state.check_seconds = {**(state.check_seconds or {}), "retrace_s": cost, "retrace_saving_s": saving}
     return saving > cost
 
@@ -673,11 +771,17 @@ class AutoTFRun:
     classes_agreed: int = 0
     #: wall clock (``time.time()``, as ``tf.timestamp()``) at Auto's first ``compress`` at the first trace
     trace_started: Any = None
+    #: key -> the label :func:`predict_label` gave it at its first trace: every later trace before the
+    #: first plan holds the same modes (a trace predicts from the tensors traced before it, and every
+    #: trace a rank may run must issue the same collectives as every other rank's)
+    predicted: dict = field(default_factory=dict)
+    #: classes of tensors whose codecs were not timed at the trace (:func:`lossy_may_pay`)
+    classes_not_timed: int = 0
 
     def restart(self):
         """After an elastic reset: nothing decided, every variable zero."""
         self.decided = self.error = self.retrace_asked = None
-        self.new_modes = {}
+        self.new_modes, self.predicted = {}, {}
         self.plan_var.assign("")
         self.plan_seen.assign("")
         for v in list(self.mode_vars.values()) + ([self.timestamps] if self.timestamps is not None else []):
@@ -802,9 +906,10 @@ class AutoTFAdapter(TFAdapter):
         if key == next(iter(auto.plan_state.tensors)):
             check_same_trace(auto, self.run, process_set)
             probe_at_first_trace(auto, process_set, size)
-        time_codecs(auto, key, size, self.run.codec_timings, process_set)
-        predicted = predict_label(auto, key, size, self.run.codec_timings)
-        self.run.traced[key] = traced_modes(auto, key, predicted)
+        if key not in self.run.predicted:
+            time_codecs(auto, key, size, self.run.codec_timings, process_set)
+            self.run.predicted[key] = predict_label(auto, key, size, self.run.codec_timings)
+        self.run.traced[key] = traced_modes(auto, key, self.run.predicted[key])
         return self.run.traced[key]
 
     def _compress_scheduled(self, phases, call):

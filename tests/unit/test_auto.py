@@ -297,6 +297,126 @@ def test_tensorflow_trace_holds_the_predicted_choice():
     assert auto_tf.traced_modes(auto, BIG[0], predicted) == (auto_tf.PLAIN, auto_tf.FLUSH, labels.index("Int8") + 1)
 
 
+#: the TF CNN of ``bench tta`` at 4 ranks on 2 cores, 31.4 Mbit/s: its planned tensors in trace order, the
+#: early probe's link and the codec seconds its trace measured (none, FP16, Int8, TopK(0.1), TopK(0.01),
+#: PowerSGD(4)).  The last tensor, alone, is cheaper dense; in the step it joins the others' Top-K round.
+CNN_TENSORS = {"conv2/kernel:0": (12800, (5, 5, 16, 32)), "fc1/kernel:0": (200704, (1568, 128)),
+               "fc2/kernel:0": (1280, (128, 10))}
+CNN_EARLY_LINK = Link(latency_s=0.00053, bytes_per_s=3.67e6)
+CNN_CODEC_S = {"conv2/kernel:0": [0.0, 2.66e-05, 4.06e-05, 4.0e-04, 3.2e-04, 1.41e-04],
+               "fc1/kernel:0": [0.0, 1.43e-04, 2.76e-04, 1.53e-03, 8.69e-04, 5.97e-04],
+               "fc2/kernel:0": [0.0, 2.78e-05, 3.78e-05, 1.23e-04, 1.13e-04, 5.45e-05]}
+
+
+def _cnn_auto(link=CNN_EARLY_LINK):
+    """A TF Auto that has traced the CNN's tensors after an early probe of ``link``, on 4 ranks sharing 2 cores."""
+    from hvd_compress.costmodel.machine import agreed_machine
+    auto = hvd_compress.Auto(momentum=0.9, dense_below=1024)
+    auto._framework = "tensorflow"
+    for key, (numel, shape) in CNN_TENSORS.items():
+        auto.plan_for(key, numel, shape)
+    auto.plan_state.machine = agreed_machine([[7, 2, 4]] * 4)
+    auto.plan_state.early_link = link
+    return auto
+
+
+def _cnn_timings(auto):
+    """The CNN's codec seconds as the trace's class store holds them."""
+    from hvd_compress.auto.planner import codec_usable, timing_class
+    usable = codec_usable(True)
+    labels = [c.label for c in auto.candidates]
+    return {timing_class(n, s, auto.candidates, usable): (n, CNN_CODEC_S[k] + [None] * (len(labels) - 6))
+            for k, (n, s) in CNN_TENSORS.items()}
+
+
+def test_tensorflow_prediction_is_the_steps_plan_not_each_tensors_own():
+    """Measured: the trace predicted the CNN's last tensor dense (its own
+    best), the first decision put it on Top-K with the others (its dense round
+    cost more than joining theirs), and the step was traced again at 3-4 s.
+    The prediction is now the step's plan of the tensors traced so far."""
+    pytest.importorskip("tensorflow")
+    from hvd_compress.auto import tf_auto as auto_tf
+    from hvd_compress.auto.planner import choose
+    auto = _cnn_auto()
+    timings = _cnn_timings(auto)
+    labels = [c.label for c in auto.candidates]
+    fc2 = "fc2/kernel:0"
+    own = choose(*CNN_TENSORS[fc2], 4, auto_tf._early_link(auto, 4), auto.candidates,
+                 dict(zip(labels, CNN_CODEC_S[fc2])), auto.min_gain, auto.plan_state.machine)
+    assert own.label == "none"  # what the trace used to hold
+    assert {k: auto_tf.predict_label(auto, k, 4, timings) for k in CNN_TENSORS} == dict.fromkeys(CNN_TENSORS,
+                                                                                                "TopK(0.01)")
+
+
+def test_tensorflow_codecs_are_not_timed_where_no_compressed_candidate_could_pay(monkeypatch):
+    """On a link where even free codecs lose to dense rounds, the trace
+    times nothing (seconds of the first step); on a slow one it times the
+    candidates that could win, and never one that loses with a free codec."""
+    pytest.importorskip("tensorflow")
+    from hvd_compress.auto import tf_auto as auto_tf
+    timed = []
+
+    def fake_codec_seconds(schemes, numel, shape, size, seed=0):
+        timed.append([s is not None for s in schemes])
+        return [None if s is None else 1e-4 for s in schemes]
+    monkeypatch.setattr(auto_tf, "codec_seconds", fake_codec_seconds)
+    monkeypatch.setattr(auto_tf, "agree_class_timing", lambda run, cls, numel, seconds, ps: seconds)
+    fast = _cnn_auto(Link(latency_s=0.001, bytes_per_s=float("inf")))  # the unshaped link between namespaces
+    run = fast.adapter_for("tensorflow").run
+    for key in CNN_TENSORS:
+        assert not auto_tf.lossy_may_pay(fast, key, 4)
+        auto_tf.time_codecs(fast, key, 4, run.codec_timings, None)
+    assert timed == [] and run.classes_not_timed == 3
+    assert all(row[1] == [0.0] + [None] * (len(fast.candidates) - 1) for row in run.codec_timings.values())
+    assert {k: auto_tf.predict_label(fast, k, 4, run.codec_timings) for k in CNN_TENSORS} == dict.fromkeys(
+        CNN_TENSORS, "none")
+
+    slow = _cnn_auto()
+    labels = [c.label for c in slow.candidates]
+    run = slow.adapter_for("tensorflow").run
+    auto_tf.time_codecs(slow, "fc1/kernel:0", 4, run.codec_timings, None)
+    chosen = {labels[i] for call in timed for i, on in enumerate(call) if on}
+    assert "TopK(0.01)" in chosen and not chosen & {"FP16", "Int8"}, chosen  # their bytes lose even for free
+    assert run.classes_not_timed == 0
+
+
+def test_tensorflow_a_later_trace_keeps_each_tensors_first_prediction(monkeypatch):
+    """Every trace a rank may run before the first plan holds the same modes
+    (another input signature traced later sees more tensors, and would
+    predict from them): a tensor's prediction is made once."""
+    pytest.importorskip("tensorflow")
+    from hvd_compress.auto import tf_auto as auto_tf
+    auto = _cnn_auto()
+    adapter = auto.adapter_for("tensorflow")
+    calls = []
+    monkeypatch.setattr(auto_tf, "time_codecs", lambda *a: None)
+    monkeypatch.setattr(auto_tf, "predict_label", lambda auto, key, size, t: calls.append(key) or
+                        ("TopK(0.01)" if len(calls) == 1 else "none"))
+    labels = [c.label for c in auto.candidates]
+    first = adapter._trace_modes(auto, "fc1/kernel:0", 4, None)
+    again = adapter._trace_modes(auto, "fc1/kernel:0", 4, None)
+    assert first == again == (auto_tf.PLAIN, labels.index("TopK(0.01)") + 1) and calls == ["fc1/kernel:0"]
+
+
+def test_tensorflow_retrace_cost_leaves_out_autos_own_measurements():
+    """A retrace repeats the trace, not the early probe and the codec timings
+    the first trace also held."""
+    pytest.importorskip("tensorflow")
+    from hvd_compress.auto import tf_auto as auto_tf
+    auto = _tf_auto(replan_threshold=0.1, exclude=("FP16", "PowerSGD(4)"))
+    labels = [c.label for c in auto.candidates]
+    run = auto.adapter_for("tensorflow").run
+    run.traced = {BIG[0]: (0, labels.index("Int8") + 1), SMALL[0]: (0,)}
+    run.trace_seconds = lambda: 9.0
+    state = auto.plan_state
+    state.link, state.codec_s = SLOW, codec_costs(auto.candidates)
+    state.check_seconds = {"early_probe": 1.5, "trace_codecs": 2.0, "trace_agree": 0.5}
+    keys = sorted(TENSORS)
+    auto_tf.retrace_pays(auto, auto_tf.traced_plan(auto, keys, 2), {BIG[0]: Choice("TopK(0.01)", 0, 0, None),
+                         SMALL[0]: Choice("none", 0, 0, None)}, keys, 2)
+    assert state.check_seconds["retrace_s"] == pytest.approx(5.0)
+
+
 @pytest.mark.parametrize("traced, threshold, want", [("Int8", 0.99, "Int8"), ("Int8", 0.1, "TopK(0.01)"),
                                                      ("TopK(0.01)", 0.99, "TopK(0.01)")])
 def test_tensorflow_first_decision_prefers_the_traced_plan(traced, threshold, want):

@@ -140,6 +140,10 @@ def _record(a, spec, seed, curve, placement, size, steps, comp, extra=None):
         rec["auto_plan"] = comp.current_plan()
         config = comp.config()
         rec["auto_config"] = {k: config[k] for k in ("warmup_steps", "dense_below", "calibration_steps")}
+        # where its start-up went: each check's seconds and the step each plan took force from
+        state = comp.plan_state
+        rec["auto_check_seconds"] = dict(state.check_seconds or {})
+        rec["auto_plan_starts"] = [start for start, _, _ in state.history]
     rec.update(extra or {})
     return rec
 
@@ -280,6 +284,21 @@ def run_tf(a):
         return _slowest_median(hvd.allgather_object(times[1:]))
 
     local = compute_s() if a.compute_steps else None
+
+    def warm_process():
+        """Two untimed dense steps and an evaluation of a throwaway model: TensorFlow's first trace in a
+        process costs seconds more than later ones (its own start-up, the same whatever the scheme), and
+        the first run of each launch would pay it alone (Auto's launches hold nothing else)."""
+        model = tf_model(a.model, 0)
+        opt = tf.keras.optimizers.SGD(learning_rate=0.0)
+        step_fn = _tf_step(tf, hvd, model, opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                           hvd.Compression.none)
+        x, y = (tf.constant(v) for v in Batches(a.model, data, rank, size, 0, spe)(0))
+        for _ in range(2):
+            float(step_fn(x, y))
+        float(tf.reduce_sum(model(xv, training=False)))
+
+    warm_process()
 
     def train_one(spec, seed):
         tf.random.set_seed(seed)
