@@ -181,17 +181,16 @@ def test_ranks_tracing_different_tensors_raise_on_every_rank(monkeypatch):
     assert same_on_all_ranks("after", "test.autotf.after_trace_mismatch")  # the ranks are still in step
 
 
-def test_ranks_tracing_different_modes_raise_at_the_decision(monkeypatch):
-    """Rank 1 predicts, and traces, Int8 where rank 0 traces none only: the
-    calibration step runs none on both, and the decision raises
-    PlanMismatchError on every rank before any rank runs a mode the other lacks."""
+def test_ranks_tracing_different_modes_raise_at_the_trace(monkeypatch):
+    """Rank 1 predicts, and traces, Int8 where rank 0 traces none only (which
+    hands Horovod the tensor itself, where a switch runs its own collectives):
+    every rank raises PlanMismatchError at the trace, before the step runs."""
     links([FAST], monkeypatch)
     auto_links.early_link(FAST, monkeypatch, auto_tf, SIZE)
     if RANK == 1:
         monkeypatch.setattr(auto_tf, "predict_label", lambda *a: "Int8")
     auto = hvd_compress.Auto(codec_costs=CODEC_COSTS, calibration_steps=1, recheck_every=0)
     run = Injected(auto, {"only": (8, 4)})
-    run.step_fn([tf.ones([8, 4])])
     with pytest.raises(Exception, match="different plans") as err:
         run.step_fn([tf.ones([8, 4])])
     assert "PlanMismatchError" in repr(err.value) or "PlanMismatchError" in str(err.value)

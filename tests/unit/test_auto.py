@@ -388,14 +388,19 @@ def test_tensorflow_a_later_trace_keeps_each_tensors_first_prediction(monkeypatc
     from hvd_compress.auto import tf_auto as auto_tf
     auto = _cnn_auto()
     adapter = auto.adapter_for("tensorflow")
-    calls = []
+    calls, agreed = [], []
     monkeypatch.setattr(auto_tf, "time_codecs", lambda *a: None)
     monkeypatch.setattr(auto_tf, "predict_label", lambda auto, key, size, t: calls.append(key) or
                         ("TopK(0.01)" if len(calls) == 1 else "none"))
+    real_agree = auto_tf.agree_traced_modes
+    monkeypatch.setattr(auto_tf, "check_same_plan", lambda labels, version, ps: agreed.append((version, labels)))
+    monkeypatch.setattr(auto_tf, "agree_traced_modes", lambda *a: real_agree(*a))
     labels = [c.label for c in auto.candidates]
     first = adapter._trace_modes(auto, "fc1/kernel:0", 4, None)
     again = adapter._trace_modes(auto, "fc1/kernel:0", 4, None)
     assert first == again == (auto_tf.PLAIN, labels.index("TopK(0.01)") + 1) and calls == ["fc1/kernel:0"]
+    # the traced modes are agreed over ranks once, not at every trace that holds the same
+    assert agreed == [("traced.0", {"key": "fc1/kernel:0", "traced_modes": list(first)})]
 
 
 def test_tensorflow_retrace_cost_leaves_out_autos_own_measurements():
