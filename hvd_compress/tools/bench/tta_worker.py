@@ -15,6 +15,11 @@ excluded), the bytes this host's interface sent so far, and the held-out accurac
 ``N`` steps of the scheme past its dense warmup and ratio ramp (what a step costs on this
 link), for :mod:`hvd_compress.tools.bench.tta` to combine with the steps to the target.
 
+TensorFlow: each launch first runs two untimed dense steps of a throwaway model, so that no run
+pays the process's first trace (seconds, whatever the scheme) alone.  An ``Auto()`` record adds
+where its start-up went (``auto_check_seconds``) and the step each plan took force from
+(``auto_plan_starts``).
+
 Rank 0 writes a JSON list (one object per (seed, scheme), after each) to ``--out``.
 """
 from __future__ import annotations
