@@ -718,8 +718,9 @@ def all_traced(run, modes_by_key):
 
 def agree_traced_modes(run, key, held, process_set):
     """At the trace (eagerly), each time a tensor's traced modes change: every
-    rank must trace the same modes, else :class:`PlanMismatchError` on every
-    rank before the step runs.  A tensor whose trace holds ``none`` alone
+    rank must trace the same modes, else
+    :class:`~hvd_compress.auto.planner.PlanMismatchError` on every rank
+    before the step runs.  A tensor whose trace holds ``none`` alone
     hands Horovod the tensor itself, where a switch hands it a placeholder
     (whose allreduce TensorFlow's constant folding runs while it optimizes
     the graph) and runs its own collectives: traces that differ would wait on
