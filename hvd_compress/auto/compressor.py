@@ -47,11 +47,13 @@ version is a phase, as in :class:`~hvd_compress.Schedule` (side collectives ``<k
 **TensorFlow** (:mod:`hvd_compress.auto.tf_auto`) runs the same life inside a
 graph: the link probed and the codecs timed and agreed at the first trace,
 a per-tensor mode switch over the modes the plan in force needs (before the
-first plan: ``none`` and the choice predicted from those measurements; the
-step traced again when a plan needs others, which the first decision avoids
-unless the new plan is ``replan_threshold`` faster; a tensor traced with
-``none`` alone has no switch), measurements and agreement in one host
-callback a step, which every tensor's ops of the step wait for.
+first plan: ``none`` and the tensor's label in the step's plan of the
+tensors traced so far, predicted from those measurements; the step traced
+again when a plan needs others, which the first decision avoids unless the
+new plan is ``replan_threshold`` faster; a tensor traced with ``none`` alone
+has no switch and goes to Horovod's own allreduce), measurements and
+agreement in one host callback a step, which every tensor's ops of the step
+wait for.
 
 Only the global process set, one framework per ``Auto``; tensors first seen after calibration are not planned.
 """
