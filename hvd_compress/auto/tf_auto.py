@@ -731,7 +731,8 @@ def agree_traced_modes(run, key, held, process_set):
     still meet, and raise."""
     index = run.modes_agreed
     run.modes_agreed += 1
-    check_same_plan({"key": key, "traced_modes": list(held)}, f"traced.{index}", process_set)
+    with tf.init_scope():  # eagerly, as check_same_trace: the allgather runs now, not in the traced step
+        check_same_plan({"key": key, "traced_modes": list(held)}, f"traced.{index}", process_set)
     run.agreed[key] = held
 
 
@@ -939,8 +940,7 @@ class AutoTFAdapter(TFAdapter):
             self.run.predicted[key] = predict_label(auto, key, size, self.run.codec_timings)
         held = self.run.traced[key] = traced_modes(auto, key, self.run.predicted[key])
         if self.run.agreed.get(key) != held:
-            with tf.init_scope():
-                agree_traced_modes(self.run, key, held, process_set)
+            agree_traced_modes(self.run, key, held, process_set)
         return held
 
     def _compress_scheduled(self, phases, call):
