@@ -209,7 +209,7 @@ class AdapterBase:
         B = self.B
         private = stable_hash(comp.seed, key, info.rank)
         context = EncodeContext(key=key, step=step, rank=info.rank, size=info.size,
-                                uniform=SeededDraws(B, B.seed_for(private, step), like=x),
+                                uniform=SeededDraws(B, lambda: B.seed_for(private, step), like=x),
                                 shared_seed=B.seed_for(stable_hash(comp.seed, key), step), shape=shape,
                                 state=self.roles.store.params.of(key).scheme)
         grad = Gradient(key=key, coll_key=key, shape=shape, dtype=dtype, numel=numel,

@@ -4,6 +4,8 @@ tracked by one ``tf.Module`` (the checkpoint's layout, :func:`tf_checkpoint_slot
 updated by ``assign`` ops the outputs depend on."""
 from __future__ import annotations
 
+import numbers
+
 import tensorflow as tf
 
 from ..backend import backend_for
@@ -18,6 +20,16 @@ def tracked_variable(tracked, key, init, dtype):
         v = state_variable(init, dtype, name="hvdc_" + "".join(c if c.isalnum() else "_" for c in key))
         tracked[key] = v
     return v
+
+
+class _Element:
+    """Element ``index`` of a variable, read when the stats are read."""
+
+    def __init__(self, variable, index):
+        self.variable, self.index = variable, index
+
+    def numpy(self):
+        return self.variable.numpy()[self.index]
 
 
 class TFStore:
@@ -51,14 +63,15 @@ class TFStore:
         module.residuals, module.memories, module.steps, module.scheme_state = {}, {}, {}, {}
         self.module = module
         self.params = StateTable()
-        self._byte_counters, self._call_counters, self._scheme_index, self._scheme_names = {}, {}, {}, {}
+        self._latest, self._call_counters, self._scheme_names = {}, {}, {}
         return True
 
     def next_step(self, key):
         state = self.params.of(key)
         if state.step is None:
             state.step = tracked_variable(*tf_checkpoint_slot(self.module, "step", key), 0, tf.int64)
-        return state.step.assign_add(1)
+        # read once: each use of assign_add's lazy result would read the variable again
+        return tf.convert_to_tensor(state.step.assign_add(1))
 
     def memory_variable(self, name, key, init):
         """The variable of memory state ``name`` of ``key``: the one in its
@@ -96,19 +109,23 @@ class TFStore:
         return self.params.of(key).workspace
 
     def record_bytes(self, comp, key, scheme, numel, nbytes):
-        # Variables, all three: this runs when the step is traced (under a
-        # schedule, once for every branch, one after another), while only the
-        # branch that runs may set the bytes, count the call and name its scheme.
-        counter = tracked_variable(self._byte_counters, key, 0, tf.int64)
-        counter.assign(tf.cast(nbytes, tf.int64))
-        calls = tracked_variable(self._call_counters, key, 0, tf.int64)
-        calls.assign_add(1)
+        # Variables: this runs when the step is traced (under a schedule, once
+        # for every branch, one after another), while only the branch that runs
+        # may set the bytes, count the call and name its scheme.  The bytes and
+        # the scheme's index share one variable, set by one op: a model's trace
+        # builds these ops for every tensor.
         names = self._scheme_names.setdefault(key, [])
         if scheme.name not in names:
             names.append(scheme.name)
-        which = tracked_variable(self._scheme_index, key, 0, tf.int32)
-        which.assign(names.index(scheme.name))
-        comp.stats.record(key, lambda: names[int(which.numpy())], 4 * numel, counter, calls=calls)
+        which = names.index(scheme.name)
+        latest = tracked_variable(self._latest, key, [0, 0], tf.int64)  # (bytes, index in names)
+        if isinstance(nbytes, numbers.Integral):
+            latest.assign(tf.constant([int(nbytes), which], tf.int64))
+        else:
+            latest.assign(tf.stack([tf.cast(nbytes, tf.int64), tf.constant(which, tf.int64)]))
+        calls = tracked_variable(self._call_counters, key, 0, tf.int64)
+        calls.assign_add(1)
+        comp.stats.record(key, lambda: names[int(latest.numpy()[1])], 4 * numel, _Element(latest, 0), calls=calls)
 
     # --- checkpoints ----------------------------------------------------------------
     def state_dict(self):

@@ -201,7 +201,8 @@ class TensorFlowBackend:
         """The seed of the draws of ``base`` (a Python int) at ``step`` (a
         tensor in the traced step): an int64 tensor."""
         import tensorflow as tf
-        return tf.constant(base % 1_000_000_007, tf.int64) * 1_000_003 + tf.cast(step, tf.int64)
+        # the product of the two Python numbers is made here, not in the graph (it fits int64)
+        return tf.constant((base % 1_000_000_007) * 1_000_003, tf.int64) + tf.cast(step, tf.int64)
 
     def uniform(self, n, seed, like=None):
         # stateless: the seed tensor (base seed, step) fully determines the draw
@@ -238,6 +239,49 @@ def _exclude_from_autograph():
         config.CONVERSION_RULES = (config_lib.DoNotConvert("hvd_compress"),) + tuple(config.CONVERSION_RULES)
 
 
+class _VariableMaker:
+    """One long-lived thread that makes :func:`state_variable`'s variables.
+
+    A thread whose creator stack is empty is what lets compressor state be made
+    while a step is traced; starting a thread for each variable cost about as
+    much as the rest of a tensor's trace (a model's first trace makes four or
+    five variables a tensor), so one thread serves them all, made at the first
+    variable and waiting on a queue after."""
+
+    def __init__(self):
+        import queue
+        import threading
+        self._jobs = queue.SimpleQueue()
+        self._start_lock = threading.Lock()
+        self._thread = None
+
+    def make(self, fn):
+        """``fn()`` run on the maker thread; its result, or its error raised here."""
+        import queue
+        import threading
+        with self._start_lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._serve, name="hvd_compress-state", daemon=True)
+                self._thread.start()
+        done = queue.SimpleQueue()
+        self._jobs.put((fn, done))
+        ok, value = done.get()
+        if not ok:
+            raise value
+        return value
+
+    def _serve(self):
+        while True:
+            fn, done = self._jobs.get()
+            try:
+                done.put((True, fn()))
+            except BaseException as err:  # noqa: BLE001 - raised again in the caller's thread
+                done.put((False, err))
+
+
+_MAKER = _VariableMaker()
+
+
 def state_variable(initial_value, dtype, name=None):
     """A non-trainable ``tf.Variable`` of compressor state, made outside any trace.
 
@@ -249,31 +293,19 @@ def state_variable(initial_value, dtype, name=None):
     That rule guards against a variable made anew at every trace; compressor
     state is made once per key and kept in the state store's dicts, as a
     variable made before the ``tf.function`` would be, so it is made here the
-    same way: eagerly, in a short-lived thread, whose creator stack is empty.
-    It is placed where ``tf.init_scope()`` would place it (the device scope
-    around the step, if any)."""
-    import threading
-
+    same way: eagerly, on another thread (:class:`_VariableMaker`), whose
+    creator stack is empty.  It is placed where ``tf.init_scope()`` would
+    place it (the device scope around the step, if any)."""
     import tensorflow as tf
     device = None
     if dtype != tf.string and tf.config.list_logical_devices("GPU"):
         with tf.init_scope():
             device = tf.zeros([]).device
-    made = {}
 
     def make():
-        try:
-            value = initial_value() if callable(initial_value) else initial_value
-            if device is None:
-                made["variable"] = tf.Variable(value, dtype=dtype, trainable=False, name=name)
-            else:
-                with tf.device(device):
-                    made["variable"] = tf.Variable(value, dtype=dtype, trainable=False, name=name)
-        except BaseException as err:  # noqa: BLE001 - raised again in the caller's thread
-            made["error"] = err
-    thread = threading.Thread(target=make, name="hvd_compress-state")
-    thread.start()
-    thread.join()
-    if "error" in made:
-        raise made["error"]
-    return made["variable"]
+        value = initial_value() if callable(initial_value) else initial_value
+        if device is None:
+            return tf.Variable(value, dtype=dtype, trainable=False, name=name)
+        with tf.device(device):
+            return tf.Variable(value, dtype=dtype, trainable=False, name=name)
+    return _MAKER.make(make)

@@ -49,7 +49,15 @@ class SeededDraws:
     generator) instead of materialising them."""
 
     def __init__(self, B, seed, like):
-        self.B, self.seed, self.like = B, seed, like
+        self.B, self._seed, self.like = B, seed, like
+
+    @property
+    def seed(self):
+        """The seed; given as a function, it is made at the first read, so that
+        a traced step builds no seed ops for a scheme that draws nothing."""
+        if callable(self._seed):
+            self._seed = self._seed()
+        return self._seed
 
     def __call__(self, n):
         return self.B.uniform(n, self.seed, like=self.like)
