@@ -95,23 +95,41 @@ def dense_phase_steps(spec, model, steps_per_epoch):
     return warm + ramp
 
 
-def combined_curve(curve, dense_steps, none_step_s, scheme_step_s, startup_s=0.0):
-    """``curve`` with each point's time at a link's step times: ``startup_s``, then its
-    first ``dense_steps`` steps at ``none_step_s``, the rest at ``scheme_step_s``."""
+def combined_curve(curve, dense_steps, none_step_s, scheme_step_s, traces=()):
+    """``curve`` with each point's time at a link's step times: its first
+    ``dense_steps`` steps at ``none_step_s``, the rest at ``scheme_step_s``, plus
+    the ``traces`` (``[(step index, seconds)]``, :func:`trace_steps`) among the
+    steps the point has done."""
     out = []
     for p in curve:
         warm = min(p["step"], dense_steps)
-        out.append(dict(p, time_s=round(startup_s + warm * none_step_s + (p["step"] - warm) * scheme_step_s, 4)))
+        extra = sum(seconds for index, seconds in traces if index < p["step"])
+        out.append(dict(p, time_s=round(extra + warm * none_step_s + (p["step"] - warm) * scheme_step_s, 4)))
     return out
 
 
-def startup_s(rec):
-    """What a measured run's first step took beyond its median step: TensorFlow traces
-    the step there (seconds, where a step takes tens of milliseconds), which a curve
-    combined from median step times would otherwise leave out; 0 where the run kept no
-    step times."""
+#: a step that took this many times the run's median step, or longer, traced
+#: (TensorFlow builds its graph; tens of times a step of tens of milliseconds)
+TRACE_STEP_FACTOR = 5.0
+
+
+def trace_steps(rec):
+    """``[(step index, seconds beyond the median step)]`` of a measured run's
+    steps that traced: the first step, and every later one of at least
+    :data:`TRACE_STEP_FACTOR` times the median (TensorFlow traces again for the
+    epoch's smaller last batch, a new input shape).  A curve combined from
+    median step times would otherwise leave them out.  Empty where the run
+    kept no step times."""
     times, median = rec.get("step_times_s") or [], rec.get("median_step_s")
-    return max(0.0, times[0] - median) if times and median is not None else 0.0
+    if not times or median is None:
+        return []
+    return [(i, t - median) for i, t in enumerate(times)
+            if t > median and (i == 0 or t >= TRACE_STEP_FACTOR * median)]
+
+
+def startup_s(rec):
+    """What a measured run's traces took beyond its median step, in all (:func:`trace_steps`)."""
+    return sum(seconds for _, seconds in trace_steps(rec))
 
 
 class Session:
@@ -285,7 +303,7 @@ def build_rows(a, curves, times, autos, measured_val, rates, validate_link, comm
             if link == "unshaped" or t.get(rec["scheme"]) is None or t.get("none") is None:
                 continue
             dense = dense_phase_steps(rec["scheme"], a["model"], rec["steps_per_epoch"])
-            add(rec, link, combined_curve(rec["curve"], dense, t["none"], t[rec["scheme"]], startup_s(rec)), False)
+            add(rec, link, combined_curve(rec["curve"], dense, t["none"], t[rec["scheme"]], trace_steps(rec)), False)
     for link, recs in autos.items():
         for rec in recs:
             add(rec, link, rec["curve"], True)
