@@ -51,6 +51,20 @@ def test_state_variable_raises_the_error_of_its_thread():
         state_variable(lambda: tf.zeros([2]), tf.int64)
 
 
+def test_one_thread_makes_every_state_variable_and_outlives_an_error():
+    import threading
+
+    from hvd_compress.backend import tf_backend
+    state_variable(0, tf.int64)
+    maker = tf_backend._MAKER._thread
+    assert maker is not threading.current_thread() and maker.daemon
+    with pytest.raises((ValueError, TypeError)):
+        state_variable(lambda: tf.zeros([2]), tf.int64)
+    made = [state_variable(i, tf.int64) for i in range(3)]  # a trace's variables, one after another
+    assert [int(v.numpy()) for v in made] == [0, 1, 2]
+    assert tf_backend._MAKER._thread is maker and maker.is_alive()
+
+
 def test_keys_follow_the_variable_whatever_list_it_comes_in():
     a, b, c, d = (tf.Variable(tf.zeros([n])) for n in (1, 2, 1, 2))  # all named Variable:0
     keys = VariableKeys()
