@@ -116,9 +116,15 @@ class TensorFlowBackend:
     def finite_or_zero(self, x):
         # as in torch: one read-only sum decides, and only a tensor with a
         # NaN/Inf is rewritten (tf.cond runs the branch it takes)
-        tf = self.tf
-        return tf.cond(tf.math.is_finite(tf.reduce_sum(x)), lambda: tf.identity(x),
-                       lambda: tf.where(tf.math.is_finite(x), x, tf.zeros_like(x)))
+        if not self.tf.inside_function():
+            return _finite_or_zero(self.tf, x)
+        # In a trace, a tf.cond builds two branch functions for every tensor
+        # (5 ms each; a model's step traces it for every gradient, twice where
+        # it makes variables): one tf.function traced once for every length
+        # calls the same cond in one op, which TF inlines when the graph runs.
+        out = _finite_or_zero_function()(x)
+        out.set_shape(x.shape)  # the function is traced for any length
+        return out
 
     def shift_left(self, x, bits):
         return self.tf.bitwise.left_shift(x, self.tf.cast(bits, x.dtype))
@@ -224,6 +230,24 @@ class TensorFlowBackend:
     def host_call(self, fn, x, out_dtype, out_len=None):
         out = self.tf.numpy_function(fn, [x], self._dt[out_dtype], stateful=False)
         return self.tf.reshape(out, [-1 if out_len is None else out_len])
+
+
+def _finite_or_zero(tf, x):
+    return tf.cond(tf.math.is_finite(tf.reduce_sum(x)), lambda: tf.identity(x),
+                   lambda: tf.where(tf.math.is_finite(x), x, tf.zeros_like(x)))
+
+
+_FINITE_OR_ZERO = []
+
+
+def _finite_or_zero_function():
+    """The ``tf.function`` of :meth:`TFBackend.finite_or_zero` in a trace,
+    made once (``reduce_retracing``: after two lengths it takes any length)."""
+    if not _FINITE_OR_ZERO:
+        import tensorflow as tf
+        _FINITE_OR_ZERO.append(tf.function(lambda x: _finite_or_zero(tf, x), autograph=False,
+                                           reduce_retracing=True))
+    return _FINITE_OR_ZERO[0]
 
 
 def _exclude_from_autograph():

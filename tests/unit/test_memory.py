@@ -260,6 +260,26 @@ def test_finite_or_zero_drops_exactly_the_non_finite_entries(fwname, case):
     np.testing.assert_array_equal(got, want)
 
 
+def test_finite_or_zero_in_a_trace_is_the_eager_result_for_every_length():
+    """In a trace the TF backend calls one shared tf.function (traced for any
+    length after two): the same values, and the tensor keeps its static shape."""
+    import tensorflow as tf
+    fw = framework("tensorflow")
+    cases = []
+    for n in (7, 1001, 64, 3):
+        x = np.linspace(-3, 3, n).astype(f32)
+        x[n // 2] = np.nan if n % 2 else np.inf
+        cases.append(x)
+
+    @tf.function(autograph=False)
+    def traced(*xs):
+        outs = [fw.B.finite_or_zero(x) for x in xs]
+        assert [o.shape.as_list() for o in outs] == [[x.shape[0]] for x in cases]
+        return outs
+    for got, x in zip(traced(*[tf.constant(x) for x in cases]), cases):
+        np.testing.assert_array_equal(got.numpy(), np.where(np.isfinite(x), x, f32(0)))
+
+
 # --- MomentumMemory: momentum-aware error feedback for every scheme -----------------------------------
 # The reference, from Zheng et al. (NeurIPS 2019) and DGC's momentum correction without masking:
 #   u <- m u + g;  d = u (heavy ball) or g + m u (Nesterov);  acc = e + d;  e <- acc - C(acc).
