@@ -241,7 +241,7 @@ _FINITE_OR_ZERO = []
 
 
 def _finite_or_zero_function():
-    """The ``tf.function`` of :meth:`TFBackend.finite_or_zero` in a trace,
+    """The ``tf.function`` of :meth:`TensorFlowBackend.finite_or_zero` in a trace,
     made once (``reduce_retracing``: after two lengths it takes any length)."""
     if not _FINITE_OR_ZERO:
         import tensorflow as tf

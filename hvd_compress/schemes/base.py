@@ -53,11 +53,11 @@ class SeededDraws:
 
     @property
     def seed(self):
-        """The seed; given as a function, it is made at the first read, so that
-        a traced step builds no seed ops for a scheme that draws nothing."""
-        if callable(self._seed):
-            self._seed = self._seed()
-        return self._seed
+        """The seed; given as a function, it is made at each read, so that a
+        traced step builds no seed ops for a scheme that draws nothing.  Not
+        kept: each branch of a traced schedule must build its own (a tensor
+        made in one branch's graph cannot be read from another's)."""
+        return self._seed() if callable(self._seed) else self._seed
 
     def __call__(self, n):
         return self.B.uniform(n, self.seed, like=self.like)
