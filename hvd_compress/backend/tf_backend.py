@@ -2,6 +2,10 @@
 ``tf.function`` that Horovod always traces)."""
 from __future__ import annotations
 
+import functools
+import queue
+import threading
+
 from .common import DTYPES, sampled_topk_plan
 
 
@@ -237,17 +241,12 @@ def _finite_or_zero(tf, x):
                    lambda: tf.where(tf.math.is_finite(x), x, tf.zeros_like(x)))
 
 
-_FINITE_OR_ZERO = []
-
-
+@functools.lru_cache(maxsize=None)
 def _finite_or_zero_function():
     """The ``tf.function`` of :meth:`TensorFlowBackend.finite_or_zero` in a trace,
     made once (``reduce_retracing``: after two lengths it takes any length)."""
-    if not _FINITE_OR_ZERO:
-        import tensorflow as tf
-        _FINITE_OR_ZERO.append(tf.function(lambda x: _finite_or_zero(tf, x), autograph=False,
-                                           reduce_retracing=True))
-    return _FINITE_OR_ZERO[0]
+    import tensorflow as tf
+    return tf.function(lambda x: _finite_or_zero(tf, x), autograph=False, reduce_retracing=True)
 
 
 def _exclude_from_autograph():
@@ -276,16 +275,12 @@ class _VariableMaker:
     variable and waiting on a queue after."""
 
     def __init__(self):
-        import queue
-        import threading
         self._jobs = queue.SimpleQueue()
         self._start_lock = threading.Lock()
         self._thread = None
 
     def make(self, fn):
         """``fn()`` run on the maker thread; its result, or its error raised here."""
-        import queue
-        import threading
         with self._start_lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._serve, name="hvd_compress-state", daemon=True)

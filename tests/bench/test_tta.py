@@ -46,8 +46,8 @@ def test_combined_curve_charges_the_start_up_and_the_dense_warmup_at_dense_step_
     # a retrace at step index 12 (the epoch's short batch) is charged from the first point past it
     retraced = tta.combined_curve(curve, 15, 2.0, 0.5, traces=[(0, 7.0), (12, 3.0)])
     assert [p["time_s"] for p in retraced] == [27.0, 42.5, 47.5]
-    assert tta.startup_s({"step_times_s": [7.5, 0.04, 0.05, 0.06], "median_step_s": 0.05}) == pytest.approx(7.45)
-    assert tta.startup_s({"step_times_s": [], "median_step_s": None}) == 0.0
+    assert tta.trace_steps({"step_times_s": [7.5, 0.04, 0.05, 0.06], "median_step_s": 0.05}) == [(0, pytest.approx(7.45))]
+    assert tta.trace_steps({"step_times_s": [], "median_step_s": None}) == []
 
 
 def test_trace_steps_are_the_first_and_every_step_of_five_medians_or_more():
@@ -55,7 +55,7 @@ def test_trace_steps_are_the_first_and_every_step_of_five_medians_or_more():
     got = tta.trace_steps(rec)
     assert [i for i, _ in got] == [0, 6]  # 0.24 s is under five medians: a slow step, not a trace
     assert [s for _, s in got] == pytest.approx([4.95, 2.0])
-    assert tta.startup_s(rec) == pytest.approx(6.95)
+    assert sum(s for _, s in got) == pytest.approx(6.95)
     assert tta.dense_phase_steps("TopK(0.01)", "cnn", 32) == 32
     assert tta.dense_phase_steps("DGC(0.001)", "transformer", 32) == 2 * 32 + 4 * 32
     assert tta.dense_phase_steps("Auto()", "cnn", 32) == 0

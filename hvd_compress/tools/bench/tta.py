@@ -127,11 +127,6 @@ def trace_steps(rec):
             if t > median and (i == 0 or t >= TRACE_STEP_FACTOR * median)]
 
 
-def startup_s(rec):
-    """What a measured run's traces took beyond its median step, in all (:func:`trace_steps`)."""
-    return sum(seconds for _, seconds in trace_steps(rec))
-
-
 class Session:
     """One cluster and the launches of one ``bench tta`` run."""
 
