@@ -8,7 +8,8 @@ Life of an ``Auto``:
    every rank times a few small allreduces and fits the link; a tensor on
    which a plain allreduce clearly loses there is calibrated with a safe
    compressed candidate and error feedback
-   (:func:`hvd_compress.auto.provisional.provisional_choice`), the others dense
+   (:func:`hvd_compress.auto.provisional.provisional_choice`; during a
+   warmup only FP16 or Int8, ``warmup_quantized``), the others dense
    (``calibrate_compressed=False``: all dense).
 2. **Decide** at the first ``compress`` of the next step, on every rank:
    time blocking allreduces of ``probe_numels`` elements
@@ -109,6 +110,8 @@ class AutoPlan:
     #: the early probe's link (None: not probed); each tensor's calibration label
     early_link: Optional[Link] = None
     provisional: Dict[str, str] = field(default_factory=dict)
+    #: whether the steps before the first plan are a warmup (an elastic re-plan's are not)
+    warmup: bool = False
     #: the 2-rank swap chosen from the link (bytes from which it applies; 0: off)
     pair_swap_bytes: int = 0
     #: this rank's seconds in the checks so far (probing, timing codecs, the whole decision)
@@ -145,6 +148,7 @@ class AutoPlan:
                 "next_check": self.next_check, "step_s": self.step_s, "backward_s": self.backward_s,
                 "codec_s": self.codec_s,
                 "link": link(self.link), "early_link": link(self.early_link), "provisional": self.provisional,
+                "warmup": self.warmup,
                 "pair_swap_bytes": self.pair_swap_bytes,
                 # only where trials ran: TensorFlow's checkpointed plan stays as it was
                 **({"trials": self.trials, "trial_pick": self.trial_pick} if self.trials else {}),
@@ -160,7 +164,8 @@ class AutoPlan:
                    backward_s=saved.get("backward_s", 0.0),
                    tensors={k: (n, tuple(s)) for k, (n, s) in saved["tensors"].items()},
                    codec_s=saved["codec_s"], link=link(saved["link"]), early_link=link(saved.get("early_link")),
-                   provisional=dict(saved.get("provisional", {})), pair_swap_bytes=saved.get("pair_swap_bytes", 0),
+                   provisional=dict(saved.get("provisional", {})), warmup=saved.get("warmup", False),
+                   pair_swap_bytes=saved.get("pair_swap_bytes", 0),
                    trials=[dict(t) for t in saved.get("trials", [])], trial_pick=saved.get("trial_pick"),
                    history=[(start, {k: Choice(*c) for k, c in ch.items()}, v) for start, ch, v in saved["history"]])
 
@@ -174,14 +179,23 @@ class Auto(Compressor):
         calibration_steps: steps before the first plan (>= 1), dense or with a
             safe compressed candidate (``calibrate_compressed``); they time the
             step, which the plan does not use.
-        warmup_steps: communications of each tensor sent dense (with Auto's
-            momentum) before the first plan; the calibration runs inside them,
-            so the warmup costs no extra start-up.  Why: on a slow link Auto
-            picks the most aggressive candidates, and aggressive compression
-            from the first step makes training oscillate (Lin et al., ICLR 2018,
-            warm up DGC for the same reason); the recipes of Top-K, DGC,
-            PowerSGD and the sign schemes warm up dense for an epoch.  Tuning:
-            about one epoch of steps.  An elastic re-plan calibrates only.
+        warmup_steps: communications of each tensor sent without leaving any
+            of it out (with Auto's momentum) before the first plan: dense, or
+            quantized where ``warmup_quantized`` says; the calibration runs
+            inside them, so the warmup costs no extra start-up.  Why: on a slow
+            link Auto picks the most aggressive candidates, and aggressive
+            compression from the first step makes training oscillate (Lin et
+            al., ICLR 2018, warm up DGC for the same reason); the recipes of
+            Top-K, DGC, PowerSGD and the sign schemes warm up dense for an
+            epoch.  Tuning: about one epoch of steps.  An elastic re-plan
+            calibrates only.
+        warmup_quantized: PyTorch, with ``calibrate_compressed``: during the
+            warmup, a tensor a plain allreduce clearly loses on (the early
+            probe's link, :func:`hvd_compress.auto.provisional.provisional_choice`)
+            is sent as Int8 (or FP16) with error feedback, by the transport the
+            cost model prefers, instead of dense.  Why: rounding every element
+            leaves nothing out, and on such a link an epoch of dense steps can
+            cost more than the rest of a short run.  ``False``: a dense warmup.
         dense_below: tensors of at most this many elements are always sent
             dense (with Auto's momentum) and not planned.  Why: biases and norm
             scales are a few percent of the bytes, and compressing them costs
@@ -243,7 +257,7 @@ class Auto(Compressor):
                  min_topk_ratio=0.01, powersgd_rank=4, include_sign=False, min_gain=0.1, replan_threshold=0.1,
                  probe_numels=DEFAULT_PROBE_NUMELS, exclude=(), seed=0, momentum=0.0, nesterov=False,
                  codec_costs=None, calibrate_compressed=True, two_phase=True, warmup_steps=0, dense_below=0,
-                 trial_plans=3, trial_steps=4):
+                 trial_plans=3, trial_steps=4, warmup_quantized=True):
         from ..feedback.memory import MomentumMemory, momentum_memory
         from ..policy import Rule
         from ..schemes import NoCompression
@@ -273,10 +287,14 @@ class Auto(Compressor):
         self.candidates = [c for c in candidates if c.label not in exclude and c.base_label not in exclude]
         #: what a tensor may be calibrated with (built once: its phases hold these schemes)
         self._provisional_candidates = provisional_candidates(self.candidates)
+        self._warmup_candidates = provisional_candidates(self.candidates, warmup=True)
         self.codec_costs = check_codec_costs(codec_costs, labels)
         if not isinstance(calibrate_compressed, bool):
             raise ValueError(f"calibrate_compressed must be True or False; got {calibrate_compressed!r}")
         self.calibrate_compressed = calibrate_compressed
+        if not isinstance(warmup_quantized, bool):
+            raise ValueError(f"warmup_quantized must be True or False; got {warmup_quantized!r}")
+        self.warmup_quantized = warmup_quantized
         # the lossy phases keep a residual; the dense ones keep only the velocity, if any
         self.feedback_memory = (momentum_memory(NoCompression(), momentum, nesterov, error_feedback=True)
                                 or ResidualMemory())
@@ -305,7 +323,7 @@ class Auto(Compressor):
 
     def _reset_plan(self, warmup=True):
         first = (self.steps_before_plan if warmup else self.calibration_steps) + 1
-        self.plan_state = AutoPlan(next_check=first)
+        self.plan_state = AutoPlan(next_check=first, warmup=warmup and self.warmup_steps > 0)
         self._use_pair_swap(0)
 
     # --- Horovod's interface ----------------------------------------------------------
@@ -412,9 +430,11 @@ class Auto(Compressor):
         """Choose the candidate ``key`` is calibrated with (at its first call,
         before any plan): probe the link once (at the first ``compress`` of
         this Auto on every rank, where the fingerprint check blocks too), then
-        :func:`hvd_compress.auto.provisional.provisional_choice`."""
+        :func:`hvd_compress.auto.provisional.provisional_choice` (during a
+        warmup, among the quantizers only)."""
         cal, state = self._calibration(), self.plan_state
-        if not self.calibrate_compressed or self.warmup_steps or not cal.ready():
+        if (not self.calibrate_compressed or (state.warmup and not self.warmup_quantized)
+                or not cal.ready()):
             state.provisional[key] = NONE_LABEL
             return
         ps, size, _ = cal.world()
@@ -424,7 +444,8 @@ class Auto(Compressor):
             avg = cal.average_over_ranks(probes, "early", ps)
             state.early_link = fit_link([4 * n for n in EARLY_PROBE_NUMELS], avg, size)
             state.check_seconds = {"early_probe": time.perf_counter() - t0}
-        state.provisional[key] = provisional_choice(numel, shape, size, state.early_link, self.candidates)
+        safe = self._warmup_candidates if state.warmup else self._provisional_candidates
+        state.provisional[key] = provisional_choice(numel, shape, size, state.early_link, safe)
         state.phases.pop(key, None)
 
     # --- deciding ---------------------------------------------------------------------
@@ -671,6 +692,7 @@ class Auto(Compressor):
     def config(self):
         return {"auto": [c.label for c in self.candidates], "rules": [r.config() for r in self.rules],
                 "calibration_steps": self.calibration_steps, "warmup_steps": self.warmup_steps,
+                "warmup_quantized": self.warmup_quantized,
                 "dense_below": self.dense_below, "recheck_every": self.recheck_every,
                 "trial_plans": self.trial_plans, "trial_steps": self.trial_steps,
                 "min_gain": self.min_gain, "replan_threshold": self.replan_threshold,

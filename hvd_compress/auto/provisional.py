@@ -1,6 +1,7 @@
-"""What a tensor is calibrated with before ``Auto``'s first plan: on a link
-where a plain allreduce clearly loses (the early probe's fit), a safe
-compressed candidate with error feedback instead of dense steps."""
+"""What a tensor is sent as before ``Auto``'s first plan: on a link where a
+plain allreduce clearly loses (the early probe's fit), a safe compressed
+candidate with error feedback instead of dense steps.  During a warmup
+(``Auto(warmup_steps=...)``) only the quantizers are safe."""
 from __future__ import annotations
 
 from typing import List
@@ -11,6 +12,12 @@ from .planner import Candidate, choose
 #: the candidates a tensor may be calibrated with, where present: every
 #: element kept to 16 or 8 bits, or the largest tenth of them, with error feedback
 PROVISIONAL_LABELS = ("FP16", "Int8", "TopK(0.1)")
+#: the candidates a tensor may be sent as during a warmup, by either transport:
+#: every element kept, rounded to 16 or 8 bits, the rounding fed back.  Why: a
+#: warmup exists because leaving most of the gradient out early makes training
+#: oscillate (Lin et al., ICLR 2018); rounding leaves nothing out, and on a link
+#: slow enough for it the warmup's dense steps would cost most of a short run
+WARMUP_LABELS = ("FP16", "Int8")
 #: the codec cost assumed for them before anything is timed (seconds per
 #: element): about 3x what the fused CPU kernels take (Top-K 10% 1.2 ns, Int8
 #: 0.9 ns, one thread), so only a link that clearly loses calibrates compressed
@@ -19,11 +26,13 @@ PROVISIONAL_CODEC_S_PER_ELEMENT = 3e-9
 PROVISIONAL_GAIN = 0.5
 
 
-def provisional_candidates(candidates) -> List[Candidate]:
+def provisional_candidates(candidates, warmup=False) -> List[Candidate]:
     """What a tensor may be calibrated with: ``none``, and each of
     :data:`PROVISIONAL_LABELS` present among ``candidates`` (so ``exclude``
     and ``min_topk_ratio`` hold for calibration too), Top-K 10% with its
-    values sent as bfloat16.
+    values sent as bfloat16.  ``warmup``: ``none`` and the candidates of
+    :data:`WARMUP_LABELS`, by either transport (at 4 or more ranks the two-phase
+    exchange sends an 8-bit payload's bytes about once, an allgather N-1 times).
 
     Why bfloat16: on a link slow enough to calibrate compressed, the bytes set
     the calibration step's time, and 16-bit values make Top-K 10%'s payload
@@ -32,6 +41,8 @@ def provisional_candidates(candidates) -> List[Candidate]:
     coordinates do, so nothing is lost."""
     from ..schemes import BF16, TopK
     out = [candidates[0]]
+    if warmup:
+        return out + [c for c in candidates[1:] if c.base_label in WARMUP_LABELS]
     for c in candidates[1:]:
         if c.label not in PROVISIONAL_LABELS:
             continue
@@ -41,11 +52,10 @@ def provisional_candidates(candidates) -> List[Candidate]:
     return out
 
 
-def provisional_choice(numel, shape, workers, link, candidates):
-    """The label a tensor is calibrated with: the best of
-    :func:`provisional_candidates` of ``candidates`` at the conservative cost
+def provisional_choice(numel, shape, workers, link, safe):
+    """The label a tensor is calibrated with: the best of ``safe`` (from
+    :func:`provisional_candidates`, ``none`` first) at the conservative cost
     :data:`PROVISIONAL_CODEC_S_PER_ELEMENT`, where it is predicted at least
     :data:`PROVISIONAL_GAIN` faster than ``none`` on ``link``; else ``none``."""
-    safe = provisional_candidates(candidates)
     costs = {c.label: PROVISIONAL_CODEC_S_PER_ELEMENT * numel for c in safe[1:]}
     return choose(numel, shape, workers, link, safe, costs, min_gain=PROVISIONAL_GAIN).label

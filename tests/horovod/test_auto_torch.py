@@ -200,21 +200,8 @@ def test_error_feedback_survives_replans(monkeypatch, momentum):
                              codec_costs=CODEC_COSTS,
                              momentum=momentum)
     model, opt = build(auto)
-    total_grad = {name: torch.zeros(shape) for name, shape in SPECS.items()}
-    velocity = {name: torch.zeros(shape) for name, shape in SPECS.items()}
     residuals = auto.adapter_for("torch").residuals
-    worst = 0.0
-    for step in range(1, 12):
-        train_step(model, opt, step)
-        for name, g in grads_at(step).items():
-            velocity[name] = momentum * velocity[name] + g
-            total_grad[name] += velocity[name]
-        for name, p in model.named_parameters():
-            applied = -p.detach()  # lr 1, op Sum, start at 0: minus the sum of what was applied
-            mine = held_residual(auto, name, p.shape)
-            held = hvd.allreduce(mine, op=hvd.Sum, name=f"test.auto.res.{name}.{step}")
-            want = hvd.allreduce(total_grad[name], op=hvd.Sum, name=f"test.auto.grad.{name}.{step}")
-            worst = max(worst, (applied + held - want).abs().max().item())
+    worst = worst_conservation_error(auto, model, opt, range(1, 12), momentum, "replans")
     assert len(probes) == 3  # decided at step 3, re-checked at 6 and 9
     weight_labels = [choices["net.weight"].label for _, choices, _ in auto.plan_state.history]
     # dense on the fast link, lossy on the slow one, dense again (none costs nothing to encode)
@@ -224,6 +211,54 @@ def test_error_feedback_survives_replans(monkeypatch, momentum):
     assert residuals["net.weight"].abs().max().item() == 0.0
     assert worst < 1e-3, f"conservation broken by {worst} under {weight_labels}"
     assert same_on_all_ranks(auto.current_plan(), "test.auto.replan_same")
+
+
+def worst_conservation_error(auto, model, opt, steps, momentum, tag, after_step=lambda step: None):
+    """Train ``steps`` from a fresh model and return the largest deviation,
+    over the steps and elements, of sum over ranks of (what was applied +
+    residual held) from the sum of the velocities ``u <- m u + g`` (the
+    gradients where m = 0); ``after_step(step)`` runs after each step."""
+    total_grad = {name: torch.zeros(shape) for name, shape in SPECS.items()}
+    velocity = {name: torch.zeros(shape) for name, shape in SPECS.items()}
+    worst = 0.0
+    for step in steps:
+        train_step(model, opt, step)
+        for name, g in grads_at(step).items():
+            velocity[name] = momentum * velocity[name] + g
+            total_grad[name] += velocity[name]
+        for name, p in model.named_parameters():
+            applied = -p.detach()  # lr 1, op Sum, start at 0: minus the sum of what was applied
+            mine = held_residual(auto, name, p.shape)
+            held = hvd.allreduce(mine, op=hvd.Sum, name=f"test.auto.{tag}.res.{name}.{step}")
+            want = hvd.allreduce(total_grad[name], op=hvd.Sum, name=f"test.auto.{tag}.grad.{name}.{step}")
+            worst = max(worst, (applied + held - want).abs().max().item())
+        after_step(step)
+    return worst
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_a_quantized_warmup_sends_int8_where_dense_clearly_loses_and_keeps_every_gradient(monkeypatch, momentum):
+    """A warmup on a link where dense clearly loses (the early probe): the
+    weight travels as Int8 with error feedback for the warmup's 4 steps, the
+    bias dense, and the plan after it is lossy; at every step, summed over
+    ranks, sum(what was applied) + residuals == sum(velocities)."""
+    auto_links.early_link(SLOW, monkeypatch, auto_calibration, SIZE)
+    links([SLOW], monkeypatch)
+    auto = hvd_compress.Auto(calibration_steps=2, warmup_steps=4, exclude=("FP16",), codec_costs=CODEC_COSTS,
+                             momentum=momentum)
+    model, opt = build(auto)
+    in_warmup = {}
+
+    def record(step):
+        if step == 4:  # the warmup's last step: its first plan starts at the next communication
+            in_warmup.update(auto.plan_state.provisional, planned=bool(auto.plan_state.history))
+    worst = worst_conservation_error(auto, model, opt, range(1, 9), momentum, "warmup", record)
+    provisional = auto.plan_state.provisional
+    assert in_warmup == {**provisional, "planned": False}, in_warmup
+    assert provisional["net.weight"].split("/")[0] == "Int8" and provisional["net.bias"] == "none", provisional
+    assert auto.plan_state.history[0][0] == 4 and auto.current_plan()["net.weight"] != "none", auto.describe()
+    assert worst < 1e-3, f"conservation broken by {worst} ({provisional}, then {auto.current_plan()})"
+    assert same_on_all_ranks(provisional, "test.auto.warmup_same")
 
 
 def test_resume_keeps_the_plan(monkeypatch):

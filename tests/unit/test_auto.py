@@ -684,13 +684,14 @@ def test_a_compressed_calibration_flushes_its_residual_when_the_plan_is_none():
     assert got == [(0, "TopK", True), (5, "NoCompression", True), (6, "NoCompression", False)]
 
 
-def test_warmup_is_dense_and_the_first_plan_waits_for_its_end():
-    """``warmup_steps``: every planned tensor is sent dense (with Auto's momentum,
-    without a residual: nothing is held back) and nothing probes; the first
-    decision runs at the communication after the warmup, not after the
-    calibration; an elastic re-plan calibrates only."""
+def test_a_dense_warmup_probes_nothing_and_the_first_plan_waits_for_its_end():
+    """``warmup_steps`` with ``warmup_quantized=False``: every planned tensor is
+    sent dense (with Auto's momentum, without a residual: nothing is held back)
+    and nothing probes; the first decision runs at the communication after the
+    warmup, not after the calibration; an elastic re-plan calibrates only."""
     costs = {"TopK(0.01)": 1e-12}
-    auto = hvd_compress.Auto(calibration_steps=2, warmup_steps=6, codec_costs=costs, momentum=0.9)
+    auto = hvd_compress.Auto(calibration_steps=2, warmup_steps=6, codec_costs=costs, momentum=0.9,
+                             warmup_quantized=False)
     auto.measurements = cal = OneRankCalibration(SLOW)
     decided = []
     auto.decide = lambda start, *a, **k: decided.append(start)
@@ -699,10 +700,50 @@ def test_warmup_is_dense_and_the_first_plan_waits_for_its_end():
         assert phase.scheme.name == "NoCompression" and phase.memory is auto.dense_memory is not None
     assert decided == [6] and not cal.probed and auto.steps_before_plan == 6
     assert auto.describe() == "Auto: calibrating (6 steps before the first plan)"
-    assert auto.config()["warmup_steps"] == 6
+    assert auto.config()["warmup_steps"] == 6 and auto.config()["warmup_quantized"] is False
     auto._framework = "torch"
     auto.replan_after_reset()
     assert auto.plan_state.next_check == 3
+
+
+@pytest.mark.parametrize("size, link, label", [(2, SLOW, "Int8"), (4, SLOW, "Int8/two_phase"),
+                                               (4, FAST, "none")])
+def test_a_warmup_rounds_where_dense_clearly_loses_and_leaves_nothing_out(size, link, label):
+    """During a warmup a tensor a plain allreduce clearly loses on is sent as
+    Int8 with error feedback (two-phase from 4 ranks, where an allgather sends
+    the payload N-1 times), never a sparsifier; elsewhere dense.  After the
+    warmup an elastic re-plan may calibrate with Top-K 10% again."""
+    auto = hvd_compress.Auto(calibration_steps=2, warmup_steps=6, momentum=0.9,
+                             codec_costs={"TopK(0.01)": 1e-12})
+    auto.measurements = cal = OneRankCalibration(link, size)
+    auto.decide = lambda start, *a, **k: None
+    (phase,) = auto.plan_for(BIG[0], *BIG[1])
+    (small,) = auto.plan_for(SMALL[0], *SMALL[1])
+    assert len(cal.probed) == 1 and auto.plan_state.provisional == {BIG[0]: label, SMALL[0]: "none"}
+    if label == "none":
+        assert phase.scheme.name == "NoCompression" and phase.memory is auto.dense_memory
+    else:  # every element kept, rounded; the rounding stays in the residual (momentum's memory)
+        assert phase.scheme.name == "Int8" and phase.memory is auto.feedback_memory
+        assert phase.transport == ("two_phase" if size > 2 else "allgather")
+    assert auto.config()["warmup_quantized"] is True
+    auto._framework = "torch"
+    auto.replan_after_reset()
+    auto.plan_for(BIG[0], *BIG[1])
+    assert auto.plan_state.provisional[BIG[0]] == ("none" if label == "none" else "TopK(0.1, values=BF16())")
+
+
+def test_a_quantized_warmup_and_the_plan_share_one_feedback_memory():
+    """Int8 in the warmup, Top-K in the plan: both phases keep their residual
+    in the one feedback memory, so it carries across the switch
+    (tests/horovod/test_auto_torch.py checks the sums under horovodrun)."""
+    auto = hvd_compress.Auto(calibration_steps=1, warmup_steps=3, codec_costs={"TopK(0.01)": 1e-12})
+    auto.measurements = OneRankCalibration(SLOW)
+    auto.plan_for(BIG[0], *BIG[1])
+    plain = Choice("TopK(0.01)", 1.0, 2.0, 1000)
+    auto.plan_state.history = [(3, {BIG[0]: plain}, 0)]
+    auto.plan_state.phases = {}
+    got = [(p.start, p.scheme.name, p.memory is auto.feedback_memory) for p in auto._phases_of(BIG[0])]
+    assert got == [(0, "Int8", True), (3, "TopK", True)]
 
 
 def test_tensors_up_to_dense_below_are_dense_and_not_planned():
