@@ -189,11 +189,12 @@ class Auto(Compressor):
             Top-K, DGC, PowerSGD and the sign schemes warm up dense for an
             epoch.  Tuning: about one epoch of steps.  An elastic re-plan
             calibrates only.
-        warmup_quantized: PyTorch, with ``calibrate_compressed``: during the
-            warmup, a tensor a plain allreduce clearly loses on (the early
-            probe's link, :func:`hvd_compress.auto.provisional.provisional_choice`)
-            is sent as Int8 (or FP16) with error feedback, by the transport the
-            cost model prefers, instead of dense.  Why: rounding every element
+        warmup_quantized: with ``calibrate_compressed``: during the warmup,
+            a tensor a plain allreduce clearly loses on (the early probe's link,
+            :func:`hvd_compress.auto.provisional.provisional_choice`) is sent as
+            Int8 (or FP16) with error feedback instead of dense, by the
+            transport the cost model prefers (TensorFlow: by allgather; its
+            trace then holds that mode too).  Why: rounding every element
             leaves nothing out, and on such a link an epoch of dense steps can
             cost more than the rest of a short run.  ``False``: a dense warmup.
         dense_below: tensors of at most this many elements are always sent
@@ -228,7 +229,8 @@ class Auto(Compressor):
             ``none`` without one costs 0.
         calibrate_compressed: probe the link at the first ``compress`` and
             calibrate the tensors a plain allreduce clearly loses on with a
-            safe compressed candidate (PyTorch; TensorFlow calibrates dense).
+            safe compressed candidate (PyTorch; TensorFlow calibrates dense,
+            but for a quantized warmup, ``warmup_quantized``).
         two_phase: also offer each allgather scheme that can travel by the
             two-phase exchange as a candidate ``"<label>/two_phase"``, so the
             cost model chooses the transport by the number of ranks

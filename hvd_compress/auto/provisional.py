@@ -53,9 +53,16 @@ def provisional_candidates(candidates, warmup=False) -> List[Candidate]:
 
 
 def provisional_choice(numel, shape, workers, link, safe):
-    """The label a tensor is calibrated with: the best of ``safe`` (from
-    :func:`provisional_candidates`, ``none`` first) at the conservative cost
-    :data:`PROVISIONAL_CODEC_S_PER_ELEMENT`, where it is predicted at least
-    :data:`PROVISIONAL_GAIN` faster than ``none`` on ``link``; else ``none``."""
+    """The label a tensor is calibrated (or warmed up) with: the best of
+    ``safe`` (from :func:`provisional_candidates`, ``none`` first) at the
+    conservative cost :data:`PROVISIONAL_CODEC_S_PER_ELEMENT`, where it is
+    predicted at least :data:`PROVISIONAL_GAIN` faster than ``none`` on
+    ``link``; else ``none``.  Why that margin for a warmup too: the early probe
+    runs at the first ``compress``, where ranks sharing cores can read a fast
+    link as slow (with Auto's ``min_gain`` instead, 4 ranks on 2 cores warmed a
+    tensor up with Int8 over localhost).  So an 8-bit
+    allgather, which cuts a ring allreduce's bytes by only 2x at 4 ranks (all
+    TensorFlow's Auto runs), does not qualify there; the two-phase exchange's
+    4x does."""
     costs = {c.label: PROVISIONAL_CODEC_S_PER_ELEMENT * numel for c in safe[1:]}
     return choose(numel, shape, workers, link, safe, costs, min_gain=PROVISIONAL_GAIN).label

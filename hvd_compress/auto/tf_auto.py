@@ -8,11 +8,12 @@ there cannot see the steps.  Instead, per tensor, the graph holds:
   step's host callback has run, and, where the trace holds more than
   ``none``, a ``tf.switch_case`` over the modes the trace holds
   (:func:`traced_modes`): ``none`` without error feedback, the one-step
-  ``none`` flush of a residual (where a plan made the tensor lossy), and one
-  lossy candidate with error feedback (one residual per tensor, shared by
-  all lossy modes, so it carries across plan changes): the plan's, once a
-  plan is in force, and before that the candidate the first decision is
-  predicted to choose (:func:`predict_label`).  A tensor whose trace holds
+  ``none`` flush of a residual (where a plan or a quantized warmup made the
+  tensor lossy), and lossy candidates with error feedback (one residual per
+  tensor, shared by all lossy modes, so it carries across plan changes): the
+  plan's, once a plan is in force, and before that the candidate the first
+  decision is predicted to choose (:func:`predict_label`) and, during a
+  warmup, the quantizer the tensor warms up with (:func:`warmup_label`).  A tensor whose trace holds
   ``none`` alone runs it without a switch, and only the host callback
   writes its mode variable.  TensorFlow traces, optimizes and instantiates
   every branch and every ``tf.cond`` as a function of its own, which is
@@ -472,20 +473,46 @@ def publish_plan(auto):
 # --- which modes a trace holds -----------------------------------------------------------
 def traced_modes(auto, key, predicted=NONE_LABEL):
     """The modes a trace of ``key`` holds: ``none``; its flush, where a plan
-    adopted so far made it lossy (only a lossy mode leaves a residual); and
-    the mode of the plan in force, if lossy, else (before the first plan) the
-    ``predicted`` one (:func:`predict_label`), if lossy.  A trace of every
+    adopted so far or a quantized warmup made it lossy (only a lossy mode
+    leaves a residual); and the mode of the plan in force, if lossy, else
+    (before the first plan) the ``predicted`` one (:func:`predict_label`), if
+    lossy, and the warmup's quantizer (:func:`warmup_label`), if any.  A trace of every
     candidate behind the switch (hundreds of tensors x every candidate) costs
     several times a fixed scheme's first step; a plan that needs a mode not
     traced has the step traced again (:func:`request_retrace`), which costs
     about as much again."""
     history = auto.plan_state.history
     choice = (auto.plan_state.in_force() or {}).get(key)
-    label = predicted if not history else NONE_LABEL if choice is None else choice.label
+    warmup = auto.plan_state.provisional.get(key, NONE_LABEL)
+    wanted = (predicted, warmup) if not history else (NONE_LABEL if choice is None else choice.label,)
     labels = [c.label for c in auto.candidates]
-    lossy_before = any(key in choices and choices[key].label != NONE_LABEL for _, choices, _ in history)
+    lossy_before = warmup != NONE_LABEL or any(key in choices and choices[key].label != NONE_LABEL
+                                               for _, choices, _ in history)
     return ((PLAIN,) + ((FLUSH,) if lossy_before else ())
-            + ((labels.index(label) + 1,) if label in labels[1:] else ()))
+            + tuple(sorted({labels.index(label) + 1 for label in wanted if label in labels[1:]})))
+
+
+def warmup_label(auto, key, size):
+    """Before the first plan, at the trace: the quantizer ``key`` warms up
+    with (``Auto(warmup_quantized=True)`` during ``warmup_steps``), chosen as
+    PyTorch's first ``compress`` chooses it
+    (:func:`~hvd_compress.auto.provisional.provisional_choice` on the early
+    probe's link, among FP16 and Int8 by allgather: TensorFlow's Auto runs no
+    two-phase candidate); ``none`` where a plain allreduce does not clearly
+    lose, outside a warmup, or before the early probe.  Made once a tensor
+    and kept in the plan state (``provisional``, checkpointed with the plan);
+    its inputs are agreed over ranks, so every rank traces the same modes."""
+    from .provisional import provisional_choice
+    state = auto.plan_state
+    if key not in state.provisional:
+        label = NONE_LABEL
+        if (state.warmup and auto.warmup_quantized and auto.calibrate_compressed and not state.history
+                and state.early_link is not None):
+            safe = [c for c in auto._warmup_candidates if c.transport == "allgather"]
+            numel, shape = state.tensors[key]
+            label = provisional_choice(numel, shape, size, state.early_link, safe)
+        state.provisional[key] = label
+    return state.provisional[key]
 
 
 def probe_at_first_trace(auto, process_set, size):
@@ -901,7 +928,9 @@ class AutoTFAdapter(TFAdapter):
         whether that callback is the step's shared one (every tensor's ops wait
         for it)."""
         store, slot = tf_checkpoint_slot(self.state_module, "scheme", key, "auto_mode")
-        self.run.mode_vars[key] = variable = self._var(store, slot, 0.0, tf.float32)
+        # a quantized warmup starts in its quantizer's mode (the first decision then flushes or switches)
+        first = mode_for(auto, auto.plan_state.provisional.get(key, NONE_LABEL), PLAIN)
+        self.run.mode_vars[key] = variable = self._var(store, slot, float(first), tf.float32)
         token = self._step_token(auto, key)
         if token is None:
             return self._own_callback_mode(auto, key, step, variable), variable, False
@@ -938,6 +967,7 @@ class AutoTFAdapter(TFAdapter):
         if key not in self.run.predicted:
             time_codecs(auto, key, size, self.run.codec_timings, process_set)
             self.run.predicted[key] = predict_label(auto, key, size, self.run.codec_timings)
+            warmup_label(auto, key, size)
         held = self.run.traced[key] = traced_modes(auto, key, self.run.predicted[key])
         if self.run.agreed.get(key) != held:
             agree_traced_modes(self.run, key, held, process_set)

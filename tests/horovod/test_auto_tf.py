@@ -223,20 +223,7 @@ def test_error_feedback_survives_replans(monkeypatch, momentum):
                              codec_costs=CODEC_COSTS,
                              momentum=momentum)
     run = Injected(auto)
-    total = {n: np.zeros(s, np.float32) for n, s in SPECS.items()}
-    velocity = {n: np.zeros(s, np.float32) for n, s in SPECS.items()}
-    worst = 0.0
-    for step in range(1, 12):
-        run.step(step)
-        residuals = auto.adapter_for("tensorflow").residuals
-        for (name, g), v in zip(grads_at(step).items(), run.vars):
-            velocity[name] = momentum * velocity[name] + g
-            total[name] += velocity[name]
-            mine = residuals.get(KEYS[name])  # a residual exists once the lossy modes are traced
-            mine = np.zeros(v.shape, np.float32) if mine is None else mine.numpy().reshape(v.shape)
-            held = hvd.allreduce(tf.constant(mine), op=hvd.Sum, name=f"test.autotf.res.{name}.{step}")
-            want = hvd.allreduce(tf.constant(total[name]), op=hvd.Sum, name=f"test.autotf.grad.{name}.{step}")
-            worst = max(worst, float(tf.reduce_max(tf.abs(-v + held - want))))
+    worst = worst_conservation_error(auto, run, range(1, 12), momentum, "replans")
     assert len(probes) == 3  # decided at communication 3, re-checked at 6 and 9
     labels = [choices["w:0"].label for _, choices, _ in auto.plan_state.history]
     assert len(labels) == 3 and labels[0] == labels[2] == "none", labels
@@ -245,6 +232,57 @@ def test_error_feedback_survives_replans(monkeypatch, momentum):
     assert float(tf.reduce_max(tf.abs(auto.adapter_for("tensorflow").residuals["w:0"]))) == 0.0
     assert worst < 1e-3, f"conservation broken by {worst} under {labels}"
     assert same_on_all_ranks(auto.current_plan(), "test.autotf.replan_same")
+
+
+def worst_conservation_error(auto, run, steps, momentum, tag, after_step=lambda step: None):
+    """Run ``steps`` of a fresh ``Injected`` and return the largest deviation,
+    over the steps and elements, of sum over ranks of (what was applied +
+    residual held) from the sum of the velocities ``u <- m u + g``;
+    ``after_step(step)`` runs after each step."""
+    total = {n: np.zeros(s, np.float32) for n, s in SPECS.items()}
+    velocity = {n: np.zeros(s, np.float32) for n, s in SPECS.items()}
+    worst = 0.0
+    for step in steps:
+        run.step(step)
+        residuals = auto.adapter_for("tensorflow").residuals
+        for (name, g), v in zip(grads_at(step).items(), run.vars):
+            velocity[name] = momentum * velocity[name] + g
+            total[name] += velocity[name]
+            mine = residuals.get(KEYS[name])  # a residual exists once the lossy modes are traced
+            mine = np.zeros(v.shape, np.float32) if mine is None else mine.numpy().reshape(v.shape)
+            held = hvd.allreduce(tf.constant(mine), op=hvd.Sum, name=f"test.autotf.{tag}.res.{name}.{step}")
+            want = hvd.allreduce(tf.constant(total[name]), op=hvd.Sum, name=f"test.autotf.{tag}.grad.{name}.{step}")
+            worst = max(worst, float(tf.reduce_max(tf.abs(-v + held - want))))
+        after_step(step)
+    return worst
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_a_quantized_warmup_runs_int8_in_the_first_trace_and_keeps_every_gradient(monkeypatch, momentum):
+    """A warmup on a link where dense clearly loses (the early probe at the
+    first trace): the weight runs Int8 with error feedback through the
+    warmup's 4 steps, the bias dense; the first decision adopts a lossy plan
+    in the same trace; at every step, summed over ranks, sum(what was
+    applied) + residuals == sum(velocities)."""
+    links([SLOW], monkeypatch)
+    auto_links.early_link(SLOW, monkeypatch, auto_tf, SIZE)
+    auto = hvd_compress.Auto(calibration_steps=2, warmup_steps=4, recheck_every=0, exclude=("FP16",),
+                             codec_costs=CODEC_COSTS, momentum=momentum)
+    run = Injected(auto)
+    in_warmup = {}
+
+    def record(step):
+        if step == 4:  # the warmup's last step: the first plan starts at the next communication
+            in_warmup.update(applied_schemes(auto), planned=bool(auto.plan_state.history))
+    worst = worst_conservation_error(auto, run, range(1, 9), momentum, "warmup", record)
+    assert in_warmup == {"w:0": "Int8", "b:0": "NoCompression", "planned": False}, in_warmup
+    assert auto.plan_state.provisional == {"w:0": "Int8", "b:0": "none"}
+    tf_run = auto.adapter_for("tensorflow").run
+    plan = auto.current_plan()
+    assert plan["w:0"] != "none" and tf_run.retrace_asked is None, auto.describe()
+    assert applied_schemes(auto) == expected_schemes(auto, plan)
+    assert worst < 1e-3, f"conservation broken by {worst} ({in_warmup}, then {plan})"
+    assert same_on_all_ranks(plan, "test.autotf.warmup_plan")
 
 
 def test_legacy_optimizer(monkeypatch):

@@ -297,6 +297,37 @@ def test_tensorflow_trace_holds_the_predicted_choice():
     assert auto_tf.traced_modes(auto, BIG[0], predicted) == (auto_tf.PLAIN, auto_tf.FLUSH, labels.index("Int8") + 1)
 
 
+@pytest.mark.parametrize("kwargs, link, want", [
+    (dict(warmup_steps=6), SLOW, "Int8"), (dict(warmup_steps=6), FAST, "none"),
+    (dict(warmup_steps=6, warmup_quantized=False), SLOW, "none"), ({}, SLOW, "none")])
+def test_tensorflow_a_quantized_warmup_traces_its_quantizer_beside_the_prediction(kwargs, link, want):
+    """In a warmup on a link where dense clearly loses, a trace holds ``none``,
+    the flush (the warmup leaves a residual), Int8 by allgather (never the
+    two-phase candidate, which TensorFlow's Auto does not run) and the
+    predicted choice; the choice is kept in the plan state.  Without a warmup,
+    or with ``warmup_quantized=False``, TensorFlow's calibration stays dense.
+    At 4 ranks an 8-bit allgather halves a ring allreduce's bytes only: short
+    of the margin, so dense."""
+    pytest.importorskip("tensorflow")
+    from hvd_compress.auto import tf_auto as auto_tf
+    auto = _tf_auto(**kwargs)
+    labels = [c.label for c in auto.candidates]
+    auto.plan_state.early_link = link
+    assert auto_tf.warmup_label(auto, BIG[0], 2) == want and auto_tf.warmup_label(auto, SMALL[0], 2) == "none"
+    assert auto.plan_state.provisional == {BIG[0]: want, SMALL[0]: "none"}
+    predicted = auto_tf.predict_label(auto, BIG[0], 2, {})
+    modes = {labels.index(x) + 1 for x in (predicted, want) if x != "none"}
+    assert auto_tf.traced_modes(auto, BIG[0], predicted) == (
+        (auto_tf.PLAIN,) + ((auto_tf.FLUSH,) if want != "none" else ()) + tuple(sorted(modes)))
+    four = _tf_auto(**kwargs)
+    four.plan_state.early_link = link
+    assert auto_tf.warmup_label(four, BIG[0], 4) == "none"
+    auto.plan_state.history.append((6, {BIG[0]: Choice("none", 0.0, 0.0, None)}, 0))
+    # the plan in force: none, and the flush where the warmup left a residual
+    assert auto_tf.traced_modes(auto, BIG[0], predicted) == (
+        (auto_tf.PLAIN, auto_tf.FLUSH) if want != "none" else (auto_tf.PLAIN,))
+
+
 #: the TF CNN of ``bench tta`` at 4 ranks on 2 cores, 31.4 Mbit/s: its planned tensors in trace order, the
 #: early probe's link and the codec seconds its trace measured (none, FP16, Int8, TopK(0.1), TopK(0.01),
 #: PowerSGD(4)).  The last tensor, alone, is cheaper dense; in the step it joins the others' Top-K round.

@@ -17,8 +17,9 @@ link), for :mod:`hvd_compress.tools.bench.tta` to combine with the steps to the 
 
 TensorFlow: each launch first runs two untimed dense steps of a throwaway model, so that no run
 pays the process's first trace (seconds, whatever the scheme) alone.  An ``Auto()`` record adds
-where its start-up went (``auto_check_seconds``) and the step each plan took force from
-(``auto_plan_starts``).
+where its start-up went (``auto_check_seconds``), the step each plan took force from
+(``auto_plan_starts``) and what each planned tensor was sent as before the first plan
+(``auto_warmup``: ``none``, or the quantizer of a quantized warmup).
 
 Rank 0 writes a JSON list (one object per (seed, scheme), after each) to ``--out``.
 """
@@ -144,11 +145,13 @@ def _record(a, spec, seed, curve, placement, size, steps, comp, extra=None):
     if hasattr(comp, "current_plan"):  # Auto: the plan in force at the end, and where it came from
         rec["auto_plan"] = comp.current_plan()
         config = comp.config()
-        rec["auto_config"] = {k: config[k] for k in ("warmup_steps", "dense_below", "calibration_steps")}
+        rec["auto_config"] = {k: config[k] for k in ("warmup_steps", "warmup_quantized", "dense_below",
+                                                     "calibration_steps")}
         # where its start-up went: each check's seconds and the step each plan took force from
         state = comp.plan_state
         rec["auto_check_seconds"] = dict(state.check_seconds or {})
         rec["auto_plan_starts"] = [start for start, _, _ in state.history]
+        rec["auto_warmup"] = dict(state.provisional)
     rec.update(extra or {})
     return rec
 
