@@ -433,10 +433,13 @@ class Auto(Compressor):
         before any plan): probe the link once (at the first ``compress`` of
         this Auto on every rank, where the fingerprint check blocks too), then
         :func:`hvd_compress.auto.provisional.provisional_choice` (during a
-        warmup, among the quantizers only)."""
+        warmup, among the quantizers only; ``none`` in a dense warmup, which
+        probes all the same: the probe caps the decision's probe sizes at what
+        the link moves in :data:`~hvd_compress.auto.probe.PROBE_BUDGET_S`, and
+        uncapped, 4 MB allreduces at 17 Mbit/s took a decision 11.8 s:
+        docs/results/tta_auto_warmup_seed2.json)."""
         cal, state = self._calibration(), self.plan_state
-        if (not self.calibrate_compressed or (state.warmup and not self.warmup_quantized)
-                or not cal.ready()):
+        if not self.calibrate_compressed or not cal.ready():
             state.provisional[key] = NONE_LABEL
             return
         ps, size, _ = cal.world()
@@ -446,6 +449,9 @@ class Auto(Compressor):
             avg = cal.average_over_ranks(probes, "early", ps)
             state.early_link = fit_link([4 * n for n in EARLY_PROBE_NUMELS], avg, size)
             state.check_seconds = {"early_probe": time.perf_counter() - t0}
+        if state.warmup and not self.warmup_quantized:
+            state.provisional[key] = NONE_LABEL
+            return
         safe = self._warmup_candidates if state.warmup else self._provisional_candidates
         state.provisional[key] = provisional_choice(numel, shape, size, state.early_link, safe)
         state.phases.pop(key, None)

@@ -99,7 +99,9 @@ def test_rates_from_takes_the_last_matching_runs_mapping_and_names_what_is_missi
         return {"model": model, "framework": "torch", "workers": 4,
                 "link_mapping": {"1gbit": {"stands_for": "x", "link_mbit": mbit}}}
     meta = tmp_path / "tta.meta.json"
-    meta.write_text(json.dumps([run("cnn", 11.1), run("charlm", 42.8), run("cnn", 17.0)]))
+    unshaped_only = {"model": "cnn", "framework": "torch", "workers": 4, "link_mapping": {}}
+    meta.write_text(json.dumps([run("cnn", 11.1), run("charlm", 42.8), run("cnn", 17.0), unshaped_only]))
+    # a later run of the unshaped link alone maps nothing: the last run that maps the link is taken
     got = tta.saved_link_mapping(str(meta), "cnn", "torch", 4, ["unshaped", "1gbit"])
     assert got == {"1gbit": {"stands_for": "x", "link_mbit": 17.0}}
     with pytest.raises(ValueError, match=r"rates_from: .* no run of torch cnn at 4 ranks mapping the links \['10gbit'\]"):
@@ -151,6 +153,10 @@ def test_tta_smoke_two_ranks(tmp_path):
                                                                         ("TopK(0.01)", "unshaped", True),
                                                                         ("Auto()", "unshaped", True)]
     assert data[2]["auto_plan"] == {} and "auto_plan" not in data[0]  # 12 steps: inside Auto's warmup
+    # what each planned weight warmed up with (dense or a quantizer), and no trial before the first plan
+    assert sorted(data[2]["auto_warmup"]) == ["conv2.weight", "fc1.weight", "fc2.weight"]
+    assert set(data[2]["auto_warmup"].values()) <= {"none", "FP16", "Int8", "FP16/two_phase", "Int8/two_phase"}
+    assert data[2]["auto_trials"] == [] and "auto_warmup" not in data[0]
     for r in data:
         assert set(tta.FIELDS) <= set(r)
         assert r["workers"] == 2 and r["framework"] == "torch" and 200_000 < r["params"] < 230_000

@@ -715,11 +715,12 @@ def test_a_compressed_calibration_flushes_its_residual_when_the_plan_is_none():
     assert got == [(0, "TopK", True), (5, "NoCompression", True), (6, "NoCompression", False)]
 
 
-def test_a_dense_warmup_probes_nothing_and_the_first_plan_waits_for_its_end():
+def test_a_dense_warmup_probes_early_and_the_first_plan_waits_for_its_end():
     """``warmup_steps`` with ``warmup_quantized=False``: every planned tensor is
-    sent dense (with Auto's momentum, without a residual: nothing is held back)
-    and nothing probes; the first decision runs at the communication after the
-    warmup, not after the calibration; an elastic re-plan calibrates only."""
+    sent dense (with Auto's momentum, without a residual: nothing is held back);
+    the early probe runs all the same, once (it caps the decision's probe
+    sizes); the first decision runs at the communication after the warmup, not
+    after the calibration; an elastic re-plan calibrates only."""
     costs = {"TopK(0.01)": 1e-12}
     auto = hvd_compress.Auto(calibration_steps=2, warmup_steps=6, codec_costs=costs, momentum=0.9,
                              warmup_quantized=False)
@@ -729,7 +730,8 @@ def test_a_dense_warmup_probes_nothing_and_the_first_plan_waits_for_its_end():
     for _ in range(8):
         (phase,) = auto.plan_for(BIG[0], *BIG[1])
         assert phase.scheme.name == "NoCompression" and phase.memory is auto.dense_memory is not None
-    assert decided == [6] and not cal.probed and auto.steps_before_plan == 6
+    assert decided == [6] and len(cal.probed) == 1 and auto.steps_before_plan == 6
+    assert auto.plan_state.early_link is not None and auto.plan_state.provisional == {BIG[0]: "none"}
     assert auto.describe() == "Auto: calibrating (6 steps before the first plan)"
     assert auto.config()["warmup_steps"] == 6 and auto.config()["warmup_quantized"] is False
     auto._framework = "torch"

@@ -71,12 +71,17 @@ def dense_target(dense_finals, spec):
     return round(statistics.median(dense_finals) - tolerance_of(spec), 3)
 
 
+#: what an ``Auto`` run's record says of Auto, kept in its rows (:mod:`.tta_worker`)
+AUTO_FIELDS = ("auto_plan", "auto_warmup", "auto_plan_starts", "auto_trials", "auto_check_seconds")
+
+
 def make_row(*, model, params, framework, workers, link, link_mbit, scheme, seed, target, curve, measured, command,
-             steps, auto_plan=None):
+             steps, auto=None):
     """One row of tta.json from a run's curve (times and bytes already those of ``link``);
-    ``auto_plan``: Auto's plan in force at the run's end (``{tensor: scheme}``), Auto's rows only."""
+    ``auto``: an Auto run's record, whose :data:`AUTO_FIELDS` the row keeps (``auto_plan``: the
+    plan in force at the run's end, ``{tensor: scheme}``)."""
     hit = first_reach(curve, target)
-    extra = {} if auto_plan is None else {"auto_plan": auto_plan}
+    extra = {k: auto[k] for k in AUTO_FIELDS if auto and auto.get(k) is not None}
     return {"model": model, "params": params, "framework": framework, "workers": workers, "link": link,
             "link_mbit": link_mbit, "scheme": scheme, "seed": seed, "target": target, "reached": hit is not None,
             "time_to_target_s": hit["time_s"] if hit else None, "steps_to_target": hit["step"] if hit else None,
@@ -254,11 +259,13 @@ def run(framework="torch", model="cnn", schemes=DEFAULT_SCHEMES, seeds="1,2,3", 
 
 def saved_link_mapping(path, model, framework, workers, links):
     """The link mapping of the last run in the tta meta JSON ``path`` of this model, framework and
-    ranks, for the shaped ``links``; an error names what is missing."""
-    with open(path) as f:
-        runs = [r for r in json.load(f) if (r["model"], r["framework"], r["workers"]) == (model, framework, workers)]
+    ranks that maps every shaped link of ``links`` (a later run of the unshaped link alone maps
+    none); an error names what is missing."""
     shaped = [x for x in links if x != "unshaped"]
-    if not runs or any(x not in runs[-1].get("link_mapping", {}) for x in shaped):
+    with open(path) as f:
+        runs = [r for r in json.load(f) if (r["model"], r["framework"], r["workers"]) == (model, framework, workers)
+                and all(x in r.get("link_mapping", {}) for x in shaped)]
+    if not runs:
         raise ValueError(f"rates_from: {path} has no run of {framework} {model} at {workers} ranks mapping "
                          f"the links {shaped}")
     return {x: runs[-1]["link_mapping"][x] for x in shaped}
@@ -289,7 +296,8 @@ def build_rows(a, curves, times, autos, measured_val, rates, validate_link, comm
         rows.append(make_row(model=a["model"], params=rec["params"], framework=a["framework"],
                              workers=rec["workers"], link=link, link_mbit=rates[link], scheme=rec["scheme"],
                              seed=rec["seed"], target=dense_target(finals, rec["scheme"]), curve=curve,
-                             measured=measured, command=command, steps=rec["steps"], auto_plan=rec.get("auto_plan")))
+                             measured=measured, command=command, steps=rec["steps"],
+                             auto=rec if "auto_plan" in rec else None))
     for rec in curves:
         add(rec, "unshaped", rec["curve"], True)
         if is_auto_spec(rec["scheme"]):

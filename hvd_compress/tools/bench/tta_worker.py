@@ -19,13 +19,15 @@ TensorFlow: each launch first runs two untimed dense steps of a throwaway model,
 pays the process's first trace (seconds, whatever the scheme) alone.  An ``Auto()`` record adds
 where its start-up went (``auto_check_seconds``), the step each plan took force from
 (``auto_plan_starts``) and what each planned tensor was sent as before the first plan
-(``auto_warmup``: ``none``, or the quantizer of a quantized warmup).
+(``auto_warmup``: ``none``, or the quantizer of a quantized warmup) and the first decision's
+trial plans (``auto_trials``).
 
 Rank 0 writes a JSON list (one object per (seed, scheme), after each) to ``--out``.
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import math
 import os
@@ -152,6 +154,10 @@ def _record(a, spec, seed, curve, placement, size, steps, comp, extra=None):
         rec["auto_check_seconds"] = dict(state.check_seconds or {})
         rec["auto_plan_starts"] = [start for start, _, _ in state.history]
         rec["auto_warmup"] = dict(state.provisional)
+        # the first decision's trial plans (PyTorch): each one's {scheme: tensors}, predicted and measured step
+        rec["auto_trials"] = [{"plan": dict(collections.Counter(t["labels"].values())), "predicted_s": t["predicted_s"],
+                               "step_s": t["step_s"], "adopted": i == state.trial_pick}
+                              for i, t in enumerate(state.trials)]
     rec.update(extra or {})
     return rec
 
