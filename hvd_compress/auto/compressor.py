@@ -194,9 +194,11 @@ class Auto(Compressor):
             :func:`hvd_compress.auto.provisional.provisional_choice`) is sent as
             Int8 (or FP16) with error feedback instead of dense, by the
             transport the cost model prefers (TensorFlow: by allgather; its
-            trace then holds that mode too).  Why: rounding every element
-            leaves nothing out, and on such a link an epoch of dense steps can
-            cost more than the rest of a short run.  ``False``: a dense warmup.
+            trace then holds that mode too).  Rounding leaves no element out,
+            and on such a link the warmup runs about twice as fast; but on the
+            MNIST CNN at 4 ranks the runs then took more steps to dense's
+            accuracy (docs/results/tta.md, "Auto()'s warmup").  Off by default:
+            a dense warmup.
         dense_below: tensors of at most this many elements are always sent
             dense (with Auto's momentum) and not planned.  Why: biases and norm
             scales are a few percent of the bytes, and compressing them costs
@@ -259,7 +261,7 @@ class Auto(Compressor):
                  min_topk_ratio=0.01, powersgd_rank=4, include_sign=False, min_gain=0.1, replan_threshold=0.1,
                  probe_numels=DEFAULT_PROBE_NUMELS, exclude=(), seed=0, momentum=0.0, nesterov=False,
                  codec_costs=None, calibrate_compressed=True, two_phase=True, warmup_steps=0, dense_below=0,
-                 trial_plans=3, trial_steps=4, warmup_quantized=True):
+                 trial_plans=3, trial_steps=4, warmup_quantized=False):
         from ..feedback.memory import MomentumMemory, momentum_memory
         from ..policy import Rule
         from ..schemes import NoCompression

@@ -266,7 +266,8 @@ def test_a_quantized_warmup_runs_int8_in_the_first_trace_and_keeps_every_gradien
     applied) + residuals == sum(velocities)."""
     links([SLOW], monkeypatch)
     auto_links.early_link(SLOW, monkeypatch, auto_tf, SIZE)
-    auto = hvd_compress.Auto(calibration_steps=2, warmup_steps=4, recheck_every=0, exclude=("FP16",),
+    auto = hvd_compress.Auto(calibration_steps=2, warmup_steps=4, warmup_quantized=True, recheck_every=0,
+                             exclude=("FP16",),
                              codec_costs=CODEC_COSTS, momentum=momentum)
     run = Injected(auto)
     in_warmup = {}

@@ -244,7 +244,8 @@ def test_a_quantized_warmup_sends_int8_where_dense_clearly_loses_and_keeps_every
     ranks, sum(what was applied) + residuals == sum(velocities)."""
     auto_links.early_link(SLOW, monkeypatch, auto_calibration, SIZE)
     links([SLOW], monkeypatch)
-    auto = hvd_compress.Auto(calibration_steps=2, warmup_steps=4, exclude=("FP16",), codec_costs=CODEC_COSTS,
+    auto = hvd_compress.Auto(calibration_steps=2, warmup_steps=4, warmup_quantized=True, exclude=("FP16",),
+                             codec_costs=CODEC_COSTS,
                              momentum=momentum)
     model, opt = build(auto)
     in_warmup = {}

@@ -298,8 +298,9 @@ def test_tensorflow_trace_holds_the_predicted_choice():
 
 
 @pytest.mark.parametrize("kwargs, link, want", [
-    (dict(warmup_steps=6), SLOW, "Int8"), (dict(warmup_steps=6), FAST, "none"),
-    (dict(warmup_steps=6, warmup_quantized=False), SLOW, "none"), ({}, SLOW, "none")])
+    (dict(warmup_steps=6, warmup_quantized=True), SLOW, "Int8"),
+    (dict(warmup_steps=6, warmup_quantized=True), FAST, "none"),
+    (dict(warmup_steps=6), SLOW, "none"), (dict(warmup_quantized=True), SLOW, "none")])
 def test_tensorflow_a_quantized_warmup_traces_its_quantizer_beside_the_prediction(kwargs, link, want):
     """In a warmup on a link where dense clearly loses, a trace holds ``none``,
     the flush (the warmup leaves a residual), Int8 by allgather (never the
@@ -716,14 +717,13 @@ def test_a_compressed_calibration_flushes_its_residual_when_the_plan_is_none():
 
 
 def test_a_dense_warmup_probes_early_and_the_first_plan_waits_for_its_end():
-    """``warmup_steps`` with ``warmup_quantized=False``: every planned tensor is
+    """``warmup_steps`` (``warmup_quantized=False``, the default): every planned tensor is
     sent dense (with Auto's momentum, without a residual: nothing is held back);
     the early probe runs all the same, once (it caps the decision's probe
     sizes); the first decision runs at the communication after the warmup, not
     after the calibration; an elastic re-plan calibrates only."""
     costs = {"TopK(0.01)": 1e-12}
-    auto = hvd_compress.Auto(calibration_steps=2, warmup_steps=6, codec_costs=costs, momentum=0.9,
-                             warmup_quantized=False)
+    auto = hvd_compress.Auto(calibration_steps=2, warmup_steps=6, codec_costs=costs, momentum=0.9)
     auto.measurements = cal = OneRankCalibration(SLOW)
     decided = []
     auto.decide = lambda start, *a, **k: decided.append(start)
@@ -746,7 +746,7 @@ def test_a_warmup_rounds_where_dense_clearly_loses_and_leaves_nothing_out(size, 
     Int8 with error feedback (two-phase from 4 ranks, where an allgather sends
     the payload N-1 times), never a sparsifier; elsewhere dense.  After the
     warmup an elastic re-plan may calibrate with Top-K 10% again."""
-    auto = hvd_compress.Auto(calibration_steps=2, warmup_steps=6, momentum=0.9,
+    auto = hvd_compress.Auto(calibration_steps=2, warmup_steps=6, momentum=0.9, warmup_quantized=True,
                              codec_costs={"TopK(0.01)": 1e-12})
     auto.measurements = cal = OneRankCalibration(link, size)
     auto.decide = lambda start, *a, **k: None
@@ -758,7 +758,7 @@ def test_a_warmup_rounds_where_dense_clearly_loses_and_leaves_nothing_out(size, 
     else:  # every element kept, rounded; the rounding stays in the residual (momentum's memory)
         assert phase.scheme.name == "Int8" and phase.memory is auto.feedback_memory
         assert phase.transport == ("two_phase" if size > 2 else "allgather")
-    assert auto.config()["warmup_quantized"] is True
+    assert auto.config()["warmup_quantized"] is True and hvd_compress.Auto().warmup_quantized is False
     auto._framework = "torch"
     auto.replan_after_reset()
     auto.plan_for(BIG[0], *BIG[1])
@@ -769,7 +769,8 @@ def test_a_quantized_warmup_and_the_plan_share_one_feedback_memory():
     """Int8 in the warmup, Top-K in the plan: both phases keep their residual
     in the one feedback memory, so it carries across the switch
     (tests/horovod/test_auto_torch.py checks the sums under horovodrun)."""
-    auto = hvd_compress.Auto(calibration_steps=1, warmup_steps=3, codec_costs={"TopK(0.01)": 1e-12})
+    auto = hvd_compress.Auto(calibration_steps=1, warmup_steps=3, codec_costs={"TopK(0.01)": 1e-12},
+                             warmup_quantized=True)
     auto.measurements = OneRankCalibration(SLOW)
     auto.plan_for(BIG[0], *BIG[1])
     plain = Choice("TopK(0.01)", 1.0, 2.0, 1000)
