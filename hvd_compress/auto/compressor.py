@@ -170,6 +170,17 @@ class AutoPlan:
                    history=[(start, {k: Choice(*c) for k, c in ch.items()}, v) for start, ch, v in saved["history"]])
 
 
+def allowed_candidates(topk_ratios, min_topk_ratio, powersgd_rank, include_sign, two_phase, exclude):
+    """:func:`~hvd_compress.auto.planner.default_candidates` less ``exclude``
+    (labels among them; excluding a scheme excludes its two-phase candidate
+    too); an error names what is allowed."""
+    candidates = default_candidates(topk_ratios, min_topk_ratio, powersgd_rank, include_sign, two_phase=two_phase)
+    labels = [c.label for c in candidates]
+    if isinstance(exclude, str) or any(e not in labels[1:] for e in exclude):
+        raise ValueError(f"exclude must be a list of candidate labels among {labels[1:]}; got {exclude!r}")
+    return [c for c in candidates if c.label not in exclude and c.base_label not in exclude]
+
+
 class Auto(Compressor):
     """Per-tensor compression chosen from measurements; see the module
     docstring, which also says how TensorFlow differs and its limits there.
@@ -282,23 +293,17 @@ class Auto(Compressor):
         for n in probe_numels:
             check_range("probe_numels", n, 1, None, kind=int)
         self.probe_numels = tuple(probe_numels)
-        candidates = default_candidates(topk_ratios, min_topk_ratio, powersgd_rank, include_sign,
-                                        two_phase=two_phase)
-        labels = [c.label for c in candidates]
-        if isinstance(exclude, str) or any(e not in labels[1:] for e in exclude):
-            raise ValueError(f"exclude must be a list of candidate labels among {labels[1:]}; got {exclude!r}")
-        # excluding a scheme excludes its two-phase candidate too
-        self.candidates = [c for c in candidates if c.label not in exclude and c.base_label not in exclude]
+        labels = [c.label for c in default_candidates(topk_ratios, min_topk_ratio, powersgd_rank, include_sign,
+                                                      two_phase=two_phase)]
+        self.candidates = allowed_candidates(topk_ratios, min_topk_ratio, powersgd_rank, include_sign, two_phase,
+                                             exclude)
         #: what a tensor may be calibrated with (built once: its phases hold these schemes)
         self._provisional_candidates = provisional_candidates(self.candidates)
-        self._warmup_candidates = provisional_candidates(self.candidates, warmup=True)
         self.codec_costs = check_codec_costs(codec_costs, labels)
-        if not isinstance(calibrate_compressed, bool):
-            raise ValueError(f"calibrate_compressed must be True or False; got {calibrate_compressed!r}")
-        self.calibrate_compressed = calibrate_compressed
-        if not isinstance(warmup_quantized, bool):
-            raise ValueError(f"warmup_quantized must be True or False; got {warmup_quantized!r}")
-        self.warmup_quantized = warmup_quantized
+        for name, flag in (("calibrate_compressed", calibrate_compressed), ("warmup_quantized", warmup_quantized)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"{name} must be True or False; got {flag!r}")
+        self.calibrate_compressed, self.warmup_quantized = calibrate_compressed, warmup_quantized
         # the lossy phases keep a residual; the dense ones keep only the velocity, if any
         self.feedback_memory = (momentum_memory(NoCompression(), momentum, nesterov, error_feedback=True)
                                 or ResidualMemory())
@@ -451,11 +456,24 @@ class Auto(Compressor):
             avg = cal.average_over_ranks(probes, "early", ps)
             state.early_link = fit_link([4 * n for n in EARLY_PROBE_NUMELS], avg, size)
             state.check_seconds = {"early_probe": time.perf_counter() - t0}
-        if state.warmup and not self.warmup_quantized:
-            state.provisional[key] = NONE_LABEL
-            return
-        safe = self._warmup_candidates if state.warmup else self._provisional_candidates
-        state.provisional[key] = provisional_choice(numel, shape, size, state.early_link, safe)
+        if state.warmup:
+            state.provisional[key] = self.warmup_choice(numel, shape, size, state.early_link)
+        else:
+            state.provisional[key] = provisional_choice(numel, shape, size, state.early_link,
+                                                        self._provisional_candidates)
+
+    def warmup_choice(self, numel, shape, size, link, two_phase=True):
+        """What a tensor of ``numel`` elements warms up with on ``link`` at
+        ``size`` ranks: ``none``, or with ``warmup_quantized`` and
+        ``calibrate_compressed`` the quantizer
+        :func:`~hvd_compress.auto.provisional.provisional_choice` picks among
+        FP16 and Int8 (``two_phase=False``: by allgather only, as TensorFlow
+        runs them)."""
+        if not (self.warmup_quantized and self.calibrate_compressed):
+            return NONE_LABEL
+        safe = [c for c in provisional_candidates(self.candidates, warmup=True)
+                if two_phase or c.transport == "allgather"]
+        return provisional_choice(numel, shape, size, link, safe)
         state.phases.pop(key, None)
 
     # --- deciding ---------------------------------------------------------------------

@@ -502,15 +502,12 @@ def warmup_label(auto, key, size):
     lose, outside a warmup, or before the early probe.  Made once a tensor
     and kept in the plan state (``provisional``, checkpointed with the plan);
     its inputs are agreed over ranks, so every rank traces the same modes."""
-    from .provisional import provisional_choice
     state = auto.plan_state
     if key not in state.provisional:
         label = NONE_LABEL
-        if (state.warmup and auto.warmup_quantized and auto.calibrate_compressed and not state.history
-                and state.early_link is not None):
-            safe = [c for c in auto._warmup_candidates if c.transport == "allgather"]
+        if state.warmup and not state.history and state.early_link is not None:
             numel, shape = state.tensors[key]
-            label = provisional_choice(numel, shape, size, state.early_link, safe)
+            label = auto.warmup_choice(numel, shape, size, state.early_link, two_phase=False)
         state.provisional[key] = label
     return state.provisional[key]
 
