@@ -170,11 +170,9 @@ class AutoPlan:
                    history=[(start, {k: Choice(*c) for k, c in ch.items()}, v) for start, ch, v in saved["history"]])
 
 
-def allowed_candidates(topk_ratios, min_topk_ratio, powersgd_rank, include_sign, two_phase, exclude):
-    """:func:`~hvd_compress.auto.planner.default_candidates` less ``exclude``
-    (labels among them; excluding a scheme excludes its two-phase candidate
-    too); an error names what is allowed."""
-    candidates = default_candidates(topk_ratios, min_topk_ratio, powersgd_rank, include_sign, two_phase=two_phase)
+def without_excluded(candidates, exclude):
+    """``candidates`` less ``exclude`` (labels among them; excluding a scheme
+    excludes its two-phase candidate too); an error names what is allowed."""
     labels = [c.label for c in candidates]
     if isinstance(exclude, str) or any(e not in labels[1:] for e in exclude):
         raise ValueError(f"exclude must be a list of candidate labels among {labels[1:]}; got {exclude!r}")
@@ -293,10 +291,9 @@ class Auto(Compressor):
         for n in probe_numels:
             check_range("probe_numels", n, 1, None, kind=int)
         self.probe_numels = tuple(probe_numels)
-        labels = [c.label for c in default_candidates(topk_ratios, min_topk_ratio, powersgd_rank, include_sign,
-                                                      two_phase=two_phase)]
-        self.candidates = allowed_candidates(topk_ratios, min_topk_ratio, powersgd_rank, include_sign, two_phase,
-                                             exclude)
+        candidates = default_candidates(topk_ratios, min_topk_ratio, powersgd_rank, include_sign, two_phase=two_phase)
+        labels = [c.label for c in candidates]
+        self.candidates = without_excluded(candidates, exclude)
         #: what a tensor may be calibrated with (built once: its phases hold these schemes)
         self._provisional_candidates = provisional_candidates(self.candidates)
         self.codec_costs = check_codec_costs(codec_costs, labels)
@@ -461,6 +458,7 @@ class Auto(Compressor):
         else:
             state.provisional[key] = provisional_choice(numel, shape, size, state.early_link,
                                                         self._provisional_candidates)
+        state.phases.pop(key, None)
 
     def warmup_choice(self, numel, shape, size, link, two_phase=True):
         """What a tensor of ``numel`` elements warms up with on ``link`` at
@@ -474,7 +472,6 @@ class Auto(Compressor):
         safe = [c for c in provisional_candidates(self.candidates, warmup=True)
                 if two_phase or c.transport == "allgather"]
         return provisional_choice(numel, shape, size, link, safe)
-        state.phases.pop(key, None)
 
     # --- deciding ---------------------------------------------------------------------
     def decide(self, start, cal=None, step_times=None):
