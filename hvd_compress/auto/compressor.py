@@ -9,7 +9,7 @@ Life of an ``Auto``:
    which a plain allreduce clearly loses there is calibrated with a safe
    compressed candidate and error feedback
    (:func:`hvd_compress.auto.provisional.provisional_choice`; during a
-   warmup only FP16 or Int8, ``warmup_quantized``), the others dense
+   warmup only a quantizer, ``warmup_with``), the others dense
    (``calibrate_compressed=False``: all dense).
 2. **Decide** at the first ``compress`` of the next step, on every rank:
    time blocking allreduces of ``probe_numels`` elements
@@ -71,7 +71,7 @@ from typing import Dict, List, Optional, Tuple
 from .planner import (NONE_LABEL, Choice, Link, check_codec_costs, choice_as, codec_table, default_candidates,
                       fit_link, format_plan, plan, predicted_total, propose, trial_plans)
 from .probe import DEFAULT_PROBE_NUMELS, EARLY_PROBE_NUMELS, pair_swap_for, probe_numels_for
-from .provisional import provisional_candidates, provisional_choice
+from .provisional import WARMUP_CHOICES, provisional_candidates, provisional_choice
 from ..compressor import Compressor, Phase
 from ..costmodel.model import LINK_ONLY, Machine
 from ..costmodel.machine import with_wait_floor
@@ -190,7 +190,7 @@ class Auto(Compressor):
             step, which the plan does not use.
         warmup_steps: communications of each tensor sent without leaving any
             of it out (with Auto's momentum) before the first plan: dense, or
-            quantized where ``warmup_quantized`` says; the calibration runs
+            rounded where ``warmup_with`` says; the calibration runs
             inside them, so the warmup costs no extra start-up.  Why: on a slow
             link Auto picks the most aggressive candidates, and aggressive
             compression from the first step makes training oscillate (Lin et
@@ -198,16 +198,18 @@ class Auto(Compressor):
             Top-K, DGC, PowerSGD and the sign schemes warm up dense for an
             epoch.  Tuning: about one epoch of steps.  An elastic re-plan
             calibrates only.
-        warmup_quantized: with ``calibrate_compressed``: during the warmup,
-            a tensor a plain allreduce clearly loses on (the early probe's link,
-            :func:`hvd_compress.auto.provisional.provisional_choice`) is sent as
-            Int8 (or FP16) with error feedback instead of dense, by the
-            transport the cost model prefers (TensorFlow: by allgather; its
-            trace then holds that mode too).  Rounding leaves no element out,
-            and on such a link the warmup runs about twice as fast; but on the
-            MNIST CNN at 4 ranks the runs then took more steps to dense's
-            accuracy (docs/results/tta.md, "Auto()'s warmup").  Off by default:
-            a dense warmup.
+        warmup_with: what the warmup sends a tensor as where the early
+            probe's link shows a plain allreduce clearly losing
+            (:data:`hvd_compress.auto.provisional.WARMUP_CHOICES`), with
+            error feedback, instead of dense (needs ``calibrate_compressed``):
+            ``"none"`` (default), always dense; ``"FP16"``, half precision
+            where predicted at least 1.67x faster; ``"Int8"``, Int8 or FP16
+            where predicted at least 2x faster, by the transport the cost model
+            prefers (TensorFlow: by allgather; its trace then holds that mode
+            too).  Rounding leaves no element out, and on such a link the
+            warmup runs up to twice as fast; on the MNIST CNN at 4 ranks the
+            Int8 warmup's runs took more steps to dense's accuracy
+            (docs/results/tta.md, "Auto()'s warmup").
         dense_below: tensors of at most this many elements are always sent
             dense (with Auto's momentum) and not planned.  Why: biases and norm
             scales are a few percent of the bytes, and compressing them costs
@@ -241,7 +243,7 @@ class Auto(Compressor):
         calibrate_compressed: probe the link at the first ``compress`` and
             calibrate the tensors a plain allreduce clearly loses on with a
             safe compressed candidate (PyTorch; TensorFlow calibrates dense,
-            but for a quantized warmup, ``warmup_quantized``).
+            but for a rounded warmup, ``warmup_with``).
         two_phase: also offer each allgather scheme that can travel by the
             two-phase exchange as a candidate ``"<label>/two_phase"``, so the
             cost model chooses the transport by the number of ranks
@@ -270,7 +272,7 @@ class Auto(Compressor):
                  min_topk_ratio=0.01, powersgd_rank=4, include_sign=False, min_gain=0.1, replan_threshold=0.1,
                  probe_numels=DEFAULT_PROBE_NUMELS, exclude=(), seed=0, momentum=0.0, nesterov=False,
                  codec_costs=None, calibrate_compressed=True, two_phase=True, warmup_steps=0, dense_below=0,
-                 trial_plans=3, trial_steps=4, warmup_quantized=False):
+                 trial_plans=3, trial_steps=4, warmup_with="none"):
         from ..feedback.memory import MomentumMemory, momentum_memory
         from ..policy import Rule
         from ..schemes import NoCompression
@@ -297,10 +299,11 @@ class Auto(Compressor):
         #: what a tensor may be calibrated with (built once: its phases hold these schemes)
         self._provisional_candidates = provisional_candidates(self.candidates)
         self.codec_costs = check_codec_costs(codec_costs, labels)
-        for name, flag in (("calibrate_compressed", calibrate_compressed), ("warmup_quantized", warmup_quantized)):
-            if not isinstance(flag, bool):
-                raise ValueError(f"{name} must be True or False; got {flag!r}")
-        self.calibrate_compressed, self.warmup_quantized = calibrate_compressed, warmup_quantized
+        if not isinstance(calibrate_compressed, bool):
+            raise ValueError(f"calibrate_compressed must be True or False; got {calibrate_compressed!r}")
+        if not isinstance(warmup_with, str) or warmup_with not in WARMUP_CHOICES:
+            raise ValueError(f"warmup_with must be one of {list(WARMUP_CHOICES)}; got {warmup_with!r}")
+        self.calibrate_compressed, self.warmup_with = calibrate_compressed, warmup_with
         # the lossy phases keep a residual; the dense ones keep only the velocity, if any
         self.feedback_memory = (momentum_memory(NoCompression(), momentum, nesterov, error_feedback=True)
                                 or ResidualMemory())
@@ -462,16 +465,16 @@ class Auto(Compressor):
 
     def warmup_choice(self, numel, shape, size, link, two_phase=True):
         """What a tensor of ``numel`` elements warms up with on ``link`` at
-        ``size`` ranks: ``none``, or with ``warmup_quantized`` and
-        ``calibrate_compressed`` the quantizer
-        :func:`~hvd_compress.auto.provisional.provisional_choice` picks among
-        FP16 and Int8 (``two_phase=False``: by allgather only, as TensorFlow
+        ``size`` ranks: ``none``, or with ``calibrate_compressed`` the
+        quantizer of ``warmup_with`` that
+        :func:`~hvd_compress.auto.provisional.provisional_choice` picks at that
+        warmup's margin (``two_phase=False``: by allgather only, as TensorFlow
         runs them)."""
-        if not (self.warmup_quantized and self.calibrate_compressed):
+        if not self.calibrate_compressed:
             return NONE_LABEL
-        safe = [c for c in provisional_candidates(self.candidates, warmup=True)
+        safe = [c for c in provisional_candidates(self.candidates, warmup=self.warmup_with)
                 if two_phase or c.transport == "allgather"]
-        return provisional_choice(numel, shape, size, link, safe)
+        return provisional_choice(numel, shape, size, link, safe, min_gain=WARMUP_CHOICES[self.warmup_with][1])
 
     # --- deciding ---------------------------------------------------------------------
     def decide(self, start, cal=None, step_times=None):
@@ -717,7 +720,7 @@ class Auto(Compressor):
     def config(self):
         return {"auto": [c.label for c in self.candidates], "rules": [r.config() for r in self.rules],
                 "calibration_steps": self.calibration_steps, "warmup_steps": self.warmup_steps,
-                "warmup_quantized": self.warmup_quantized,
+                "warmup_with": self.warmup_with,
                 "dense_below": self.dense_below, "recheck_every": self.recheck_every,
                 "trial_plans": self.trial_plans, "trial_steps": self.trial_steps,
                 "min_gain": self.min_gain, "replan_threshold": self.replan_threshold,

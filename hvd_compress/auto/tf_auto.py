@@ -494,11 +494,11 @@ def traced_modes(auto, key, predicted=NONE_LABEL):
 
 def warmup_label(auto, key, size):
     """Before the first plan, at the trace: the quantizer ``key`` warms up
-    with (``Auto(warmup_quantized=True)`` during ``warmup_steps``), chosen as
+    with (``Auto(warmup_with=...)`` during ``warmup_steps``), chosen as
     PyTorch's first ``compress`` chooses it
     (:func:`~hvd_compress.auto.provisional.provisional_choice` on the early
-    probe's link, among FP16 and Int8 by allgather: TensorFlow's Auto runs no
-    two-phase candidate); ``none`` where a plain allreduce does not clearly
+    probe's link, among that warmup's quantizers by allgather: TensorFlow's
+    Auto runs no two-phase candidate); ``none`` where a plain allreduce does not clearly
     lose, outside a warmup, or before the early probe.  Made once a tensor
     and kept in the plan state (``provisional``, checkpointed with the plan);
     its inputs are agreed over ranks, so every rank traces the same modes."""

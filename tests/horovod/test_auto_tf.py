@@ -237,8 +237,9 @@ def test_error_feedback_survives_replans(monkeypatch, momentum):
 def worst_conservation_error(auto, run, steps, momentum, tag, after_step=lambda step: None):
     """Run ``steps`` of a fresh ``Injected`` and return the largest deviation,
     over the steps and elements, of sum over ranks of (what was applied +
-    residual held) from the sum of the velocities ``u <- m u + g``;
-    ``after_step(step)`` runs after each step."""
+    residual held) from the sum of the velocities ``u <- m u + g``, relative
+    to that sum's largest element where it exceeds 1; ``after_step(step)``
+    runs after each step."""
     total = {n: np.zeros(s, np.float32) for n, s in SPECS.items()}
     velocity = {n: np.zeros(s, np.float32) for n, s in SPECS.items()}
     worst = 0.0
@@ -252,23 +253,24 @@ def worst_conservation_error(auto, run, steps, momentum, tag, after_step=lambda 
             mine = np.zeros(v.shape, np.float32) if mine is None else mine.numpy().reshape(v.shape)
             held = hvd.allreduce(tf.constant(mine), op=hvd.Sum, name=f"test.autotf.{tag}.res.{name}.{step}")
             want = hvd.allreduce(tf.constant(total[name]), op=hvd.Sum, name=f"test.autotf.{tag}.grad.{name}.{step}")
-            worst = max(worst, float(tf.reduce_max(tf.abs(-v + held - want))))
+            worst = max(worst, float(tf.reduce_max(tf.abs(-v + held - want))) / max(1.0, float(tf.reduce_max(tf.abs(want)))))
         after_step(step)
     return worst
 
 
+@pytest.mark.parametrize("warmup_with, exclude", [("Int8", ("FP16",)), ("FP16", ())])
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
-def test_a_quantized_warmup_runs_int8_in_the_first_trace_and_keeps_every_gradient(monkeypatch, momentum):
+def test_a_quantized_warmup_runs_its_quantizer_in_the_first_trace_and_keeps_every_gradient(monkeypatch, momentum,
+                                                                                            warmup_with, exclude):
     """A warmup on a link where dense clearly loses (the early probe at the
-    first trace): the weight runs Int8 with error feedback through the
-    warmup's 4 steps, the bias dense; the first decision adopts a lossy plan
-    in the same trace; at every step, summed over ranks, sum(what was
-    applied) + residuals == sum(velocities)."""
+    first trace): the weight runs ``warmup_with``'s quantizer with error
+    feedback through the warmup's 4 steps, the bias dense; the first decision
+    adopts a lossy plan in the same trace; at every step, summed over ranks,
+    sum(what was applied) + residuals == sum(velocities)."""
     links([SLOW], monkeypatch)
     auto_links.early_link(SLOW, monkeypatch, auto_tf, SIZE)
-    auto = hvd_compress.Auto(calibration_steps=2, warmup_steps=4, warmup_quantized=True, recheck_every=0,
-                             exclude=("FP16",),
-                             codec_costs=CODEC_COSTS, momentum=momentum)
+    auto = hvd_compress.Auto(calibration_steps=2, warmup_steps=4, warmup_with=warmup_with, recheck_every=0,
+                             exclude=exclude, codec_costs=CODEC_COSTS, momentum=momentum)
     run = Injected(auto)
     in_warmup = {}
 
@@ -276,13 +278,16 @@ def test_a_quantized_warmup_runs_int8_in_the_first_trace_and_keeps_every_gradien
         if step == 4:  # the warmup's last step: the first plan starts at the next communication
             in_warmup.update(applied_schemes(auto), planned=bool(auto.plan_state.history))
     worst = worst_conservation_error(auto, run, range(1, 9), momentum, "warmup", record)
-    assert in_warmup == {"w:0": "Int8", "b:0": "NoCompression", "planned": False}, in_warmup
-    assert auto.plan_state.provisional == {"w:0": "Int8", "b:0": "none"}
+    assert in_warmup == {"w:0": warmup_with, "b:0": "NoCompression", "planned": False}, in_warmup
+    assert auto.plan_state.provisional == {"w:0": warmup_with, "b:0": "none"}
     tf_run = auto.adapter_for("tensorflow").run
     plan = auto.current_plan()
     assert plan["w:0"] != "none" and tf_run.retrace_asked is None, auto.describe()
     assert applied_schemes(auto) == expected_schemes(auto, plan)
-    assert worst < 1e-3, f"conservation broken by {worst} ({in_warmup}, then {plan})"
+    # FP16 travels by Horovod's half-precision allreduce, which rounds the sum
+    # itself (2^-11 of it, a step), beyond any residual's reach
+    tol = 2e-3 if warmup_with == "FP16" else 1e-3
+    assert worst < tol, f"conservation broken by {worst} ({in_warmup}, then {plan})"
     assert same_on_all_ranks(plan, "test.autotf.warmup_plan")
 
 

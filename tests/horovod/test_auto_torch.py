@@ -217,7 +217,8 @@ def worst_conservation_error(auto, model, opt, steps, momentum, tag, after_step=
     """Train ``steps`` from a fresh model and return the largest deviation,
     over the steps and elements, of sum over ranks of (what was applied +
     residual held) from the sum of the velocities ``u <- m u + g`` (the
-    gradients where m = 0); ``after_step(step)`` runs after each step."""
+    gradients where m = 0), relative to that sum's largest element where it
+    exceeds 1; ``after_step(step)`` runs after each step."""
     total_grad = {name: torch.zeros(shape) for name, shape in SPECS.items()}
     velocity = {name: torch.zeros(shape) for name, shape in SPECS.items()}
     worst = 0.0
@@ -231,22 +232,23 @@ def worst_conservation_error(auto, model, opt, steps, momentum, tag, after_step=
             mine = held_residual(auto, name, p.shape)
             held = hvd.allreduce(mine, op=hvd.Sum, name=f"test.auto.{tag}.res.{name}.{step}")
             want = hvd.allreduce(total_grad[name], op=hvd.Sum, name=f"test.auto.{tag}.grad.{name}.{step}")
-            worst = max(worst, (applied + held - want).abs().max().item())
+            worst = max(worst, (applied + held - want).abs().max().item() / max(1.0, want.abs().max().item()))
         after_step(step)
     return worst
 
 
+@pytest.mark.parametrize("warmup_with, exclude", [("Int8", ("FP16",)), ("FP16", ())])
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
-def test_a_quantized_warmup_sends_int8_where_dense_clearly_loses_and_keeps_every_gradient(monkeypatch, momentum):
+def test_a_quantized_warmup_rounds_where_dense_clearly_loses_and_keeps_every_gradient(monkeypatch, momentum,
+                                                                                      warmup_with, exclude):
     """A warmup on a link where dense clearly loses (the early probe): the
-    weight travels as Int8 with error feedback for the warmup's 4 steps, the
-    bias dense, and the plan after it is lossy; at every step, summed over
-    ranks, sum(what was applied) + residuals == sum(velocities)."""
+    weight travels as ``warmup_with``'s quantizer with error feedback for the
+    warmup's 4 steps, the bias dense, and the plan after it is lossy; at every
+    step, summed over ranks, sum(what was applied) + residuals == sum(velocities)."""
     auto_links.early_link(SLOW, monkeypatch, auto_calibration, SIZE)
     links([SLOW], monkeypatch)
-    auto = hvd_compress.Auto(calibration_steps=2, warmup_steps=4, warmup_quantized=True, exclude=("FP16",),
-                             codec_costs=CODEC_COSTS,
-                             momentum=momentum)
+    auto = hvd_compress.Auto(calibration_steps=2, warmup_steps=4, warmup_with=warmup_with, exclude=exclude,
+                             codec_costs=CODEC_COSTS, momentum=momentum)
     model, opt = build(auto)
     in_warmup = {}
 
@@ -256,9 +258,12 @@ def test_a_quantized_warmup_sends_int8_where_dense_clearly_loses_and_keeps_every
     worst = worst_conservation_error(auto, model, opt, range(1, 9), momentum, "warmup", record)
     provisional = auto.plan_state.provisional
     assert in_warmup == {**provisional, "planned": False}, in_warmup
-    assert provisional["net.weight"].split("/")[0] == "Int8" and provisional["net.bias"] == "none", provisional
+    assert provisional["net.weight"].split("/")[0] == warmup_with and provisional["net.bias"] == "none", provisional
     assert auto.plan_state.history[0][0] == 4 and auto.current_plan()["net.weight"] != "none", auto.describe()
-    assert worst < 1e-3, f"conservation broken by {worst} ({provisional}, then {auto.current_plan()})"
+    # FP16 travels by Horovod's half-precision allreduce, which rounds the sum
+    # itself (2^-11 of it, a step), beyond any residual's reach
+    tol = 2e-3 if warmup_with == "FP16" else 1e-3
+    assert worst < tol, f"conservation broken by {worst} ({provisional}, then {auto.current_plan()})"
     assert same_on_all_ranks(provisional, "test.auto.warmup_same")
 
 

@@ -189,6 +189,8 @@ def test_predicted_total_and_table():
     (dict(trial_plans=True), "trial_plans"),
     (dict(trial_steps=1), "trial_steps"),
     (dict(trial_steps=4.5), "trial_steps"),
+    (dict(warmup_with="int8"), "warmup_with"),
+    (dict(warmup_with=True), "warmup_with"),
 ])
 def test_bad_arguments_name_the_parameter(kwargs, name):
     with pytest.raises(ValueError, match=name):
@@ -297,18 +299,21 @@ def test_tensorflow_trace_holds_the_predicted_choice():
     assert auto_tf.traced_modes(auto, BIG[0], predicted) == (auto_tf.PLAIN, auto_tf.FLUSH, labels.index("Int8") + 1)
 
 
-@pytest.mark.parametrize("kwargs, link, want", [
-    (dict(warmup_steps=6, warmup_quantized=True), SLOW, "Int8"),
-    (dict(warmup_steps=6, warmup_quantized=True), FAST, "none"),
-    (dict(warmup_steps=6), SLOW, "none"), (dict(warmup_quantized=True), SLOW, "none")])
-def test_tensorflow_a_quantized_warmup_traces_its_quantizer_beside_the_prediction(kwargs, link, want):
+@pytest.mark.parametrize("kwargs, link, want, want_at_4", [
+    (dict(warmup_steps=6, warmup_with="Int8"), SLOW, "Int8", "none"),
+    (dict(warmup_steps=6, warmup_with="FP16"), SLOW, "FP16", "FP16"),
+    (dict(warmup_steps=6, warmup_with="Int8"), FAST, "none", "none"),
+    (dict(warmup_steps=6, warmup_with="FP16"), FAST, "none", "none"),
+    (dict(warmup_steps=6), SLOW, "none", "none"), (dict(warmup_with="FP16"), SLOW, "none", "none")])
+def test_tensorflow_a_quantized_warmup_traces_its_quantizer_beside_the_prediction(kwargs, link, want, want_at_4):
     """In a warmup on a link where dense clearly loses, a trace holds ``none``,
-    the flush (the warmup leaves a residual), Int8 by allgather (never the
-    two-phase candidate, which TensorFlow's Auto does not run) and the
-    predicted choice; the choice is kept in the plan state.  Without a warmup,
-    or with ``warmup_quantized=False``, TensorFlow's calibration stays dense.
-    At 4 ranks an 8-bit allgather halves a ring allreduce's bytes only: short
-    of the margin, so dense."""
+    the flush (the warmup leaves a residual), the warmup's quantizer by
+    allgather or allreduce (never a two-phase candidate, which TensorFlow's
+    Auto does not run) and the predicted choice; the choice is kept in the
+    plan state.  Without a warmup, or with ``warmup_with="none"``,
+    TensorFlow's calibration stays dense.  At 4 ranks an 8-bit allgather
+    halves a ring allreduce's bytes only, short of Int8's 2x margin, so dense
+    there; FP16's allreduce halves them at any size, past FP16's margin."""
     pytest.importorskip("tensorflow")
     from hvd_compress.auto import tf_auto as auto_tf
     auto = _tf_auto(**kwargs)
@@ -322,7 +327,7 @@ def test_tensorflow_a_quantized_warmup_traces_its_quantizer_beside_the_predictio
         (auto_tf.PLAIN,) + ((auto_tf.FLUSH,) if want != "none" else ()) + tuple(sorted(modes)))
     four = _tf_auto(**kwargs)
     four.plan_state.early_link = link
-    assert auto_tf.warmup_label(four, BIG[0], 4) == "none"
+    assert auto_tf.warmup_label(four, BIG[0], 4) == want_at_4
     auto.plan_state.history.append((6, {BIG[0]: Choice("none", 0.0, 0.0, None)}, 0))
     # the plan in force: none, and the flush where the warmup left a residual
     assert auto_tf.traced_modes(auto, BIG[0], predicted) == (
@@ -717,7 +722,7 @@ def test_a_compressed_calibration_flushes_its_residual_when_the_plan_is_none():
 
 
 def test_a_dense_warmup_probes_early_and_the_first_plan_waits_for_its_end():
-    """``warmup_steps`` (``warmup_quantized=False``, the default): every planned tensor is
+    """``warmup_steps`` (``warmup_with="none"``, the default): every planned tensor is
     sent dense (with Auto's momentum, without a residual: nothing is held back);
     the early probe runs all the same, once (it caps the decision's probe
     sizes); the first decision runs at the communication after the warmup, not
@@ -733,20 +738,22 @@ def test_a_dense_warmup_probes_early_and_the_first_plan_waits_for_its_end():
     assert decided == [6] and len(cal.probed) == 1 and auto.steps_before_plan == 6
     assert auto.plan_state.early_link is not None and auto.plan_state.provisional == {BIG[0]: "none"}
     assert auto.describe() == "Auto: calibrating (6 steps before the first plan)"
-    assert auto.config()["warmup_steps"] == 6 and auto.config()["warmup_quantized"] is False
+    assert auto.config()["warmup_steps"] == 6 and auto.config()["warmup_with"] == "none"
     auto._framework = "torch"
     auto.replan_after_reset()
     assert auto.plan_state.next_check == 3
 
 
-@pytest.mark.parametrize("size, link, label", [(2, SLOW, "Int8"), (4, SLOW, "Int8/two_phase"),
-                                               (4, FAST, "none")])
-def test_a_warmup_rounds_where_dense_clearly_loses_and_leaves_nothing_out(size, link, label):
+@pytest.mark.parametrize("warmup_with, size, link, label", [
+    ("Int8", 2, SLOW, "Int8"), ("Int8", 4, SLOW, "Int8/two_phase"), ("Int8", 4, FAST, "none"),
+    ("FP16", 2, SLOW, "FP16"), ("FP16", 4, SLOW, "FP16"), ("FP16", 4, FAST, "none")])
+def test_a_warmup_rounds_where_dense_clearly_loses_and_leaves_nothing_out(warmup_with, size, link, label):
     """During a warmup a tensor a plain allreduce clearly loses on is sent as
-    Int8 with error feedback (two-phase from 4 ranks, where an allgather sends
-    the payload N-1 times), never a sparsifier; elsewhere dense.  After the
-    warmup an elastic re-plan may calibrate with Top-K 10% again."""
-    auto = hvd_compress.Auto(calibration_steps=2, warmup_steps=6, momentum=0.9, warmup_quantized=True,
+    ``warmup_with``'s quantizer with error feedback (Int8: two-phase from 4
+    ranks, where an allgather sends the payload N-1 times; FP16 by Horovod's
+    allreduce), never a sparsifier; elsewhere dense.  After the warmup an
+    elastic re-plan may calibrate with Top-K 10% again."""
+    auto = hvd_compress.Auto(calibration_steps=2, warmup_steps=6, momentum=0.9, warmup_with=warmup_with,
                              codec_costs={"TopK(0.01)": 1e-12})
     auto.measurements = cal = OneRankCalibration(link, size)
     auto.decide = lambda start, *a, **k: None
@@ -756,9 +763,9 @@ def test_a_warmup_rounds_where_dense_clearly_loses_and_leaves_nothing_out(size, 
     if label == "none":
         assert phase.scheme.name == "NoCompression" and phase.memory is auto.dense_memory
     else:  # every element kept, rounded; the rounding stays in the residual (momentum's memory)
-        assert phase.scheme.name == "Int8" and phase.memory is auto.feedback_memory
-        assert phase.transport == ("two_phase" if size > 2 else "allgather")
-    assert auto.config()["warmup_quantized"] is True and hvd_compress.Auto().warmup_quantized is False
+        assert phase.scheme.name == label.split("/")[0] and phase.memory is auto.feedback_memory
+        assert phase.transport == ("two_phase" if label.endswith("/two_phase") else "allgather")
+    assert auto.config()["warmup_with"] == warmup_with and hvd_compress.Auto().warmup_with == "none"
     auto._framework = "torch"
     auto.replan_after_reset()
     auto.plan_for(BIG[0], *BIG[1])
@@ -770,7 +777,7 @@ def test_a_quantized_warmup_and_the_plan_share_one_feedback_memory():
     in the one feedback memory, so it carries across the switch
     (tests/horovod/test_auto_torch.py checks the sums under horovodrun)."""
     auto = hvd_compress.Auto(calibration_steps=1, warmup_steps=3, codec_costs={"TopK(0.01)": 1e-12},
-                             warmup_quantized=True)
+                             warmup_with="Int8")
     auto.measurements = OneRankCalibration(SLOW)
     auto.plan_for(BIG[0], *BIG[1])
     plain = Choice("TopK(0.01)", 1.0, 2.0, 1000)

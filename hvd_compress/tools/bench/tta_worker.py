@@ -147,7 +147,7 @@ def _record(a, spec, seed, curve, placement, size, steps, comp, extra=None):
     if hasattr(comp, "current_plan"):  # Auto: the plan in force at the end, and where it came from
         rec["auto_plan"] = comp.current_plan()
         config = comp.config()
-        rec["auto_config"] = {k: config[k] for k in ("warmup_steps", "warmup_quantized", "dense_below",
+        rec["auto_config"] = {k: config[k] for k in ("warmup_steps", "warmup_with", "dense_below",
                                                      "calibration_steps")}
         # where its start-up went: each check's seconds and the step each plan took force from
         state = comp.plan_state
