@@ -8,11 +8,13 @@ blocking collectives cannot interleave with a rank's gradients in flight.
 from __future__ import annotations
 
 import json
+import math
 import time
 
 import torch
 
 from .planner import PlanMismatchError, timed_row
+from .probe import EARLY_REPEAT_BELOW_S, fastest_of
 from ..cross_rank import stable_hash
 from ..schemes.base import EncodeContext
 
@@ -39,17 +41,23 @@ def require_global_process_set():
                                   f"compressor or hvd_compress.Policy there")
 
 
-def _time_allreduces(numels, prefix, process_set):
+def _time_allreduces(numels, prefix, process_set, repeat_below_s=math.inf):
+    """Each size's fastest blocking allreduce (:func:`~hvd_compress.auto.probe.fastest_of`);
+    ``repeat_below_s``: repeat a size only where its first took at most that
+    long on every rank (agreed under ``<prefix>.<numel>.first``)."""
     import horovod.torch as hvd
     out = []
     for numel in numels:
         x = torch.ones(int(numel), dtype=torch.float32)
-        best = float("inf")
-        for i in range(REPEATS):
-            t0 = time.perf_counter()
+
+        def run(i):
             hvd.allreduce(x, name=f"{prefix}.{numel}.{i}", op=hvd.Sum, process_set=process_set)
-            best = min(best, time.perf_counter() - t0)
-        out.append(best)
+
+        def agree_max(seconds):
+            got = hvd.allreduce(torch.tensor([seconds], dtype=torch.float64), name=f"{prefix}.{numel}.first",
+                                op=hvd.Max, process_set=process_set)
+            return float(got[0])
+        out.append(fastest_of(run, REPEATS, agree_max if math.isfinite(repeat_below_s) else None, repeat_below_s))
     return out
 
 
@@ -61,8 +69,9 @@ def probe_link(numels, version, process_set):
 
 def probe_early(numels, process_set):
     """The same timings at the first ``compress``, to choose how to
-    calibrate (names ``hvdc.auto.probe_early.<numel>.<i>``)."""
-    return _time_allreduces(numels, "hvdc.auto.probe_early", process_set)
+    calibrate (names ``hvdc.auto.probe_early.<numel>.<i>``), a size timed
+    once where it took over :data:`~hvd_compress.auto.probe.EARLY_REPEAT_BELOW_S`."""
+    return _time_allreduces(numels, "hvdc.auto.probe_early", process_set, EARLY_REPEAT_BELOW_S)
 
 
 def _codec_once(B, scheme, x, residual, shape, size, ctx, ws):

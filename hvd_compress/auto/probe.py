@@ -4,6 +4,7 @@ times, before the first step and at each decision, to fit the link
 from __future__ import annotations
 
 import math
+import time
 
 from ..costmodel.machine import with_wait_floor
 from ..costmodel.model import LINK_ONLY
@@ -25,6 +26,29 @@ DEFAULT_PROBE_NUMELS = (1 << 10, 1 << 16, 1 << 20)
 #: probe's fit, or the last decision's) moves in this many seconds per
 #: allreduce: on a slow link the largest default size alone would cost seconds
 PROBE_BUDGET_S = 0.1
+#: the early probe times a size again only where its first allreduce took at
+#: most this long on every rank: at 17 Mbit/s and 4 ranks one 1 MB allreduce
+#: takes about 0.7 s, so three of them cost 2.7 s of a 40 s training run
+#: (docs/results/tta_auto_warmup.json, ``auto_check_seconds``), and an
+#: allreduce that long is all bandwidth, timed well enough once
+EARLY_REPEAT_BELOW_S = 0.2
+
+
+def fastest_of(run, repeats, agree_max=None, repeat_below_s=math.inf):
+    """Seconds of the fastest of up to ``repeats`` calls ``run(i)``.  Where
+    ``agree_max`` is given (the largest of every rank's value, by a
+    collective), the first call's time is agreed on, and a first call slower
+    than ``repeat_below_s`` on any rank is not repeated: every rank then
+    issues the same calls (collectives under the same names), whatever its
+    own clock read."""
+    best = math.inf
+    for i in range(repeats):
+        t0 = time.perf_counter()
+        run(i)
+        best = min(best, time.perf_counter() - t0)
+        if i == 0 and agree_max is not None and agree_max(best) > repeat_below_s:
+            break
+    return best
 
 
 def probe_numels_for(numels, link, workers, machine=LINK_ONLY):

@@ -92,6 +92,7 @@ from typing import Any
 import tensorflow as tf
 
 from .planner import NONE_LABEL, PlanMismatchError
+from .probe import EARLY_REPEAT_BELOW_S, fastest_of
 from ..compressor import Phase
 from ..cross_rank import stable_hash
 from ..schemes.base import EncodeContext
@@ -165,18 +166,22 @@ def world():
     return hvd.global_process_set, hvd.size(), hvd.rank()
 
 
-def _time_allreduces(numels, prefix, process_set):
+def _time_allreduces(numels, prefix, process_set, repeat_below_s=math.inf):
+    """As PyTorch's (:func:`hvd_compress.auto.calibration._time_allreduces`)."""
     import horovod.tensorflow as hvd
     out = []
     for numel in numels:
         x = tf.ones([int(numel)], tf.float32)
-        best = float("inf")
-        for i in range(REPEATS):
-            t0 = time.perf_counter()
+
+        def run(i):
             hvd.allreduce(x, name=f"{prefix}.{numel}.{i}", op=hvd.Sum, process_set=process_set,
                           ignore_name_scope=True).numpy()
-            best = min(best, time.perf_counter() - t0)
-        out.append(best)
+
+        def agree_max(seconds):
+            got = hvd.allreduce(tf.constant([seconds], tf.float64), name=f"{prefix}.{numel}.first", op=hvd.Max,
+                                process_set=process_set, ignore_name_scope=True)
+            return float(got.numpy()[0])
+        out.append(fastest_of(run, REPEATS, agree_max if math.isfinite(repeat_below_s) else None, repeat_below_s))
     return out
 
 
@@ -188,8 +193,10 @@ def probe_link(numels, version, process_set):
 
 def probe_early(numels, process_set):
     """The same timings at the first trace, for the trace's predictions
-    (names ``hvdc.auto.probe_early.<numel>.<i>``, as PyTorch's early probe)."""
-    return _time_allreduces(numels, "hvdc.auto.probe_early", process_set)
+    (names ``hvdc.auto.probe_early.<numel>.<i>``, as PyTorch's early probe,
+    a size timed once where it took over
+    :data:`~hvd_compress.auto.probe.EARLY_REPEAT_BELOW_S`)."""
+    return _time_allreduces(numels, "hvdc.auto.probe_early", process_set, EARLY_REPEAT_BELOW_S)
 
 
 def _codec_fn(B, scheme, shape, size, feedback):
