@@ -8,13 +8,12 @@ blocking collectives cannot interleave with a rank's gradients in flight.
 from __future__ import annotations
 
 import json
-import math
 import time
 
 import torch
 
 from .planner import PlanMismatchError, timed_row
-from .probe import EARLY_REPEAT_BELOW_S, fastest_of
+from .probe import REPEAT_BELOW_S, fastest_of
 from ..cross_rank import stable_hash
 from ..schemes.base import EncodeContext
 
@@ -41,10 +40,11 @@ def require_global_process_set():
                                   f"compressor or hvd_compress.Policy there")
 
 
-def _time_allreduces(numels, prefix, process_set, repeat_below_s=math.inf):
-    """Each size's fastest blocking allreduce (:func:`~hvd_compress.auto.probe.fastest_of`);
-    ``repeat_below_s``: repeat a size only where its first took at most that
-    long on every rank (agreed under ``<prefix>.<numel>.first``)."""
+def _time_allreduces(numels, prefix, process_set):
+    """Each size's fastest blocking allreduce (:func:`~hvd_compress.auto.probe.fastest_of`),
+    repeated only where its first took at most
+    :data:`~hvd_compress.auto.probe.REPEAT_BELOW_S` on every rank (agreed
+    under ``<prefix>.<numel>.first``)."""
     import horovod.torch as hvd
     out = []
     for numel in numels:
@@ -57,21 +57,20 @@ def _time_allreduces(numels, prefix, process_set, repeat_below_s=math.inf):
             got = hvd.allreduce(torch.tensor([seconds], dtype=torch.float64), name=f"{prefix}.{numel}.first",
                                 op=hvd.Max, process_set=process_set)
             return float(got[0])
-        out.append(fastest_of(run, REPEATS, agree_max if math.isfinite(repeat_below_s) else None, repeat_below_s))
+        out.append(fastest_of(run, REPEATS, agree_max, REPEAT_BELOW_S))
     return out
 
 
 def probe_link(numels, version, process_set):
-    """Seconds of a blocking fp32 allreduce of each size, minimum of
+    """Seconds of a blocking fp32 allreduce of each size, the fastest of up to
     :data:`REPEATS`, under names ``hvdc.auto.probe.<version>.<numel>.<i>``."""
     return _time_allreduces(numels, f"hvdc.auto.probe.{version}", process_set)
 
 
 def probe_early(numels, process_set):
     """The same timings at the first ``compress``, to choose how to
-    calibrate (names ``hvdc.auto.probe_early.<numel>.<i>``), a size timed
-    once where it took over :data:`~hvd_compress.auto.probe.EARLY_REPEAT_BELOW_S`."""
-    return _time_allreduces(numels, "hvdc.auto.probe_early", process_set, EARLY_REPEAT_BELOW_S)
+    calibrate (names ``hvdc.auto.probe_early.<numel>.<i>``)."""
+    return _time_allreduces(numels, "hvdc.auto.probe_early", process_set)
 
 
 def _codec_once(B, scheme, x, residual, shape, size, ctx, ws):

@@ -26,12 +26,14 @@ DEFAULT_PROBE_NUMELS = (1 << 10, 1 << 16, 1 << 20)
 #: probe's fit, or the last decision's) moves in this many seconds per
 #: allreduce: on a slow link the largest default size alone would cost seconds
 PROBE_BUDGET_S = 0.1
-#: the early probe times a size again only where its first allreduce took at
-#: most this long on every rank: at 17 Mbit/s and 4 ranks one 1 MB allreduce
-#: takes about 0.7 s, so three of them cost 2.7 s of a 40 s training run
-#: (docs/results/tta_auto_warmup.json, ``auto_check_seconds``), and an
-#: allreduce that long is all bandwidth, timed well enough once
-EARLY_REPEAT_BELOW_S = 0.2
+#: a probe (early or a decision's) times a size again only where its first
+#: allreduce took at most this long on every rank: at 17 Mbit/s and 4 ranks
+#: one 1 MB allreduce takes about 0.7 s, so the early probe's three took 2.6-3.0
+#: s of a 45 s training run, and where 4 ranks share 2 cores a decision's
+#: largest probe (up to 16M elements, 64 MB) took 2.1 s in three
+#: (docs/results/tta_auto_warmup_fp16_run1.json, ``auto_check_seconds``); an
+#: allreduce that long is mostly bandwidth, timed well enough once
+REPEAT_BELOW_S = 0.2
 
 
 def fastest_of(run, repeats, agree_max=None, repeat_below_s=math.inf):

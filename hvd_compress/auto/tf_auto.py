@@ -92,7 +92,7 @@ from typing import Any
 import tensorflow as tf
 
 from .planner import NONE_LABEL, PlanMismatchError
-from .probe import EARLY_REPEAT_BELOW_S, fastest_of
+from .probe import REPEAT_BELOW_S, fastest_of
 from ..compressor import Phase
 from ..cross_rank import stable_hash
 from ..schemes.base import EncodeContext
@@ -166,7 +166,7 @@ def world():
     return hvd.global_process_set, hvd.size(), hvd.rank()
 
 
-def _time_allreduces(numels, prefix, process_set, repeat_below_s=math.inf):
+def _time_allreduces(numels, prefix, process_set):
     """As PyTorch's (:func:`hvd_compress.auto.calibration._time_allreduces`)."""
     import horovod.tensorflow as hvd
     out = []
@@ -181,22 +181,20 @@ def _time_allreduces(numels, prefix, process_set, repeat_below_s=math.inf):
             got = hvd.allreduce(tf.constant([seconds], tf.float64), name=f"{prefix}.{numel}.first", op=hvd.Max,
                                 process_set=process_set, ignore_name_scope=True)
             return float(got.numpy()[0])
-        out.append(fastest_of(run, REPEATS, agree_max if math.isfinite(repeat_below_s) else None, repeat_below_s))
+        out.append(fastest_of(run, REPEATS, agree_max, REPEAT_BELOW_S))
     return out
 
 
 def probe_link(numels, version, process_set):
-    """Seconds of a blocking fp32 allreduce of each size (minimum of :data:`REPEATS`),
-    under names ``hvdc.auto.probe.<version>.<numel>.<i>``."""
+    """Seconds of a blocking fp32 allreduce of each size (the fastest of up to
+    :data:`REPEATS`, as PyTorch's), under names ``hvdc.auto.probe.<version>.<numel>.<i>``."""
     return _time_allreduces(numels, f"hvdc.auto.probe.{version}", process_set)
 
 
 def probe_early(numels, process_set):
     """The same timings at the first trace, for the trace's predictions
-    (names ``hvdc.auto.probe_early.<numel>.<i>``, as PyTorch's early probe,
-    a size timed once where it took over
-    :data:`~hvd_compress.auto.probe.EARLY_REPEAT_BELOW_S`)."""
-    return _time_allreduces(numels, "hvdc.auto.probe_early", process_set, EARLY_REPEAT_BELOW_S)
+    (names ``hvdc.auto.probe_early.<numel>.<i>``, as PyTorch's early probe)."""
+    return _time_allreduces(numels, "hvdc.auto.probe_early", process_set)
 
 
 def _codec_fn(B, scheme, shape, size, feedback):

@@ -291,9 +291,11 @@ def test_a_quantized_warmup_runs_its_quantizer_in_the_first_trace_and_keeps_ever
     assert same_on_all_ranks(plan, "test.autotf.warmup_plan")
 
 
-def test_the_early_probe_repeats_a_size_alike_on_every_rank_whatever_each_read(monkeypatch):
-    """As in PyTorch: rank 1's clock reads every allreduce of the early probe
-    as 1 s, rank 0's as what it took; both ranks time each size once."""
+@pytest.mark.parametrize("probe_name", ["probe_early", "probe_link"])
+def test_a_probe_repeats_a_size_alike_on_every_rank_whatever_each_read(monkeypatch, probe_name):
+    """As in PyTorch: rank 1's clock reads every allreduce of a probe (the
+    early one or a decision's) as 1 s, rank 0's as what it took; both ranks
+    time each size once."""
     import types
     from hvd_compress.auto import probe
     names, real = [], hvd.allreduce
@@ -305,10 +307,13 @@ def test_the_early_probe_repeats_a_size_alike_on_every_rank_whatever_each_read(m
     if hvd.rank() == 1:
         ticks = iter(range(100))
         monkeypatch.setattr(probe, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
-    seconds = auto_tf.probe_early((1024, 4096), hvd.global_process_set)
-    assert names == [f"hvdc.auto.probe_early.{n}.{i}" for n in (1024, 4096) for i in ("0", "first")], names
+    if probe_name == "probe_early":
+        prefix, seconds = "hvdc.auto.probe_early", auto_tf.probe_early((1024, 4096), hvd.global_process_set)
+    else:
+        prefix, seconds = "hvdc.auto.probe.7", auto_tf.probe_link((1024, 4096), "7", hvd.global_process_set)
+    assert names == [f"{prefix}.{n}.{i}" for n in (1024, 4096) for i in ("0", "first")], names
     assert len(seconds) == 2 and (hvd.rank() != 1 or seconds == [1.0, 1.0]), seconds
-    assert same_on_all_ranks(names, "test.autotf.early_probe_names")
+    assert same_on_all_ranks(names, f"test.autotf.probe_names.{probe_name}")
 
 
 def test_legacy_optimizer(monkeypatch):

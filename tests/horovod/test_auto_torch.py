@@ -267,11 +267,12 @@ def test_a_quantized_warmup_rounds_where_dense_clearly_loses_and_keeps_every_gra
     assert same_on_all_ranks(provisional, "test.auto.warmup_same")
 
 
-def test_the_early_probe_repeats_a_size_alike_on_every_rank_whatever_each_read(monkeypatch):
-    """Rank 1's clock reads every allreduce of the early probe as 1 s, rank
-    0's as what it took: the first allreduce of each size is agreed to be
-    slow, and both ranks time each size once (no rank waits for a repeat the
-    other skipped)."""
+@pytest.mark.parametrize("probe_name", ["probe_early", "probe_link"])
+def test_a_probe_repeats_a_size_alike_on_every_rank_whatever_each_read(monkeypatch, probe_name):
+    """Rank 1's clock reads every allreduce of a probe (the early one or a
+    decision's) as 1 s, rank 0's as what it took: the first allreduce of each
+    size is agreed to be slow, and both ranks time each size once (no rank
+    waits for a repeat the other skipped)."""
     import types
     from hvd_compress.auto import probe
     names, real = [], hvd.allreduce
@@ -283,10 +284,13 @@ def test_the_early_probe_repeats_a_size_alike_on_every_rank_whatever_each_read(m
     if hvd.rank() == 1:
         ticks = iter(range(100))
         monkeypatch.setattr(probe, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
-    seconds = auto_calibration.probe_early((1024, 4096), hvd.global_process_set)
-    assert names == [f"hvdc.auto.probe_early.{n}.{i}" for n in (1024, 4096) for i in ("0", "first")], names
+    if probe_name == "probe_early":
+        prefix, seconds = "hvdc.auto.probe_early", auto_calibration.probe_early((1024, 4096), hvd.global_process_set)
+    else:
+        prefix, seconds = "hvdc.auto.probe.7", auto_calibration.probe_link((1024, 4096), "7", hvd.global_process_set)
+    assert names == [f"{prefix}.{n}.{i}" for n in (1024, 4096) for i in ("0", "first")], names
     assert len(seconds) == 2 and (hvd.rank() != 1 or seconds == [1.0, 1.0]), seconds
-    assert same_on_all_ranks(names, "test.auto.early_probe_names")
+    assert same_on_all_ranks(names, f"test.auto.probe_names.{probe_name}")
 
 
 def test_resume_keeps_the_plan(monkeypatch):

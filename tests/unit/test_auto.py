@@ -927,17 +927,17 @@ def test_on_shared_cores_the_largest_probe_outweighs_the_waits():
 
 
 @pytest.mark.parametrize("agreed_first_s, calls", [(0.7, [0]), (0.05, [0, 1, 2]), (None, [0, 1, 2])])
-def test_the_early_probe_repeats_a_size_only_where_every_rank_timed_it_fast(agreed_first_s, calls):
+def test_a_probe_repeats_a_size_only_where_every_rank_timed_it_fast(agreed_first_s, calls):
     """A size whose first allreduce took over the threshold on some rank (the
     agreed maximum) is timed once, on every rank alike; under it, or without
-    an agreement (the decisions' probes), the fastest of the repeats."""
-    from hvd_compress.auto.probe import EARLY_REPEAT_BELOW_S, fastest_of
+    an agreement, the fastest of the repeats."""
+    from hvd_compress.auto.probe import REPEAT_BELOW_S, fastest_of
     ran, agreed = [], []
 
     def agree_max(seconds):
         agreed.append(seconds)
         return agreed_first_s
-    best = fastest_of(ran.append, 3, agree_max if agreed_first_s is not None else None, EARLY_REPEAT_BELOW_S)
+    best = fastest_of(ran.append, 3, agree_max if agreed_first_s is not None else None, REPEAT_BELOW_S)
     assert ran == calls and len(agreed) == (agreed_first_s is not None) and 0 <= best < 1
 
 
