@@ -202,17 +202,19 @@ class Auto(Compressor):
             probe's link shows a plain allreduce clearly losing
             (:data:`hvd_compress.auto.provisional.WARMUP_CHOICES`), with
             error feedback, instead of dense (needs ``calibrate_compressed``):
-            ``"FP16"`` (default), half precision where predicted at least
-            1.67x faster; ``"none"``, always dense; ``"Int8"``, Int8 or FP16
+            ``"none"`` (default), always dense; ``"FP16"``, half precision
+            where predicted at least 1.67x faster; ``"Int8"``, Int8 or FP16
             where predicted at least 2x faster, by the transport the cost model
             prefers (TensorFlow: by allgather; its trace then holds that mode
-            too).  Why: rounding leaves no element out, and on such a link
-            the dense warmup costs most of a short run; on the MNIST CNN at 4
-            ranks and 17 Mbit/s the FP16 warmup epoch ran 1.7x faster than
-            the dense one, while the Int8 warmup's runs took more steps to
-            dense's accuracy (docs/results/tta.md, "Auto()'s warmup").
-            Horovod sums FP16 in half precision (its range ends at 65504):
-            ``"none"`` where gradients can be that large.
+            too).  Rounding leaves no element out, and on such a link the dense
+            warmup costs most of a short run: on the MNIST CNN at 4 ranks and
+            17 Mbit/s the FP16 warmup epoch ran 1.7x faster than the dense one.
+            Why dense by default: a warmup exists because early training is
+            fragile, and there the rounding can tip it; in TensorFlow one seed
+            of three diverged during an FP16 warmup where the dense one
+            recovered, and the Int8 warmup's runs took more steps to dense's
+            accuracy (docs/results/tta.md, "Auto()'s warmup").  Horovod sums
+            FP16 in half precision (its range ends at 65504).
         dense_below: tensors of at most this many elements are always sent
             dense (with Auto's momentum) and not planned.  Why: biases and norm
             scales are a few percent of the bytes, and compressing them costs
@@ -275,7 +277,7 @@ class Auto(Compressor):
                  min_topk_ratio=0.01, powersgd_rank=4, include_sign=False, min_gain=0.1, replan_threshold=0.1,
                  probe_numels=DEFAULT_PROBE_NUMELS, exclude=(), seed=0, momentum=0.0, nesterov=False,
                  codec_costs=None, calibrate_compressed=True, two_phase=True, warmup_steps=0, dense_below=0,
-                 trial_plans=3, trial_steps=4, warmup_with="FP16"):
+                 trial_plans=3, trial_steps=4, warmup_with="none"):
         from ..feedback.memory import MomentumMemory, momentum_memory
         from ..policy import Rule
         from ..schemes import NoCompression

@@ -305,7 +305,7 @@ def test_tensorflow_trace_holds_the_predicted_choice():
     (dict(warmup_steps=6, warmup_with="Int8"), FAST, "none", "none"),
     (dict(warmup_steps=6, warmup_with="FP16"), FAST, "none", "none"),
     (dict(warmup_steps=6, warmup_with="none"), SLOW, "none", "none"),
-    (dict(warmup_steps=6), SLOW, "FP16", "FP16"), (dict(warmup_with="FP16"), SLOW, "none", "none")])
+    (dict(warmup_steps=6), SLOW, "none", "none"), (dict(warmup_with="FP16"), SLOW, "none", "none")])
 def test_tensorflow_a_quantized_warmup_traces_its_quantizer_beside_the_prediction(kwargs, link, want, want_at_4):
     """In a warmup on a link where dense clearly loses, a trace holds ``none``,
     the flush (the warmup leaves a residual), the warmup's quantizer by
@@ -723,14 +723,13 @@ def test_a_compressed_calibration_flushes_its_residual_when_the_plan_is_none():
 
 
 def test_a_dense_warmup_probes_early_and_the_first_plan_waits_for_its_end():
-    """``warmup_steps`` with ``warmup_with="none"``: every planned tensor is
+    """``warmup_steps`` (``warmup_with="none"``, the default): every planned tensor is
     sent dense (with Auto's momentum, without a residual: nothing is held back);
     the early probe runs all the same, once (it caps the decision's probe
     sizes); the first decision runs at the communication after the warmup, not
     after the calibration; an elastic re-plan calibrates only."""
     costs = {"TopK(0.01)": 1e-12}
-    auto = hvd_compress.Auto(calibration_steps=2, warmup_steps=6, codec_costs=costs, momentum=0.9,
-                             warmup_with="none")
+    auto = hvd_compress.Auto(calibration_steps=2, warmup_steps=6, codec_costs=costs, momentum=0.9)
     auto.measurements = cal = OneRankCalibration(SLOW)
     decided = []
     auto.decide = lambda start, *a, **k: decided.append(start)
@@ -767,7 +766,7 @@ def test_a_warmup_rounds_where_dense_clearly_loses_and_leaves_nothing_out(warmup
     else:  # every element kept, rounded; the rounding stays in the residual (momentum's memory)
         assert phase.scheme.name == label.split("/")[0] and phase.memory is auto.feedback_memory
         assert phase.transport == ("two_phase" if label.endswith("/two_phase") else "allgather")
-    assert auto.config()["warmup_with"] == warmup_with and hvd_compress.Auto().warmup_with == "FP16"
+    assert auto.config()["warmup_with"] == warmup_with and hvd_compress.Auto().warmup_with == "none"
     auto._framework = "torch"
     auto.replan_after_reset()
     auto.plan_for(BIG[0], *BIG[1])
