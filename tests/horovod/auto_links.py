@@ -48,3 +48,25 @@ def misread_plan_on(rank, this_rank, auto, monkeypatch):
     monkeypatch.setattr(auto, "labels_from_indices",
                         lambda keys, idx: {k: ("Int8" if v == "none" else "none")
                                            for k, v in original(keys, idx).items()})
+
+
+def probe_with_clocks_apart(hvd, module, probe_name, monkeypatch):
+    """Run ``module``'s (``calibration`` or ``tf_auto``) early probe or a
+    decision's (``probe_name``: ``"probe_early"`` or ``"probe_link"``, version
+    "7") over sizes 1024 and 4096 while rank 1's clock reads every allreduce as
+    1 s and rank 0's as what it took; returns (the collective names this rank
+    issued, their prefix, the seconds the probe returned)."""
+    import types
+    from hvd_compress.auto import probe
+    names, real = [], hvd.allreduce
+
+    def counting(tensor, name=None, **kwargs):
+        names.append(name)
+        return real(tensor, name=name, **kwargs)
+    monkeypatch.setattr(hvd, "allreduce", counting)
+    if hvd.rank() == 1:
+        ticks = iter(range(100))
+        monkeypatch.setattr(probe, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+    if probe_name == "probe_early":
+        return names, "hvdc.auto.probe_early", module.probe_early((1024, 4096), hvd.global_process_set)
+    return names, "hvdc.auto.probe.7", module.probe_link((1024, 4096), "7", hvd.global_process_set)

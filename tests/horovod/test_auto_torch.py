@@ -273,21 +273,7 @@ def test_a_probe_repeats_a_size_alike_on_every_rank_whatever_each_read(monkeypat
     decision's) as 1 s, rank 0's as what it took: the first allreduce of each
     size is agreed to be slow, and both ranks time each size once (no rank
     waits for a repeat the other skipped)."""
-    import types
-    from hvd_compress.auto import probe
-    names, real = [], hvd.allreduce
-
-    def counting(tensor, name=None, **kwargs):
-        names.append(name)
-        return real(tensor, name=name, **kwargs)
-    monkeypatch.setattr(hvd, "allreduce", counting)
-    if hvd.rank() == 1:
-        ticks = iter(range(100))
-        monkeypatch.setattr(probe, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
-    if probe_name == "probe_early":
-        prefix, seconds = "hvdc.auto.probe_early", auto_calibration.probe_early((1024, 4096), hvd.global_process_set)
-    else:
-        prefix, seconds = "hvdc.auto.probe.7", auto_calibration.probe_link((1024, 4096), "7", hvd.global_process_set)
+    names, prefix, seconds = auto_links.probe_with_clocks_apart(hvd, auto_calibration, probe_name, monkeypatch)
     assert names == [f"{prefix}.{n}.{i}" for n in (1024, 4096) for i in ("0", "first")], names
     assert len(seconds) == 2 and (hvd.rank() != 1 or seconds == [1.0, 1.0]), seconds
     assert same_on_all_ranks(names, f"test.auto.probe_names.{probe_name}")
