@@ -13,7 +13,7 @@ import time
 import torch
 
 from .planner import PlanMismatchError, timed_row
-from .probe import REPEAT_BELOW_S, fastest_of
+from .probe import fastest_of
 from ..cross_rank import stable_hash
 from ..schemes.base import EncodeContext
 
@@ -57,7 +57,7 @@ def _time_allreduces(numels, prefix, process_set):
             got = hvd.allreduce(torch.tensor([seconds], dtype=torch.float64), name=f"{prefix}.{numel}.first",
                                 op=hvd.Max, process_set=process_set)
             return float(got[0])
-        out.append(fastest_of(run, REPEATS, agree_max, REPEAT_BELOW_S))
+        out.append(fastest_of(run, REPEATS, agree_max))
     return out
 
 

@@ -208,7 +208,7 @@ class Auto(Compressor):
             prefers (TensorFlow: by allgather; its trace then holds that mode
             too).  Rounding leaves no element out, and on such a link the dense
             warmup costs most of a short run: on the MNIST CNN at 4 ranks and
-            17 Mbit/s the FP16 warmup epoch ran 1.7x faster than the dense one.
+            17 Mbit/s the FP16 warmup epoch ran 1.7-1.9x faster than the dense one.
             Why dense by default: a warmup exists because early training is
             fragile, and there the rounding can tip it; in TensorFlow one seed
             of three diverged during an FP16 warmup where the dense one
@@ -475,7 +475,7 @@ class Auto(Compressor):
         :func:`~hvd_compress.auto.provisional.provisional_choice` picks at that
         warmup's margin (``two_phase=False``: by allgather only, as TensorFlow
         runs them)."""
-        if not self.calibrate_compressed:
+        if not self.calibrate_compressed or self.warmup_with == NONE_LABEL:
             return NONE_LABEL
         safe = [c for c in provisional_candidates(self.candidates, warmup=self.warmup_with)
                 if two_phase or c.transport == "allgather"]

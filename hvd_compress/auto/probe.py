@@ -36,19 +36,19 @@ PROBE_BUDGET_S = 0.1
 REPEAT_BELOW_S = 0.2
 
 
-def fastest_of(run, repeats, agree_max=None, repeat_below_s=math.inf):
-    """Seconds of the fastest of up to ``repeats`` calls ``run(i)``.  Where
-    ``agree_max`` is given (the largest of every rank's value, by a
-    collective), the first call's time is agreed on, and a first call slower
-    than ``repeat_below_s`` on any rank is not repeated: every rank then
-    issues the same calls (collectives under the same names), whatever its
-    own clock read."""
+def fastest_of(run, repeats, agree_max):
+    """Seconds of the fastest of up to ``repeats`` calls ``run(i)``.  The
+    first call's time is agreed on by ``agree_max`` (the largest of every
+    rank's value, by a collective), and a first call slower than
+    :data:`REPEAT_BELOW_S` on any rank is not repeated: every rank then issues
+    the same calls (collectives under the same names), whatever its own clock
+    read."""
     best = math.inf
     for i in range(repeats):
         t0 = time.perf_counter()
         run(i)
         best = min(best, time.perf_counter() - t0)
-        if i == 0 and agree_max is not None and agree_max(best) > repeat_below_s:
+        if i == 0 and agree_max(best) > REPEAT_BELOW_S:
             break
     return best
 

@@ -23,8 +23,8 @@ PROVISIONAL_LABELS = ("FP16", "Int8", "TopK(0.1)")
 #:   allreduce), where predicted at least 1/(1-0.4) = 1.67x faster: FP16 halves
 #:   the bytes at best, so the margin asks for a link that sets the tensor's
 #:   time, and keeps a fast link (which ranks sharing cores may read as slow)
-#:   dense.  On the MNIST CNN at 4 ranks its warmup epoch ran 1.6x faster than
-#:   dense at 17 Mbit/s (docs/results/tta.md, "Auto()'s warmup").
+#:   dense.  On the MNIST CNN at 4 ranks its warmup epoch ran 1.7-1.9x faster
+#:   than dense at 17 Mbit/s (docs/results/tta.md, "Auto()'s warmup").
 #: - ``"Int8"``: the best of FP16 and Int8 (by two-phase from 4 ranks, where an
 #:   allgather sends an 8-bit payload N-1 times), where predicted at least 2x
 #:   faster.  Its warmup runs faster still, but the CNN's runs then took more

@@ -92,7 +92,7 @@ from typing import Any
 import tensorflow as tf
 
 from .planner import NONE_LABEL, PlanMismatchError
-from .probe import REPEAT_BELOW_S, fastest_of
+from .probe import fastest_of
 from ..compressor import Phase
 from ..cross_rank import stable_hash
 from ..schemes.base import EncodeContext
@@ -181,7 +181,7 @@ def _time_allreduces(numels, prefix, process_set):
             got = hvd.allreduce(tf.constant([seconds], tf.float64), name=f"{prefix}.{numel}.first", op=hvd.Max,
                                 process_set=process_set, ignore_name_scope=True)
             return float(got.numpy()[0])
-        out.append(fastest_of(run, REPEATS, agree_max, REPEAT_BELOW_S))
+        out.append(fastest_of(run, REPEATS, agree_max))
     return out
 
 

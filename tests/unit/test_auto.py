@@ -925,19 +925,19 @@ def test_on_shared_cores_the_largest_probe_outweighs_the_waits():
     assert slow[:2] == DEFAULT_PROBE_NUMELS[:2] and seconds == pytest.approx(0.1, rel=1e-3)
 
 
-@pytest.mark.parametrize("agreed_first_s, calls", [(0.7, [0]), (0.05, [0, 1, 2]), (None, [0, 1, 2])])
+@pytest.mark.parametrize("agreed_first_s, calls", [(0.7, [0]), (0.05, [0, 1, 2])])
 def test_a_probe_repeats_a_size_only_where_every_rank_timed_it_fast(agreed_first_s, calls):
     """A size whose first allreduce took over the threshold on some rank (the
-    agreed maximum) is timed once, on every rank alike; under it, or without
-    an agreement, the fastest of the repeats."""
-    from hvd_compress.auto.probe import REPEAT_BELOW_S, fastest_of
+    agreed maximum) is timed once, on every rank alike; under it, the fastest
+    of the repeats."""
+    from hvd_compress.auto.probe import fastest_of
     ran, agreed = [], []
 
     def agree_max(seconds):
         agreed.append(seconds)
         return agreed_first_s
-    best = fastest_of(ran.append, 3, agree_max if agreed_first_s is not None else None, REPEAT_BELOW_S)
-    assert ran == calls and len(agreed) == (agreed_first_s is not None) and 0 <= best < 1
+    best = fastest_of(ran.append, 3, agree_max)
+    assert ran == calls and len(agreed) == 1 and 0 <= best < 1
 
 
 # ResNet-50 at 2 ranks sharing 2 cores (`hvd-compress bench models --models resnet50 --frameworks
