@@ -9,8 +9,10 @@ every ``eval_every`` steps (:mod:`hvd_compress.tools.bench.tta_worker`).
 **Target.** Dense training's final held-out accuracy, the median over the seeds, minus the
 scheme's tolerance in the recipe table (:func:`hvd_compress.tools.recipes.tolerance_of`;
 ``none``: 0).  A run reaches it at the first evaluation at or above it (:func:`first_reach`);
-one that does not within its ``steps`` is "not reached" with that budget: nothing is
-extrapolated.
+one that does not within its budget is "not reached" with that budget: nothing is
+extrapolated.  The budget is the model's ``steps``, or its multiple where the scheme's recipe
+says so (:func:`hvd_compress.tools.recipes.budget_steps`: the sparsifiers on the transformer);
+dense always trains ``steps``, so the target is the accuracy dense training reaches today.
 
 **Links.** ``unshaped``, and ``1gbit``, ``10gbit``, ``100gbit``: the rates at which dense
 training's communication-to-compute ratio equals that of ``stands_for`` (ResNet-50 or
@@ -42,7 +44,7 @@ import tempfile
 import time
 
 from ..link_mapping import REFERENCE_GBIT, map_links
-from ..recipes import WARMUP_EPOCHS, is_auto_spec, per_model, recipe_of_spec, tolerance_of
+from ..recipes import WARMUP_EPOCHS, budget_steps, is_auto_spec, per_model, recipe_of_spec, tolerance_of
 from .e2e import clean_log, run_launch
 from .report import Progress, write_json
 from .specs import HOROVOD_SPECS, parse_spec, split_specs
@@ -140,14 +142,26 @@ class Session:
         self.env = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1",
                     "OMP_NUM_THREADS": str(a["threads"])}
 
-    def launch(self, label, schemes, seeds, time_steps=0, compute_steps=0):
+    def launch_budgets(self, label, schemes, seeds, compute_steps=0):
+        """The curves of ``schemes``: one launch per step budget among them (the model's first),
+        the records in one list."""
+        a, groups = self.a, {}
+        for s in schemes:
+            groups.setdefault(budget_steps(s, a["model"], a["steps"]), []).append(s)
+        recs = []
+        for steps in sorted(groups, key=lambda n: n != a["steps"]):
+            tag = "" if steps == a["steps"] else f", {steps} steps"
+            recs += self.launch(label + tag, groups[steps], seeds, compute_steps=compute_steps, steps=steps)
+        return recs
+
+    def launch(self, label, schemes, seeds, time_steps=0, compute_steps=0, steps=None):
         """One horovodrun of the worker: its records (those finished before a failure)."""
         a = self.a
         self.launches += 1
         out = os.path.join(self.tmp, f"launch{self.launches}.json")
         cmd = [sys.executable, "-m", "hvd_compress.tools.bench.tta_worker", "--framework", a["framework"],
                "--model", a["model"], "--schemes", ",".join(schemes), "--seeds", ",".join(map(str, seeds)),
-               "--steps", str(a["steps"]), "--eval-every", str(a["eval_every"]), "--threads", str(a["threads"]),
+               "--steps", str(steps or a["steps"]), "--eval-every", str(a["eval_every"]), "--threads", str(a["threads"]),
                "--iface", self.c.iface, "--out", out, "--time-steps", str(time_steps),
                "--compute-steps", str(compute_steps)]
         argv = self.c.horovodrun_command(cmd, np=a["workers"], controller="gloo", extra=["--start-timeout", "180"])
@@ -215,8 +229,7 @@ def run(framework="torch", model="cnn", schemes=DEFAULT_SCHEMES, seeds="1,2,3", 
         c.set_rate(None)
         meta["latency_s"] = measure_rtt_s(c) / 2
         curves = (_saved_curves(curves_from, a, schemes, seeds) if curves_from else
-                  ses.launch("curves (unshaped)", fixed + auto_specs, seeds,
-                             compute_steps=3))
+                  ses.launch_budgets("curves (unshaped)", fixed + auto_specs, seeds, compute_steps=3))
         prog.step("curves", f"{len(curves)} runs")
         if save_curves and not curves_from:
             write_json(save_curves, curves)
@@ -241,8 +254,8 @@ def run(framework="torch", model="cnn", schemes=DEFAULT_SCHEMES, seeds="1,2,3", 
             if auto_specs and link != "unshaped":  # Auto chooses by link: every seed runs there
                 autos[link] = ses.launch(f"Auto ({link})", auto_specs, seeds)
             if link == validate_link:
-                measured_val = ses.launch(f"validation ({link})", split_specs(validate_schemes) if validate_schemes
-                                          else fixed, [seeds[0]])
+                measured_val = ses.launch_budgets(f"validation ({link})", split_specs(validate_schemes)
+                                                  if validate_schemes else fixed, [seeds[0]])
             prog.step(f"link {link} ({rates[link] or 'unshaped'} Mbit/s)", ", ".join(
                 f"{k} {v * 1e3:.0f} ms" for k, v in times.get(link, {}).items() if v))
         meta["step_times_s"], meta["link_mbit"] = times, rates
@@ -277,9 +290,10 @@ def _saved_curves(path, a, schemes, seeds):
         recs = json.load(f)
     got = {(r["scheme"], r["seed"]) for r in recs}
     want = {(s, seed) for s in schemes for seed in seeds}
-    if want - got or any(r["steps"] != a["steps"] or r["workers"] != a["workers"] for r in recs):
+    if want - got or any(r["steps"] != budget_steps(r["scheme"], a["model"], a["steps"])
+                         or r["workers"] != a["workers"] for r in recs):
         raise ValueError(f"curves_from: {path} lacks {sorted(want - got)} or has other steps/ranks than "
-                         f"{a['steps']}/{a['workers']}")
+                         f"{a['steps']} (the recipes' budgets)/{a['workers']}")
     return [r for r in recs if (r["scheme"], r["seed"]) in want]
 
 
