@@ -396,7 +396,10 @@ def main():
             rows = json.load(f)
         if args.report == "plots":
             return plot_all(rows, args.outdir or os.path.join(REPO, "docs/results"))
-        print(recipe_table(rows, brief=args.report == "summary") if args.report in ("recipes", "summary")
+        tta_path = os.path.join(args.outdir or os.path.join(REPO, "docs/results"), "tta.json")
+        tta_rows = json.load(open(tta_path)) if os.path.exists(tta_path) else []
+        print(recipe_table(rows, brief=args.report == "summary", tta_rows=tta_rows)
+              if args.report in ("recipes", "summary")
               else ramp_gains(rows) if args.report == "ramps" else report(rows))
         return None
     placements = args.placement.split(",")

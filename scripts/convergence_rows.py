@@ -6,11 +6,12 @@ Nothing here trains; the tests import it without Horovod."""
 from __future__ import annotations
 
 import math
+import statistics
 
 # the recipe table lives in the package, where ``hvd-compress bench tta`` reads its tolerances too
 from hvd_compress.tools.recipes import (DENSE, DENSE_BELOW_WITH_EMBEDDINGS, MODEL_EPOCHS,  # noqa: F401
                                        MODEL_LR_PER_RANK, RAMP_EPOCHS, RECIPES, TOPK_WITHOUT_EF, Recipe,
-                                       per_model)
+                                       per_model, recipe_of_spec)
 
 #: where SGD's momentum 0.9 lives: the optimizer, or the compressor (momentum-aware error feedback)
 PLACEMENTS = ("optimizer", "compressor")
@@ -396,6 +397,13 @@ def _ramp_text(ramp):
     return "ratio ramp (" + ", ".join(f"{m}: {e:g} epoch{'s' if e != 1 else ''} a stage" for m, e in ramps if e) + ")"
 
 
+def _budget_text(budget):
+    """"2x the steps on the transformer, judged by time to target"."""
+    longer = ", ".join(f"{b:g}x the steps on the {m}" for m, b in budget.items() if b != 1) if isinstance(
+        budget, dict) else f"{budget:g}x the steps"
+    return longer + ", judged by time to target"
+
+
 def _dense_below_text(dense_below):
     """"dense <= 1024 elements", or per model where the models differ."""
     if not isinstance(dense_below, dict):
@@ -492,10 +500,43 @@ def _seeds_note(n):
     return "" if n == TARGET_SEEDS else f" ({n} seed{'s' if n != 1 else ''})"
 
 
-def recipe_table(rows, brief=False):
+#: a recipe judged by time to target must reach it within this many times dense's steps (the median
+#: over dense's seeds that reached its own target of their steps to it)
+TTA_STEPS_FACTOR = 1.5
+
+
+def time_to_target_verdict(tta_rows, group, recipe):
+    """Where ``recipe`` trains longer than dense on ``group``'s model (its budget), its criterion is
+    time to target: ``(met, text)`` from ``bench tta``'s measured unshaped rows of the same
+    framework, model and ranks (docs/results/tta.json), or None where it has none.  Met: every
+    seed reached dense's accuracy less the tolerance within :data:`TTA_STEPS_FACTOR` times dense's
+    steps to its own."""
+    fw, model, ranks = group[:3]
+    if per_model(recipe.budget, model) == 1:
+        return None
+
+    def mine(scheme_of):
+        return [r for r in tta_rows if (r["framework"], r["model"], r["workers"], r["link"]) == (fw, model, ranks,
+                "unshaped") and r["measured"] and scheme_of(r["scheme"])]
+    own = mine(lambda s: s != "none" and s != "hvd_fp16" and not s.startswith("Auto")
+               and recipe_of_spec(s) is recipe)
+    dense = [r["steps_to_target"] for r in mine(lambda s: s == "none") if r["reached"]]
+    if not own or not dense:
+        return None
+    dense_steps = statistics.median(dense)
+    reached = [r["steps_to_target"] for r in own if r["reached"]]
+    met = len(reached) == len(own) and max(reached) <= TTA_STEPS_FACTOR * dense_steps
+    most = f", at most {max(reached)} steps" if reached else ""
+    return met, (f"time to target: {len(reached)}/{len(own)} seeds{most} (dense: "
+                 f"{dense_steps:g}; budget {own[0]['budget_steps']})")
+
+
+def recipe_table(rows, brief=False, tta_rows=()):
     """Markdown: one line per recipe, one column per (framework, model, ranks); a cell is
     mean ± spread over the seeds and the difference to dense ± its standard error,
     marked where the target is not met ("not met") or the row has fewer than 3 seeds.
+    A recipe whose step budget on a model is longer than dense's (``Recipe.budget``) is judged
+    there by time to target, from ``tta_rows`` (:func:`time_to_target_verdict`).
     ``brief`` (``--report summary``): the scheme and the cells only, without the standard error."""
     rows = [r for r in map(with_recipe, rows) if _optimizer(r) == "SGD"]
     heads = [group_title(g) for g in RECIPE_GROUPS]
@@ -516,6 +557,8 @@ def recipe_table(rows, brief=False):
             recipe.append("dense warmup")
         if rec.params.get("ramp"):
             recipe.append(_ramp_text(rec.params["ramp"]))
+        if rec.budget != 1:
+            recipe.append(_budget_text(rec.budget))
         cells = []
         for group, base in zip(RECIPE_GROUPS, dense):
             r = _recipe_row(rows, group, rec)
@@ -524,9 +567,13 @@ def recipe_table(rows, brief=False):
                 continue
             d, se = versus_dense(r, base)
             mark = "" if tol is None or d >= -tol else " not met"
+            verdict = time_to_target_verdict(tta_rows, group, rec)
+            if verdict and mark:
+                mark = " not met at dense's length"
+            tail = "" if not verdict else "; " + verdict[1] + ("" if verdict[0] else " not met")
             se = "" if brief else f" ± {se:.2f}"
             cells.append(f"{r['final_test_accuracy']:.2f} ± {r.get('final_test_accuracy_std', 0):.2f} "
-                         f"({_signed(d)}{se})" + mark + _seeds_note(len(r.get("seeds") or [])))
+                         f"({_signed(d)}{se})" + mark + _seeds_note(len(r.get("seeds") or [])) + tail)
         if brief:
             out.append(f"| `{rec.label}` | " + " | ".join(cells) + " |")
             continue

@@ -168,7 +168,7 @@ def _add_tta(bsub):
     t.add_argument("--prefix", default="tta", help="cluster name prefix (default %(default)s)")
     t.add_argument("--out", default=os.path.join(RESULTS, "tta.json"), help="JSON the rows are appended to "
                    "(default %(default)s)")
-    t.add_argument("--png", default=None, help="plot (default: the JSON path with -<framework>-<model>.png)")
+    t.add_argument("--png", default=None, help="plot (default: the JSON path with -<framework>-<model>.png, -np<N> before .png at N ranks other than 4)")
     t.add_argument("--report", action="store_true", help="run nothing: print --out's rows as the "
                    "time-to-dense-accuracy table")
 

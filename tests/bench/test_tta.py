@@ -82,6 +82,12 @@ def test_the_table_gives_speedups_at_the_schemes_target_and_names_missing_cells(
     assert cells["EFSignSGD()"]["time_s"] is None
     text = tta.markdown(rows)
     assert "not reached (0/1 seeds)" in text and "2.0 s, 2.00x" in text
+    # the same model at 2 ranks is a table of its own: no cell mixes rank counts
+    two = [dict(r, workers=2, curve=_curve([80.0, 85.0, 90.5], seconds=1.0)) for r in rows[:2]]
+    cells = {(c["workers"], c["scheme"]): c for c in tta.speedups(rows + two)}
+    assert cells[(4, "TopK(0.01)")]["vs_none"] == pytest.approx(2.0) and cells[(2, "TopK(0.01)")]["time_s"] == 3.0
+    both = tta.markdown(rows + two)
+    assert "**torch cnn, 2 ranks**" in both and "**torch cnn, 4 ranks**" in both
 
 
 def test_the_mapping_table_says_which_cluster_each_link_stands_for():

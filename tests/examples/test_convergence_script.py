@@ -47,12 +47,12 @@ def test_recipe_flags_reach_schemes_not_baselines_and_baselines_stay_unless_name
     assert [(c[1], c[2]) for c in cfgs if c[1] in ("fp16", "int8")] == [("fp16", False), ("int8", True)]
 
 
-def _row(scheme, acc, seeds=(1, 2, 3), ef=True, placement="compressor", **recipe):
-    argv = (convergence.recipe_for("torch", "cnn") + ["--compression", scheme]
+def _row(scheme, acc, seeds=(1, 2, 3), ef=True, placement="compressor", model="cnn", ranks=2, **recipe):
+    argv = (convergence.recipe_for("torch", model) + ["--compression", scheme]
             + sum(([f"--{k.replace('_', '-')}", str(v)] for k, v in recipe.items()), []))
-    return {"framework": "torch", "model": "cnn", "ranks": 2, "scheme": scheme, "error_feedback": ef,
+    return {"framework": "torch", "model": model, "ranks": ranks, "scheme": scheme, "error_feedback": ef,
             "momentum_placement": placement, "final_test_accuracy": acc, "final_test_accuracy_std": 0.1,
-            "seeds": list(seeds), "recipe": convergence_rows.recipe_of(argv, 2, placement)}
+            "seeds": list(seeds), "recipe": convergence_rows.recipe_of(argv, ranks, placement)}
 
 
 def test_a_ratio_ramp_is_a_row_of_its_own_and_shown_in_the_per_row_tables():
@@ -143,6 +143,44 @@ def test_recipe_table_gives_the_difference_with_its_standard_error():
     brief = convergence_rows.recipe_table([base, tuned], brief=True).splitlines()
     assert brief[0].startswith("| scheme | torch cnn 2 ranks |") and brief[1].startswith("|---|---:|")
     assert any(l.startswith("| `TopK(0.01)` | 97.00 ± 0.40 (-1.00) not met | not measured |") for l in brief)
+
+
+def _tta(scheme, seed, steps, ranks=4, model="transformer", budget=1280):
+    return {"framework": "torch", "model": model, "workers": ranks, "link": "unshaped", "measured": True,
+            "scheme": scheme, "seed": seed, "reached": steps is not None, "steps_to_target": steps,
+            "budget_steps": budget}
+
+
+def test_a_recipe_with_a_longer_budget_is_judged_by_time_to_target_where_bench_tta_measured_it():
+    group = ("torch", "transformer", 4, 0.0, 20, "")
+    topk = next(r for r in convergence_rows.RECIPES if r.label == "TopK(0.01)")
+    dense = [_tta("none", s, n, budget=640) for s, n in ((1, 608), (2, 576), (3, None))]
+    met = dense + [_tta("TopK(0.01)", s, n) for s, n in ((1, 640), (2, 864), (3, 800))]
+    assert convergence_rows.time_to_target_verdict(met, group, topk) == (
+        True, "time to target: 3/3 seeds, at most 864 steps (dense: 592; budget 1280)")
+    # past 1.5x dense's median steps (608 and 576; seed 3 did not reach: 592; 1.5x: 888), or a seed short: not met
+    assert not convergence_rows.time_to_target_verdict(dense + [_tta("TopK(0.01)", 1, 896)], group, topk)[0]
+    short = convergence_rows.time_to_target_verdict(dense + [_tta("TopK(0.01)", 1, 640), _tta("TopK(0.01)", 2, None)],
+                                                   group, topk)
+    assert short == (False, "time to target: 1/2 seeds, at most 640 steps (dense: 592; budget 1280)")
+    # no rows of this column, or a recipe that trains dense's length: the fixed-length criterion
+    assert convergence_rows.time_to_target_verdict(met, ("torch", "transformer", 2, 0.0, 20, ""), topk) is None
+    assert convergence_rows.time_to_target_verdict(met, ("torch", "cnn", 4, 0.0, 10, ""), topk) is None
+    int8 = next(r for r in convergence_rows.RECIPES if r.label == "Int8()")
+    assert convergence_rows.time_to_target_verdict(met, group, int8) is None
+
+
+def test_the_recipe_table_says_which_cells_time_to_target_judges():
+    base = dict(_row("none", 92.0, ef=False, placement="optimizer", model="transformer", ranks=4),
+                final_test_accuracy_std=0.3)
+    topk = dict(_row("topk", 91.0, ratio=0.01, dense_below=2048, warmup_steps=63, model="transformer", ranks=4),
+                final_test_accuracy_std=0.4)
+    tta_rows = [_tta("none", 1, 608, budget=640)] + [_tta("TopK(0.01)", s, 700) for s in (1, 2, 3)]
+    line = next(l for l in convergence_rows.recipe_table([base, topk], tta_rows=tta_rows).splitlines()
+                if l.startswith("| `TopK(0.01)`"))
+    assert "2x the steps on the transformer, judged by time to target" in line
+    assert ("(-1.00 ± 0.29) not met at dense's length; time to target: 3/3 seeds, at most 700 steps "
+            "(dense: 608; budget 1280) |") in line  # one dense seed: its steps
 
 
 def test_versus_dense_pairs_the_seeds_and_takes_only_the_rows_own_from_a_longer_dense_row():
@@ -386,6 +424,8 @@ def test_the_docs_print_the_reports_of_the_committed_results():
     def text(path):
         with open(os.path.join(REPO, path)) as f:
             return f.read()
-    assert convergence_rows.recipe_table(rows) in text("docs/results/convergence.md")
+    with open(os.path.join(REPO, "docs", "results", "tta.json")) as f:
+        tta_rows = json.load(f)
+    assert convergence_rows.recipe_table(rows, tta_rows=tta_rows) in text("docs/results/convergence.md")
     assert convergence_rows.ramp_gains(rows) in text("docs/results/convergence.md")
     assert convergence_rows.report(rows).strip("\n") in text("docs/results/convergence_rows.md")

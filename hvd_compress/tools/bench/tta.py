@@ -355,11 +355,16 @@ def append_rows(path, rows, meta):
     write_json(meta_path, runs + [meta])
 
 
-def _pick(rows, model, framework, link, scheme):
+def _cell_key(row):
+    """What makes one cell of the table: a model, framework and rank count, a link and a scheme."""
+    return row["model"], row["framework"], row["workers"], row["link"], row["scheme"]
+
+
+def _pick(rows, model, framework, workers, link, scheme):
     """The rows of one cell; where a link has both, the combined ones: every fixed scheme's cell
     on a shaped link then rests on the same step-time measurement (the validation runs are
     compared with them in the run's meta)."""
-    sel = [r for r in rows if (r["model"], r["framework"], r["link"], r["scheme"]) == (model, framework, link, scheme)]
+    sel = [r for r in rows if _cell_key(r) == (model, framework, workers, link, scheme)]
     return [r for r in sel if not r["measured"]] or sel
 
 
@@ -371,19 +376,20 @@ def time_to(rows, target):
 
 
 def speedups(rows):
-    """Per (model, framework, link, scheme): the scheme's median time to its target, and
+    """Per (model, framework, ranks, link, scheme): the scheme's median time to its target, and
     ``none``'s and ``hvd_fp16``'s median time to the same target, from their curves on the link."""
     out = []
-    for key in sorted({(r["model"], r["framework"], r["link"], r["scheme"]) for r in rows}, key=str):
-        model, fw, link, scheme = key
+    for key in sorted({_cell_key(r) for r in rows}, key=str):
+        model, fw, workers, link, scheme = key
         mine = _pick(rows, *key)
         target = mine[0]["target"]
         t, hit, n = time_to(mine, target)
-        cell = {"model": model, "framework": fw, "link": link, "link_mbit": mine[0]["link_mbit"], "scheme": scheme,
+        cell = {"model": model, "framework": fw, "workers": workers, "link": link, "link_mbit": mine[0]["link_mbit"],
+                "scheme": scheme,
                 "target": target, "time_s": t, "reached": hit, "seeds": n,
                 "measured": all(r["measured"] for r in mine)}
         for base in ("none", "hvd_fp16"):
-            b = _pick(rows, model, fw, link, base)
+            b = _pick(rows, model, fw, workers, link, base)
             tb = time_to(b, target)[0] if b else None
             cell[f"vs_{base}"] = tb / t if t and tb else None
         out.append(cell)
@@ -395,10 +401,10 @@ def markdown(rows):
     its speedup over ``none`` and Horovod fp16 at that target; a missing cell says why."""
     cells = speedups(rows)
     lines = []
-    for model, fw in sorted({(c["model"], c["framework"]) for c in cells}):
-        mine = [c for c in cells if (c["model"], c["framework"]) == (model, fw)]
+    for model, fw, workers in sorted({(c["model"], c["framework"], c["workers"]) for c in cells}):
+        mine = [c for c in cells if (c["model"], c["framework"], c["workers"]) == (model, fw, workers)]
         links = [x for x in LINKS if any(c["link"] == x for c in mine)]
-        lines += [f"**{fw} {model}** ({mine[0]['seeds']} seed(s) where measured; time to target in s, speedup vs "
+        lines += [f"**{fw} {model}, {workers} ranks** ({mine[0]['seeds']} seed(s) where measured; time to target in s, speedup vs "
                   "none / vs Horovod fp16; `m`: measured end to end, `c`: combined from steps x step time)", "",
                   "| scheme | " + " | ".join(f"{x} ({next(c['link_mbit'] for c in mine if c['link'] == x) or '-'} "
                                             "Mbit/s)" for x in links) + " |",
@@ -429,6 +435,7 @@ def plot(rows, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
     links = [x for x in LINKS if any(r["link"] == x for r in rows)]
     schemes = list(dict.fromkeys(r["scheme"] for r in rows))
     fig, axes = plt.subplots(1, len(links), figsize=(4.5 * len(links), 4), sharey=True, squeeze=False)
@@ -440,6 +447,7 @@ def plot(rows, path):
         mb = next((r["link_mbit"] for r in rows if r["link"] == link), None)
         ax.set_title(f"{link} ({mb} Mbit/s)" if mb else link, fontsize=9)
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # a panel spanning less than a decade labels every minor tick
         ax.set_xlabel("training wall-clock [s]")
         ax.grid(alpha=0.3)
         dense = [r["target"] for r in rows if r["scheme"] == "none"]
@@ -484,7 +492,8 @@ def main_args(args, command) -> int:
             with open(meta) as f:
                 print(mapping_markdown(json.load(f)))
         return 0
-    png = args.png or f"{os.path.splitext(args.out)[0]}-{args.framework}-{args.model}.png"
+    ranks = "" if args.workers == 4 else f"-np{args.workers}"  # another rank count does not draw over the 4 ranks'
+    png = args.png or f"{os.path.splitext(args.out)[0]}-{args.framework}-{args.model}{ranks}.png"
     try:
         rows, meta = run(framework=args.framework, model=args.model, schemes=args.schemes, seeds=args.seeds,
                          links=args.links, stands_for=args.stands_for, workers=args.workers, steps=args.steps,
