@@ -404,8 +404,8 @@ def markdown(rows):
     for model, fw, workers in sorted({(c["model"], c["framework"], c["workers"]) for c in cells}):
         mine = [c for c in cells if (c["model"], c["framework"], c["workers"]) == (model, fw, workers)]
         links = [x for x in LINKS if any(c["link"] == x for c in mine)]
-        lines += [f"**{fw} {model}, {workers} ranks** ({mine[0]['seeds']} seed(s) where measured; time to target in s, speedup vs "
-                  "none / vs Horovod fp16; `m`: measured end to end, `c`: combined from steps x step time)", "",
+        lines += [f"**{fw} {model}, {workers} ranks** ({mine[0]['seeds']} seed(s) where measured; time to target in "
+                  "s, speedup vs none / vs Horovod fp16; `m`: measured end to end, `c`: combined from steps x step time)", "",
                   "| scheme | " + " | ".join(f"{x} ({next(c['link_mbit'] for c in mine if c['link'] == x) or '-'} "
                                             "Mbit/s)" for x in links) + " |",
                   "|---|" + "---:|" * len(links)]
