@@ -397,7 +397,10 @@ def main():
         if args.report == "plots":
             return plot_all(rows, args.outdir or os.path.join(REPO, "docs/results"))
         tta_path = os.path.join(args.outdir or os.path.join(REPO, "docs/results"), "tta.json")
-        tta_rows = json.load(open(tta_path)) if os.path.exists(tta_path) else []
+        tta_rows = []
+        if os.path.exists(tta_path):
+            with open(tta_path) as f:
+                tta_rows = json.load(f)
         print(recipe_table(rows, brief=args.report == "summary", tta_rows=tta_rows)
               if args.report in ("recipes", "summary")
               else ramp_gains(rows) if args.report == "ramps" else report(rows))

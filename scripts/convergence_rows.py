@@ -11,7 +11,7 @@ import statistics
 # the recipe table lives in the package, where ``hvd-compress bench tta`` reads its tolerances too
 from hvd_compress.tools.recipes import (DENSE, DENSE_BELOW_WITH_EMBEDDINGS, MODEL_EPOCHS,  # noqa: F401
                                        MODEL_LR_PER_RANK, RAMP_EPOCHS, RECIPES, TOPK_WITHOUT_EF, Recipe,
-                                       per_model, recipe_of_spec)
+                                       is_auto_spec, per_model, recipe_of_spec)
 
 #: where SGD's momentum 0.9 lives: the optimizer, or the compressor (momentum-aware error feedback)
 PLACEMENTS = ("optimizer", "compressor")
@@ -518,8 +518,7 @@ def time_to_target_verdict(tta_rows, group, recipe):
     def mine(scheme_of):
         return [r for r in tta_rows if (r["framework"], r["model"], r["workers"], r["link"]) == (fw, model, ranks,
                 "unshaped") and r["measured"] and scheme_of(r["scheme"])]
-    own = mine(lambda s: s != "none" and s != "hvd_fp16" and not s.startswith("Auto")
-               and recipe_of_spec(s) is recipe)
+    own = mine(lambda s: not is_auto_spec(s) and recipe_of_spec(s) is recipe)  # Auto has no recipe
     dense = [r["steps_to_target"] for r in mine(lambda s: s == "none") if r["reached"]]
     if not own or not dense:
         return None
