@@ -44,6 +44,13 @@ def pair_swap_min_bytes(chosen=None):
     return n
 
 
+def phase_index(phases, step):
+    """Which of ``phases`` is in force at communication ``step`` (1-based, a
+    Python int): the last one started by then."""
+    done = int(step) - 1
+    return max(j for j, phase in enumerate(phases) if phase.start <= done)
+
+
 @dataclass
 class CallerInfo:
     key: Any  # parameter name, or None when it cannot be found
@@ -194,8 +201,16 @@ class AdapterBase:
         key = info.key if info.key is not None else self._fallback_key(tensor, shape)
         check = self._check_fingerprint(comp, info)
         phases = comp.plan_for(key, numel, shape)
-        call = self._call(comp, key, B.cast(B.flatten(tensor), "float32"), self.roles.store.next_step(key), info,
-                          shape, dtype, numel)
+        step = self.roles.store.next_step(key)
+        if check is None and self._passes_through(phases, step, info, tensor):
+            # Horovod's own ``none``: the gradient itself, nothing to undo.  A
+            # dense tensor of Auto's plan costs what it costs without hvd_compress
+            # beyond finding its key (the call, transport and codec below cost
+            # about as much again: docs/results/benchmarks.md, per-tensor cost).
+            self.roles.store.record_bytes(comp, key, phases[0].scheme, numel, 4 * numel)
+            self.roles.rounds.compressed(key, info)
+            return tensor, None
+        call = self._call(comp, key, B.cast(B.flatten(tensor), "float32"), step, info, shape, dtype, numel)
         if len(phases) == 1:
             out, pending = self._compress_with(phases[0], call)
         else:
@@ -217,11 +232,26 @@ class AdapterBase:
         return Call(roles=self.roles, comp=comp, grad=grad, group=Group(info.rank, info.size, info.process_set),
                     x=x, context=context)
 
+    def _horovod_takes_as_is(self, tensor):
+        """Whether Horovod's own allreduce may be handed ``tensor`` itself, with
+        the phase in force known at ``compress``: eager frameworks (a
+        contiguous float32 tensor); a traced step chooses its phase when it
+        runs (TensorFlow: ``tf.switch_case``)."""
+        return False
+
+    def _passes_through(self, phases, step, info, tensor):
+        """Whether this call's phase sends the gradient as it is, with no
+        memory, for an optimizer's parameter (a direct call's fallback key is
+        released by ``decompress``, so it keeps the full path)."""
+        if info.key is None or not self._horovod_takes_as_is(tensor):
+            return False
+        phase = phases[phase_index(phases, step)]
+        return phase.memory is None and phase.scheme.passes_through
+
     def _compress_scheduled(self, phases, call):
         """Eager frameworks: the phase follows the Python step counter
         (communications done so far, the same on every rank)."""
-        done = int(call.step) - 1
-        i = max(j for j, phase in enumerate(phases) if phase.start <= done)
+        i = phase_index(phases, call.step)
         return self._compress_with(phases[i], call.renamed(f"{call.key}@{i}"))
 
     def _compress_with(self, phase, call):

@@ -65,6 +65,11 @@ class TorchAdapter(AdapterBase):
             horovod_internals.warn_fallback_key(key, "torch")
         return CallerInfo(key, ps, ps.rank(), ps.size(), self._params_of(caller), owns_input=True)
 
+    def _horovod_takes_as_is(self, tensor):
+        # Horovod refuses a non-contiguous tensor ("Tensor is required to be
+        # contiguous"): a channels_last gradient keeps the flattening copy
+        return tensor.dtype == torch.float32 and tensor.is_contiguous()
+
     def _params_of(self, caller):
         """The optimizer's ``[(name, shape)]``, built once per optimizer and
         parameter count: every tensor's call needs it (the round's count), and

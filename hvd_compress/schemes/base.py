@@ -103,6 +103,9 @@ class Scheme:
     #: whether Horovod's Average/Sum scaling applies to the aggregate
     #: (a majority vote is a sign, not a sum, so it opts out)
     apply_op_scale = True
+    #: the payload is the gradient itself, unchanged (NoCompression): without a
+    #: memory, an eager adapter hands the gradient to Horovod as ``none`` does
+    passes_through = False
 
     def transport_for(self, shape) -> str:
         """The transport of a tensor of this shape (PowerSGD sends the

@@ -10,6 +10,7 @@ class NoCompression(Scheme):
     """Dense fp32 (or the gradient's own dtype) through Horovod's allreduce."""
     transport = "allreduce"
     error_feedback_default = False
+    passes_through = True
 
     def encode(self, B, x, ctx):
         return {"reduce": x}, x

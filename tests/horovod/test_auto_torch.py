@@ -302,3 +302,46 @@ def test_resume_keeps_the_plan(monkeypatch):
     applied = {k: v["scheme"] for k, v in resumed.stats.per_tensor().items()}
     assert applied == {k: by_label[label] for k, label in plan.items()}
     assert same_on_all_ranks(resumed.current_plan(), "test.auto.resumed_same")
+
+
+class HandedOver:
+    """Horovod's compression object around ``comp``: records, per call,
+    whether ``compress`` returned the gradient itself with no context."""
+
+    def __init__(self, comp):
+        self.comp, self.as_is = comp, []
+
+    def compress(self, tensor):
+        out, ctx = self.comp.compress(tensor)
+        self.as_is.append(out is tensor and ctx is None)
+        return out, ctx
+
+    def decompress(self, tensor, ctx):
+        return self.comp.decompress(tensor, ctx)
+
+
+def test_a_dense_plan_hands_horovod_the_gradient_itself(monkeypatch):
+    """On the fast link every tensor is planned dense: from the step after the
+    plan (the one after it flushes what the calibration's lossy phase kept),
+    Horovod is handed each gradient as ``none`` hands it (no copy, no
+    transport), the sums are exact and the bytes still counted."""
+    links([FAST], monkeypatch)
+    auto = hvd_compress.Auto(codec_costs=CODEC_COSTS, calibration_steps=1, recheck_every=0)
+    spy = HandedOver(auto)
+    model = Params(SPECS)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0),
+                                   named_parameters=model.named_parameters(), compression=spy, op=hvd.Sum)
+    for step in range(1, 7):
+        train_step(model, opt, step)
+    assert set(auto.current_plan().values()) == {"none"}, auto.describe()
+    assert spy.as_is[-2 * len(SPECS):] == [True] * (2 * len(SPECS)), spy.as_is  # steps 5 and 6
+    want = {name: torch.zeros(shape) for name, shape in SPECS.items()}
+    for step in range(1, 7):
+        for name, g in grads_at(step).items():
+            want[name] += g
+    for name, p in model.named_parameters():
+        total = hvd.allreduce(want[name], op=hvd.Sum, name=f"test.auto.as_is.{name}")
+        residual = hvd.allreduce(held_residual(auto, name, p.shape), op=hvd.Sum, name=f"test.auto.as_is.res.{name}")
+        torch.testing.assert_close(-p.detach() + residual, total, rtol=1e-5, atol=1e-4)
+        stats = auto.stats.per_tensor()[name]
+        assert stats["calls"] == 6 and stats["payload_bytes"] == stats["dense_fp32_bytes"] == 4 * p.numel()

@@ -44,3 +44,29 @@ def test_torch_adapter_builds_the_optimizers_parameter_list_once_per_optimizer()
     second = SimpleNamespace(_parameter_names={1: "x"})
     assert adapter._params_of(caller_of(second)) == [("x", ())]
     assert built == [first, first, second]
+
+
+def test_a_plain_dense_phase_hands_the_gradient_over_as_is():
+    """Only a phase that sends the gradient unchanged (NoCompression, no memory),
+    in force at this step, for an optimizer's parameter whose gradient Horovod's
+    allreduce takes as it is (contiguous float32), skips the call and transport."""
+    torch = pytest.importorskip("torch")
+    from hvd_compress import NoCompression, TopK
+    from hvd_compress.adapters.base import CallerInfo
+    from hvd_compress.adapters.torch_adapter import TorchAdapter
+    from hvd_compress.compressor import Phase
+    from hvd_compress.feedback.memory import MomentumMemory, ResidualMemory
+    adapter, info = TorchAdapter(), CallerInfo("w", None, 0, 2, owns_input=True)
+    dense = [Phase(0, NoCompression().scheme, None, "allgather")]
+    grad = torch.ones(4, 5)
+    assert adapter._passes_through(dense, 1, info, grad)
+    assert not adapter._passes_through(dense, 1, CallerInfo(None, None, 0, 2), grad)  # a direct call
+    assert not adapter._passes_through(dense, 1, info, grad.half())
+    assert not adapter._passes_through(dense, 1, info, grad.t())  # Horovod refuses non-contiguous tensors
+    momentum = [Phase(0, NoCompression().scheme, MomentumMemory(0.9, error_feedback=False), "allgather")]
+    assert not adapter._passes_through(momentum, 1, info, grad)
+    # a lossy phase, then its residual flushed for one step, then plain
+    scheduled = [Phase(0, TopK(0.1).scheme, ResidualMemory(), "allgather"),
+                 Phase(4, NoCompression().scheme, ResidualMemory(), "allgather"),
+                 Phase(5, NoCompression().scheme, None, "allgather")]
+    assert [adapter._passes_through(scheduled, step, info, grad) for step in range(1, 8)] == [False] * 5 + [True] * 2
