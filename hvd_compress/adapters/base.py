@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..cross_rank import stable_hash
+from ..feedback.memory import MomentumMemory
 from ..schemes.base import EncodeContext, SeededDraws
 from ..transports import Call, transport_for
 from ..transports.base import Gradient, Group
@@ -202,12 +203,16 @@ class AdapterBase:
         check = self._check_fingerprint(comp, info)
         phases = comp.plan_for(key, numel, shape)
         step = self.roles.store.next_step(key)
-        if check is None and self._passes_through(phases, step, info, tensor):
-            # Horovod's own ``none``: the gradient itself, nothing to undo.  A
-            # dense tensor of Auto's plan costs what it costs without hvd_compress
-            # beyond finding its key (the call, transport and codec below cost
-            # about as much again: docs/results/benchmarks.md, per-tensor cost).
-            self.roles.store.record_bytes(comp, key, phases[0].scheme, numel, 4 * numel)
+        phase = self._handed_over_as_is(phases, step, info, tensor) if check is None else None
+        if phase is not None:
+            # Horovod's own ``none``: the gradient itself (where the phase keeps a
+            # velocity, overwritten by it in one pass), nothing to undo.  The call,
+            # transport and codec below cost about as much again as Horovod's own
+            # call (docs/results/benchmarks.md, per-tensor cost).
+            if phase.memory is not None:
+                flat = B.flatten(tensor)
+                self.roles.codecs.fused_momentum(phase.memory, key, numel, flat, self.roles.store.workspace(key), flat)
+            self.roles.store.record_bytes(comp, key, phase.scheme, numel, 4 * numel)
             self.roles.rounds.compressed(key, info)
             return tensor, None
         call = self._call(comp, key, B.cast(B.flatten(tensor), "float32"), step, info, shape, dtype, numel)
@@ -239,14 +244,23 @@ class AdapterBase:
         runs (TensorFlow: ``tf.switch_case``)."""
         return False
 
-    def _passes_through(self, phases, step, info, tensor):
-        """Whether this call's phase sends the gradient as it is, with no
-        memory, for an optimizer's parameter (a direct call's fallback key is
-        released by ``decompress``, so it keeps the full path)."""
+    def _handed_over_as_is(self, phases, step, info, tensor):
+        """The phase in force, where it sends the gradient as it is (a
+        ``passes_through`` scheme) with no memory, or with a velocity alone
+        that a fused pass writes into the gradient Horovod replaces anyway;
+        else None.  Only for an optimizer's parameter (a direct call's
+        fallback key is released by ``decompress``, so it keeps the full path)."""
         if info.key is None or not self._horovod_takes_as_is(tensor):
-            return False
+            return None
         phase = phases[phase_index(phases, step)]
-        return phase.memory is None and phase.scheme.passes_through
+        if not phase.scheme.passes_through:
+            return None
+        if phase.memory is None:
+            return phase
+        velocity_only = isinstance(phase.memory, MomentumMemory) and not phase.memory.error_feedback
+        if velocity_only and info.owns_input and self.roles.codecs.fuses_momentum(tensor):
+            return phase
+        return None
 
     def _compress_scheduled(self, phases, call):
         """Eager frameworks: the phase follows the Python step counter

@@ -32,6 +32,10 @@ class NoCodecs:
         ``d + residual``, as the eager path does."""
         raise TypeError("no fused codec runs here, so no fused momentum pass either")
 
+    def fuses_momentum(self, x):
+        """Whether :meth:`fused_momentum` runs on the tensor ``x``."""
+        return False
+
 
 class TorchCodecs(NoCodecs):
     """The PyTorch CPU codecs (:mod:`.torch_fused`, :mod:`.torch_lowrank`)."""
@@ -49,6 +53,10 @@ class TorchCodecs(NoCodecs):
         from .torch_fused import apply_momentum
         return apply_momentum(x, self.store.get_memory(MOMENTUM, key, numel, x), memory, ws, out)
 
+    def fuses_momentum(self, x):
+        from .torch_fused import fuses
+        return fuses(x)
+
 
 class TFCodecs(NoCodecs):
     """The TensorFlow CPU codecs (:mod:`.tf_fused`): graph ops bound to a
@@ -60,6 +68,10 @@ class TFCodecs(NoCodecs):
             return None
         from .tf_fused import codec_for
         return codec_for(scheme, memory, x, self.store)
+
+    def fuses_momentum(self, x):
+        from ..kernels import native
+        return native.enabled()
 
     def fused_momentum(self, memory, key, numel, x, ws, out):
         # One op (the torch path's C kernel) updates the velocity variable in

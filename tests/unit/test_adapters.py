@@ -47,26 +47,58 @@ def test_torch_adapter_builds_the_optimizers_parameter_list_once_per_optimizer()
 
 
 def test_a_plain_dense_phase_hands_the_gradient_over_as_is():
-    """Only a phase that sends the gradient unchanged (NoCompression, no memory),
-    in force at this step, for an optimizer's parameter whose gradient Horovod's
-    allreduce takes as it is (contiguous float32), skips the call and transport."""
+    """Only a phase that sends the gradient unchanged (NoCompression) with no
+    memory, or with a velocity alone that the fused pass writes into the
+    gradient, in force at this step, for an optimizer's parameter whose
+    gradient Horovod's allreduce takes as it is (contiguous float32), skips the
+    call and transport."""
     torch = pytest.importorskip("torch")
     from hvd_compress import NoCompression, TopK
     from hvd_compress.adapters.base import CallerInfo
     from hvd_compress.adapters.torch_adapter import TorchAdapter
+    from hvd_compress.codecs.torch_fused import fuses
     from hvd_compress.compressor import Phase
-    from hvd_compress.feedback.memory import MomentumMemory, ResidualMemory
+    from hvd_compress.feedback.memory import DGCMemory, MomentumMemory, ResidualMemory
     adapter, info = TorchAdapter(), CallerInfo("w", None, 0, 2, owns_input=True)
-    dense = [Phase(0, NoCompression().scheme, None, "allgather")]
+    plain = NoCompression().scheme
+    dense = [Phase(0, plain, None, "allgather")]
     grad = torch.ones(4, 5)
-    assert adapter._passes_through(dense, 1, info, grad)
-    assert not adapter._passes_through(dense, 1, CallerInfo(None, None, 0, 2), grad)  # a direct call
-    assert not adapter._passes_through(dense, 1, info, grad.half())
-    assert not adapter._passes_through(dense, 1, info, grad.t())  # Horovod refuses non-contiguous tensors
-    momentum = [Phase(0, NoCompression().scheme, MomentumMemory(0.9, error_feedback=False), "allgather")]
-    assert not adapter._passes_through(momentum, 1, info, grad)
+    assert adapter._handed_over_as_is(dense, 1, info, grad) is dense[0]
+    assert adapter._handed_over_as_is(dense, 1, CallerInfo(None, None, 0, 2), grad) is None  # a direct call
+    assert adapter._handed_over_as_is(dense, 1, info, grad.half()) is None
+    assert adapter._handed_over_as_is(dense, 1, info, grad.t()) is None  # Horovod refuses non-contiguous tensors
+    velocity = [Phase(0, plain, MomentumMemory(0.9, error_feedback=False), "allgather")]
+    assert adapter._handed_over_as_is(velocity, 1, info, grad) is (velocity[0] if fuses(grad) else None)
+    assert adapter._handed_over_as_is(velocity, 1, CallerInfo("w", None, 0, 2), grad) is None  # not Horovod's buffer
+    for memory in (MomentumMemory(0.9), ResidualMemory(), DGCMemory(0.9)):  # a residual to keep
+        assert adapter._handed_over_as_is([Phase(0, plain, memory, "allgather")], 1, info, grad) is None
     # a lossy phase, then its residual flushed for one step, then plain
     scheduled = [Phase(0, TopK(0.1).scheme, ResidualMemory(), "allgather"),
-                 Phase(4, NoCompression().scheme, ResidualMemory(), "allgather"),
-                 Phase(5, NoCompression().scheme, None, "allgather")]
-    assert [adapter._passes_through(scheduled, step, info, grad) for step in range(1, 8)] == [False] * 5 + [True] * 2
+                 Phase(4, plain, ResidualMemory(), "allgather"), Phase(5, plain, None, "allgather")]
+    assert [adapter._handed_over_as_is(scheduled, step, info, grad) for step in range(1, 8)] == (
+        [None] * 5 + [scheduled[2]] * 2)
+
+
+def test_the_velocity_handed_over_is_momentum_sgds():
+    """The fused pass leaves in the gradient what momentum SGD steps with
+    (``u = m u + g``; Nesterov ``g + m u``) and keeps ``u``."""
+    torch = pytest.importorskip("torch")
+    from hvd_compress.codecs.providers import TorchCodecs
+    from hvd_compress.codecs.torch_fused import fuses
+    from hvd_compress.adapters.torch_store import TorchStore
+    from hvd_compress.feedback.memory import MOMENTUM, MomentumMemory
+    g = torch.arange(6, dtype=torch.float32)
+    if not fuses(g):
+        pytest.skip("the kernels are off here (HVDC_KERNELS=0 or no compiler): the eager path runs")
+    for nesterov in (False, True):
+        store = TorchStore()
+        codecs, u = TorchCodecs(store), torch.zeros(6)
+        memory = MomentumMemory(0.9, nesterov=nesterov, error_feedback=False)
+        for step in range(3):
+            grad = g + step
+            want_u = 0.9 * u + grad
+            want = grad + 0.9 * want_u if nesterov else want_u
+            codecs.fused_momentum(memory, "w", 6, grad, store.workspace("w"), grad)
+            torch.testing.assert_close(grad, want)
+            u = store.get_memory(MOMENTUM, "w", 6, grad)
+            torch.testing.assert_close(u, want_u)
