@@ -33,8 +33,13 @@ Life of an ``Auto``:
    equals the one predicted better) is broadcast, hashed and adopted.  Why:
    the cost model prices compression's in-step cost low, and plans predicted
    within its error of each other can differ in the step by more than it;
-   only the step tells them apart.  Each trial plan is a plan version (a
-   phase), so error feedback carries across them as across any re-plan.
+   only the step tells them apart.  Where the steps before the decision ran
+   every planned tensor dense (a dense warmup, ``calibrate_compressed=False``),
+   the dense plan is one more trial, timed on the last ``trial_steps`` of those
+   steps at no cost: a compressed plan that steps slower than dense did is not
+   kept.  Each trial plan is a plan version (a phase), so error feedback
+   carries across them as across any re-plan; the pick, where it is the plan
+   the last trial ran, stays in force as it is.
 3. **Re-check** every ``recheck_every`` steps: re-probe the link (the codec
    costs are kept) and adopt rank 0's new plan where it is predicted more
    than ``replan_threshold`` faster than the plan in force.
@@ -121,7 +126,8 @@ class AutoPlan:
     #: PyTorch, the first decision's trial plans in the order they run, each a dict:
     #: ``labels`` ({key: label}), ``predicted_s`` (its predicted seconds a step), ``start``
     #: (the communication it runs from; None: not yet), ``local_s`` (this rank's median step
-    #: gap; None: not timed) and ``step_s`` (that median averaged over ranks, once all ran)
+    #: gap; None: not timed), ``step_s`` (that median averaged over ranks, once all ran) and,
+    #: for the dense plan timed on the steps before the decision, ``before`` (True)
     trials: List[dict] = field(default_factory=list)
     #: the trial adopted as the final plan (its index; None: no trial finished)
     trial_pick: Optional[int] = None
@@ -135,6 +141,11 @@ class AutoPlan:
     def in_force(self) -> Optional[Dict[str, Choice]]:
         """``{key: Choice}`` of the plan in force (None during calibration)."""
         return self.history[-1][1] if self.history else None
+
+    def trials_run(self) -> List[dict]:
+        """The trial plans that run steps of their own (not the dense plan
+        timed on the steps before the decision)."""
+        return [t for t in self.trials if not t.get("before")]
 
     def trial_running(self) -> bool:
         """Whether the first decision's trial plans are still being timed."""
@@ -259,9 +270,11 @@ class Auto(Compressor):
             to run in training and time; the fastest measured is adopted (module
             docstring, **Try**).  Why: plans the cost model predicts that close
             can differ in the step by more than that; only the step separates
-            them.  0 or 1: the fresh plan at once, no trial steps; where only
-            the fresh plan is predicted that close, no trial runs either.
-            TensorFlow never runs trials.
+            them.  Where the steps before the decision ran dense, the dense
+            plan joins the trials, timed on those steps (it costs no step).
+            0 or 1: the fresh plan at once, no trial steps; where only the
+            fresh plan is predicted that close and it is dense, no trial runs
+            either.  TensorFlow never runs trials.
         trial_steps: steps each trial plan runs (>= 2: the first is left out of
             its timing).  Tuning: the trials cost up to ``trial_plans x
             trial_steps`` steps under plans predicted within a tenth of a step of
@@ -378,11 +391,20 @@ class Auto(Compressor):
             state.step_times.append(time.perf_counter())
         if not state.history and calls <= self.steps_before_plan:
             self._stretch_span(first_key)
-        if first_key and state.trial_running():
+        if first_key and (state.trial_running() or self._times_the_steps_before_the_plan(calls)):
             state.trial_stamps.append([calls - 1, time.perf_counter()])
         if state.next_check and calls >= state.next_check:
             self._check(calls)
         return self._phases_of(key)
+
+    def _times_the_steps_before_the_plan(self, calls):
+        """PyTorch: whether communication ``calls`` is among the last
+        ``trial_steps`` before the first decision (and the decision's own),
+        which time the plan that ran before it: the dense plan's trial where
+        every planned tensor ran dense (:meth:`_agree_trials`)."""
+        state = self.plan_state
+        return (not state.history and self.trial_plans > 1 and bool(state.next_check)
+                and calls >= state.next_check - self.trial_steps)
 
     def _check(self, calls):
         """At communication ``calls`` (the same on every rank): end a trial, or
@@ -530,27 +552,40 @@ class Auto(Compressor):
         the first plan's labels; where there are more, they are kept in
         ``trials``, the first running from ``start``."""
         state, (ps, size, rank) = self.plan_state, cal.world()
-        width = len(keys)
-        flat = [0] * (2 + self.trial_plans * width)
+        width, head = len(keys), 3
+        dense = {k: NONE_LABEL for k in keys}
+        flat = [0] * (head + self.trial_plans * width)
         if rank == 0:
             index = {c.label: i for i, c in enumerate(self.candidates)}
             found = trial_plans({k: state.tensors[k] for k in keys}, size, state.link, self.candidates,
                                 state.codec_s, self.min_gain, state.machine, state.backward_s, self.trial_plans,
                                 0.1 * (state.step_s or 0.0))
-            flat[:2] = [len(found), pair_swap_for(state.link, size)]
+            dense_ran = (all(state.provisional.get(k, NONE_LABEL) == NONE_LABEL for k in keys)
+                         and all(labels != dense for labels, _ in found))
+            flat[:head] = [len(found), pair_swap_for(state.link, size), int(dense_ran)]
             for i, (labels, _) in enumerate(found):
-                flat[2 + i * width:2 + (i + 1) * width] = [index[labels[k]] for k in keys]
+                flat[head + i * width:head + (i + 1) * width] = [index[labels[k]] for k in keys]
         flat = cal.broadcast_indices(flat, f"trials.{version}", ps)
-        if not 1 <= flat[0] <= self.trial_plans:
-            raise ValueError(f"hvd_compress.Auto: the broadcast trials hold {flat[0]} plans, expected 1 to "
-                             f"{self.trial_plans}")
-        found = [self.labels_from_indices(keys, flat[2 + i * width:2 + (i + 1) * width]) for i in range(flat[0])]
-        cal.check_same_plan(found, f"trials.{version}", ps)
+        if not 1 <= flat[0] <= self.trial_plans or flat[2] not in (0, 1):
+            raise ValueError(f"hvd_compress.Auto: the broadcast trials hold {flat[0]} plans (expected 1 to "
+                             f"{self.trial_plans}) and dense flag {flat[2]} (expected 0 or 1)")
+        found = [self.labels_from_indices(keys, flat[head + i * width:head + (i + 1) * width])
+                 for i in range(flat[0])]
+        cal.check_same_plan(found + [flat[2]], f"trials.{version}", ps)
         self._use_pair_swap(flat[1])
-        if len(found) > 1:
+        if len(found) > 1 or flat[2]:
             state.trials = [{"labels": labels, "predicted_s": self._predicted_s(labels, size), "start": None,
                              "local_s": None, "step_s": None} for labels in found]
             state.trials[0]["start"] = start
+            if flat[2]:
+                # the dense plan ran the steps before this decision: its trial is timed
+                # on them, as a trial is (the first left out), and costs no step
+                before = start - self.trial_steps
+                state.trials.append({"labels": dense, "predicted_s": self._predicted_s(dense, size),
+                                     "start": before, "local_s": self._trial_median(before), "step_s": None,
+                                     "before": True})
+        # what the trials go on timing from here (nothing where none runs)
+        state.trial_stamps = [s for s in state.trial_stamps if s[0] >= start] if state.trials else []
         return found[0]
 
     def _predicted_s(self, labels, size):
@@ -564,14 +599,15 @@ class Auto(Compressor):
         rank's median step of it, then run the next trial plan from ``start``,
         or after the last adopt the fastest (:meth:`_pick_trial`)."""
         state = self.plan_state
-        ran = [t for t in state.trials if t["start"] is not None]
+        ran = [t for t in state.trials_run() if t["start"] is not None]
         ran[-1]["local_s"] = self._trial_median(ran[-1]["start"])
-        if len(ran) == len(state.trials):
+        waiting = [t for t in state.trials if t["start"] is None]
+        if not waiting:
             self._pick_trial(start)
             return
         _, size, rank = self._calibration().world()
-        state.trials[len(ran)]["start"] = start
-        self._adopt(start, state.trials[len(ran)]["labels"], rank, size)
+        waiting[0]["start"] = start
+        self._adopt(start, waiting[0]["labels"], rank, size)
 
     def _trial_median(self, first):
         """This rank's median gap between the first key's calls over a trial
@@ -601,7 +637,9 @@ class Auto(Compressor):
         labels = state.trials[pick]["labels"]
         cal.check_same_plan(labels, f"trial_pick.{version}", ps)
         state.trial_pick, state.trial_stamps = pick, []
-        self._adopt(start, labels, rank, size)
+        current = state.in_force()
+        if {k: c.label for k, c in current.items()} != labels:  # the last trial's plan stays as it is
+            self._adopt(start, labels, rank, size)
 
     def _measure(self, cal, keys, version, size, step_times):
         """Probe the link, time the codecs (first check only: a re-check keeps
@@ -718,7 +756,8 @@ class Auto(Compressor):
             measured = ("not timed" if seconds is None else f"{1e3 * seconds:.1f} ms"
                         + (" (this rank)" if trial["step_s"] is None else ""))
             mark = "  <- adopted" if state.trial_pick == i else ""
-            lines.append(f"  {i + 1}. {counts}: step {measured}, predicted communication "
+            when = " (the steps before the first plan)" if trial.get("before") else ""
+            lines.append(f"  {i + 1}. {counts}: step {measured}{when}, predicted communication "
                          f"{1e3 * trial['predicted_s']:.1f} ms{mark}")
         return "\n" + "\n".join(lines)
 

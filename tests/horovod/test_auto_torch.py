@@ -88,8 +88,9 @@ def test_trial_plans_run_alike_and_end_in_one_plan_on_every_rank(monkeypatch):
     """On the slow link Top-K 1% and PowerSGD are predicted within 8 ms of each
     other for the weight, and the calibration steps last at least 100 ms (so
     a tenth of a step holds both): two or three plans run two steps each on
-    every rank, timed for real, and every rank adopts the one rank 0 picked
-    from the medians averaged over ranks.  The backward span is fixed at 0
+    every rank (and the dense plan, where the calibration ran dense, is timed
+    on the steps before), timed for real, and every rank adopts the one rank 0
+    picked from the medians averaged over ranks.  The backward span is fixed at 0
     as the link is (under load it stretched past the link's time and hid it)."""
     import time
     links([SLOW], monkeypatch)
@@ -101,9 +102,12 @@ def test_trial_plans_run_alike_and_end_in_one_plan_on_every_rank(monkeypatch):
         train_step(model, opt, step)
     state = auto.plan_state
     trials = [t["labels"] for t in state.trials]
-    assert 2 <= len(trials) <= 3 and state.trial_pick is not None, auto.describe()
+    ran = [t["labels"] for t in state.trials if not t.get("before")]  # the dense one: timed before the plan
+    assert 2 <= len(trials) <= 4 and 1 <= len(ran) <= 3 and state.trial_pick is not None, auto.describe()
+    picked = trials[state.trial_pick]
+    final = [] if picked == ran[-1] else [(1 + 2 * len(ran), picked)]  # the last trial's plan stays
     assert [(start, {k: c.label for k, c in choices.items()}) for start, choices, _ in state.history] == (
-        [(1 + 2 * i, labels) for i, labels in enumerate(trials)] + [(1 + 2 * len(trials), trials[state.trial_pick])])
+        [(1 + 2 * i, labels) for i, labels in enumerate(ran)] + final)
     assert all(t["step_s"] is not None for t in state.trials), auto.describe()
     assert same_on_all_ranks([trials, state.trial_pick, [t["step_s"] for t in state.trials]], "test.auto.trials_same")
     by_label = {c.label: c.scheme.name for c in auto.candidates}
@@ -345,3 +349,31 @@ def test_a_dense_plan_hands_horovod_the_gradient_itself(monkeypatch):
         torch.testing.assert_close(-p.detach() + residual, total, rtol=1e-5, atol=1e-4)
         stats = auto.stats.per_tensor()[name]
         assert stats["calls"] == 6 and stats["payload_bytes"] == stats["dense_fp32_bytes"] == 4 * p.numel()
+
+
+def test_a_compressed_plan_slower_than_the_dense_steps_before_it_is_not_kept(monkeypatch):
+    """The calibration ran dense (``calibrate_compressed=False``) and the model
+    plans the weight compressed on the slow link; its trial steps are made
+    slower than the dense steps were: every rank adopts the dense plan rank 0
+    picked, and what the compressed trial held back is sent out in full."""
+    import time
+    links([SLOW], monkeypatch)
+    auto = hvd_compress.Auto(codec_costs=CODEC_COSTS, calibration_steps=3, recheck_every=0, trial_steps=2,
+                             calibrate_compressed=False, trial_plans=2)
+    model, opt = build(auto)
+    want = {name: torch.zeros(shape) for name, shape in SPECS.items()}
+    for step in range(1, 14):
+        compressed = auto.current_plan().get("net.weight", "none") != "none"
+        time.sleep(0.3 if compressed else 0.05)
+        train_step(model, opt, step)
+        for name, g in grads_at(step).items():
+            want[name] += g
+    state = auto.plan_state
+    dense = state.trials[-1]
+    assert dense.get("before") and state.trial_pick == len(state.trials) - 1, auto.describe()
+    assert any(label != "none" for t in state.trials_run() for label in t["labels"].values()), auto.describe()
+    assert set(auto.current_plan().values()) == {"none"} and same_on_all_ranks(
+        [state.trial_pick, [t["step_s"] for t in state.trials]], "test.auto.dense_trial_same")
+    for name, p in model.named_parameters():  # lr 1, op Sum: the parameters are minus the sum of gradients
+        total = hvd.allreduce(want[name], op=hvd.Sum, name=f"test.auto.dense_trial.{name}")
+        torch.testing.assert_close(-p.detach(), total, rtol=1e-4, atol=1e-3)

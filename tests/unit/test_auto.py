@@ -1022,33 +1022,68 @@ def test_trials_adopt_the_fastest_measured_plan_not_the_predicted_best(steps, mo
     auto, now = _trial_auto(monkeypatch, trial_steps=steps)
     _run_auto(auto, 20, now)
     state = auto.plan_state
-    trials = state.trials
+    *trials, dense = state.trials
     labels = [t["labels"][BIG[0]] for t in trials]
     assert labels[0] == "Int8" and "TopK(0.01)" in labels and 2 <= len(trials) <= 3, labels
     predicted = [t["predicted_s"] for t in trials]
     assert predicted == sorted(predicted) and predicted[-1] <= predicted[0] + 0.1 * state.step_s
     assert [t["start"] for t in trials] == [2 + steps * i for i in range(len(trials))]
     assert [t["step_s"] for t in trials] == pytest.approx([TRIAL_STEP_S[label] for label in labels])
+    # the calibration ran every tensor dense: the dense plan is a trial, timed on those steps
+    assert dense["before"] and set(dense["labels"].values()) == {"none"} and dense["start"] == 2 - steps
+    assert dense["step_s"] == pytest.approx(TRIAL_STEP_S["none"])
     assert state.trial_pick == labels.index("TopK(0.01)") and auto.current_plan()[BIG[0]] == "TopK(0.01)"
     # every trial and the final plan are history entries: the phases change as at any re-plan
+    # (the final plan only where the last trial's plan is not already it)
+    final = [] if labels[-1] == "TopK(0.01)" else [(2 + steps * len(labels), "TopK(0.01)")]
     assert [(start, c[BIG[0]].label) for start, c, _ in state.history] == (
-        [(2 + steps * i, label) for i, label in enumerate(labels)] + [(2 + steps * len(labels), "TopK(0.01)")])
+        [(2 + steps * i, label) for i, label in enumerate(labels)] + final)
     assert state.next_check == 0 and state.trial_stamps == []
     table = auto.describe()
     assert f"trial plans, {steps} steps each" in table and "step 600.0 ms" in table and "<- adopted" in table
     assert "{'TopK(0.01)': 1, 'none': 1}" in table
+    assert "{'none': 2}: step 2000.0 ms (the steps before the first plan)" in table
+
+
+def test_the_dense_plan_timed_before_wins_where_every_compressed_plan_steps_slower(monkeypatch):
+    """The cost model predicts compression's in-step cost low: where every trial
+    plan steps slower than the dense steps before the first plan did, the
+    dense plan is adopted (the residuals flushed by the phases, as at any
+    re-plan to ``none``)."""
+    auto, now = _trial_auto(monkeypatch)
+    _run_auto(auto, 20, now, {**TRIAL_STEP_S, "none": 0.5})
+    state = auto.plan_state
+    assert state.trials[-1]["before"] and state.trial_pick == len(state.trials) - 1
+    assert set(auto.current_plan().values()) == {"none"}
+    assert state.history[-1][0] == 2 + 4 * (len(state.trials) - 1)
+
+
+def test_no_dense_trial_where_the_steps_before_the_plan_ran_compressed(monkeypatch):
+    """A tensor calibrated with a compressed candidate: the steps before the
+    first plan did not run the dense plan, so they time nothing."""
+    auto, now = _trial_auto(monkeypatch)
+    auto.plan_state.provisional[BIG[0]] = "Int8"
+    _run_auto(auto, 20, now)
+    assert auto.plan_state.trials and not any(t.get("before") for t in auto.plan_state.trials)
 
 
 @pytest.mark.parametrize("link, calibration_step_s", [(SLOW, 0.01), (FAST, 2.0)])
-def test_no_trial_where_only_the_fresh_plan_is_predicted_close(link, calibration_step_s, monkeypatch):
+def test_no_other_trial_where_only_the_fresh_plan_is_predicted_close(link, calibration_step_s, monkeypatch):
     """A short calibrated step (a tenth of it below every other plan's predicted
     extra) or a link on which every family plans ``none``: the fresh plan is
-    adopted at the first check, as with ``trial_plans=1``."""
+    adopted at the first check and kept.  Where it is not dense, it is timed
+    against the dense steps before it; where it is, no trial runs, as with
+    ``trial_plans=1``."""
     auto, now = _trial_auto(monkeypatch)
     auto.measurements = OneRankCalibration(link)
-    _run_auto(auto, 12, now, {label: calibration_step_s for label in TRIAL_STEP_S})
-    assert not auto.plan_state.trials and len(auto.plan_state.history) == 1
-    assert auto.plan_state.history[0][0] == 2 and "trial plans" not in auto.describe()
+    # the dense steps 20% slower: the fresh plan (compressed on the slow link) stays
+    _run_auto(auto, 12, now, {label: calibration_step_s * (1.2 if label == "none" else 1.0) for label in TRIAL_STEP_S})
+    state = auto.plan_state
+    assert len(state.history) == 1 and state.history[0][0] == 2
+    if link is FAST:
+        assert not state.trials and "trial plans" not in auto.describe()
+    else:
+        assert [bool(t.get("before")) for t in state.trials] == [False, True] and state.trial_pick == 0
 
 
 @pytest.mark.parametrize("trial_plans", [0, 1])
@@ -1076,7 +1111,9 @@ def test_a_checkpoint_taken_mid_trial_resumes_the_trials(monkeypatch):
     labels = [t["labels"][BIG[0]] for t in state.trials]
     assert [t["step_s"] for t in state.trials] == pytest.approx([TRIAL_STEP_S[label] for label in labels])
     assert resumed.current_plan()[BIG[0]] == "TopK(0.01)" and state.trial_pick == labels.index("TopK(0.01)")
-    assert [start for start, _, _ in state.history] == [2 + 4 * i for i in range(len(labels) + 1)]
+    run = [label for t, label in zip(state.trials, labels) if not t.get("before")]
+    final = 0 if run[-1] == "TopK(0.01)" else 1  # the last trial's plan, where it is the pick, stays
+    assert [start for start, _, _ in state.history] == [2 + 4 * i for i in range(len(run) + final)]
 
 
 def test_trial_plans_are_the_families_within_the_margin():

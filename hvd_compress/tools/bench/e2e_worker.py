@@ -503,7 +503,7 @@ def _compressor_info(a, comp, spec, layer_shapes, size):
         info["auto_calibration_steps"] = comp.steps_before_plan
         info["auto_recheck_every"] = comp.recheck_every
         # the communications the trial plans ran (PyTorch): the re-checks count from their end
-        info["auto_trial_calls"] = len(comp.plan_state.trials) * comp.trial_steps
+        info["auto_trial_calls"] = len(comp.plan_state.trials_run()) * comp.trial_steps
         # the early probe's link (None: not probed) and what each tensor was calibrated with
         early = comp.plan_state.early_link
         info["auto_early_link"] = None if early is None else {"latency_s": early.latency_s,

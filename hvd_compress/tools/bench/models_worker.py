@@ -246,6 +246,9 @@ def _auto_startup(comp, slowest, framework):
     seconds = dict(state.check_seconds or {})
     retraced = framework == "tensorflow" and len(state.history) - 1 in seconds.get("retraced_plans", ())
     final = state.history[-1][0] + retraced if state.history else len(slowest)
+    ran = [t for t in state.trials_run() if t["start"] is not None]
+    if ran:  # a pick that is the last trial's plan stays in force from that trial's start
+        final = max(final, ran[-1]["start"] + comp.trial_steps)
     return {"probe_s": seconds.get("early_probe", 0.0) + seconds.get("probe", 0.0),
             "early_probe_s": seconds.get("early_probe"), "trace_agree_s": seconds.get("trace_agree"),
             "codec_s": seconds.get("codecs", 0.0) + seconds.get("trace_codecs", 0.0),
@@ -253,7 +256,7 @@ def _auto_startup(comp, slowest, framework):
             "retraced": retraced,
             "calibration_steps": comp.calibration_steps,
             "steps_before_final_plan": final, "steps_before_final_plan_s": sum(slowest[:final]),
-            "plans_adopted": len(state.history), "trial_plans_run": len(state.trials),
+            "plans_adopted": len(state.history), "trial_plans_run": len(state.trials_run()),
             "link": None if state.link is None else {"latency_s": state.link.latency_s,
                                                      "bytes_per_s": state.link.bytes_per_s},
             "pair_swap_bytes": state.pair_swap_bytes, "backward_s": state.backward_s, "step_s": state.step_s,

@@ -156,7 +156,8 @@ def _record(a, spec, seed, curve, placement, size, steps, comp, extra=None):
         rec["auto_warmup"] = dict(state.provisional)
         # the first decision's trial plans (PyTorch): each one's {scheme: tensors}, predicted and measured step
         rec["auto_trials"] = [{"plan": dict(collections.Counter(t["labels"].values())), "predicted_s": t["predicted_s"],
-                               "step_s": t["step_s"], "adopted": i == state.trial_pick}
+                               "step_s": t["step_s"], "adopted": i == state.trial_pick,
+                               "timed_before": bool(t.get("before"))}
                               for i, t in enumerate(state.trials)]
     rec.update(extra or {})
     return rec
