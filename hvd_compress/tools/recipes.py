@@ -122,9 +122,14 @@ def is_auto_spec(spec: str) -> bool:
 
 def budget_steps(spec: str, model: str, steps: int) -> int:
     """The steps ``spec`` trains under its recipe where the model trains ``steps``: the recipe's
-    budget times ``steps`` (``none`` and ``Auto()``: ``steps``)."""
-    if spec == "none" or is_auto_spec(spec):
+    budget times ``steps`` (``none``: ``steps``).  ``Auto()`` may plan a sparsifier, so it trains
+    the sparsifiers' budget (:data:`SPARSIFIER_BUDGET`), as docs/guide/policies.md advises: the
+    budget sets the learning rate's decay, and a plan that stays dense is still judged by its time
+    to dense's accuracy."""
+    if spec == "none":
         return steps
+    if is_auto_spec(spec):
+        return int(round(steps * per_model(SPARSIFIER_BUDGET, model)))
     return int(round(steps * per_model(recipe_of_spec(spec).budget, model)))
 
 

@@ -66,9 +66,13 @@ def test_curves_launch_once_per_step_budget_the_models_first():
     ses = tta.Session(None, {"model": "transformer", "steps": 640, "threads": 1}, "/tmp", None)
     ses.launch = lambda label, schemes, seeds, compute_steps=0, steps=None: (
         calls.append((label, schemes, steps)) or [{"scheme": s, "steps": steps} for s in schemes])
-    recs = ses.launch_budgets("curves", ["TopK(0.01)", "none", "DGC(0.001)", "BF16()"], [1], compute_steps=3)
-    assert calls == [("curves", ["none", "BF16()"], 640), ("curves, 1280 steps", ["TopK(0.01)", "DGC(0.001)"], 1280)]
-    assert {r["scheme"]: r["steps"] for r in recs} == {"none": 640, "BF16()": 640, "TopK(0.01)": 1280, "DGC(0.001)": 1280}
+    recs = ses.launch_budgets("curves", ["TopK(0.01)", "none", "DGC(0.001)", "BF16()", "Auto()"], [1],
+                              compute_steps=3)
+    # Auto may plan a sparsifier: it trains their budget
+    assert calls == [("curves", ["none", "BF16()"], 640),
+                     ("curves, 1280 steps", ["TopK(0.01)", "DGC(0.001)", "Auto()"], 1280)]
+    assert {r["scheme"]: r["steps"] for r in recs} == {"none": 640, "BF16()": 640, "TopK(0.01)": 1280,
+                                                       "DGC(0.001)": 1280, "Auto()": 1280}
 
 
 def test_the_table_gives_speedups_at_the_schemes_target_and_names_missing_cells():

@@ -252,7 +252,8 @@ def run(framework="torch", model="cnn", schemes=DEFAULT_SCHEMES, seeds="1,2,3", 
                 timed = ses.launch(f"step times ({link})", fixed, [1], time_steps=time_steps)
                 times[link] = {r["scheme"]: r["median_step_s"] for r in timed}
             if auto_specs and link != "unshaped":  # Auto chooses by link: every seed runs there
-                autos[link] = ses.launch(f"Auto ({link})", auto_specs, seeds)
+                autos[link] = ses.launch(f"Auto ({link})", auto_specs, seeds,
+                                         steps=budget_steps(auto_specs[0], model, a["steps"]))
             if link == validate_link:
                 measured_val = ses.launch_budgets(f"validation ({link})", split_specs(validate_schemes)
                                                   if validate_schemes else fixed, [seeds[0]])
