@@ -253,21 +253,27 @@ _CHOSEN = {}
 _CHOSEN_MAX = 4096
 
 
-def fuses(x):
-    """Whether the kernels run on ``x``: built and on, and ``x`` a contiguous
-    CPU float32 tensor (not the CUDA stand-in of the sync test) whose element
-    offsets fit int32."""
+def _kernel_tensor(x):
+    """Whether ``x`` is a tensor the kernels take: contiguous CPU float32 (not
+    the CUDA stand-in of the sync test) whose element offsets fit int32."""
     return (isinstance(x, torch.Tensor) and x.dtype == torch.float32 and x.is_contiguous()
-            and fits_fused(x.numel()) and backend_for(x).host_reads_are_free(x) and load() is not None)
+            and fits_fused(x.numel()) and backend_for(x).host_reads_are_free(x))
+
+
+def fuses(x):
+    """Whether the kernels run on ``x``: built and on, and ``x`` a tensor they take."""
+    return _kernel_tensor(x) and load() is not None
 
 
 def codec_for(scheme, memory, x):
     """The fused codec of ``scheme`` for the flat float32 tensor ``x``, or None
     where the eager path runs: kernels off or unbuilt, not a CPU float32
     tensor, DGC's memory, or more elements than int32 offsets cover."""
-    if not fuses(x):
+    if not _kernel_tensor(x):
         return None
     lib = load()
+    if lib is None:
+        return None
     key = (id(scheme), type(memory), x.numel(), id(lib))
     hit = _CHOSEN.get(key)
     if hit is not None and hit[0] is scheme:  # the scheme itself, not one that reused its id
