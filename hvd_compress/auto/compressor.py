@@ -41,8 +41,12 @@ Life of an ``Auto``:
    carries across them as across any re-plan; the pick, where it is the plan
    the last trial ran, stays in force as it is.
 3. **Re-check** every ``recheck_every`` steps: re-probe the link (the codec
-   costs are kept) and adopt rank 0's new plan where it is predicted more
-   than ``replan_threshold`` faster than the plan in force.
+   costs are kept); where rank 0's new plan is predicted more than
+   ``replan_threshold`` faster than the plan in force, PyTorch tries it: it
+   runs ``trial_steps`` steps against the plan in force, timed on the last
+   ``trial_steps`` before the re-check, and the faster is kept (a plan the
+   first decision's trials measured faster is not undone by the prediction
+   alone); TensorFlow adopts it.
 
 Every lossy candidate runs with plain error feedback and one residual per
 tensor that carries across changes of scheme; ``none`` runs without (exactly
@@ -123,14 +127,18 @@ class AutoPlan:
     check_seconds: Optional[dict] = None
     #: key -> its phases, built from ``provisional`` and ``history`` (dropped where they change)
     phases: Dict[str, list] = field(default_factory=dict, repr=False)
-    #: PyTorch, the first decision's trial plans in the order they run, each a dict:
+    #: PyTorch, the trial plans of the last decision that ran any (the first, or a
+    #: re-check's: the fresh plan against the plan in force), in the order they run, each a dict:
     #: ``labels`` ({key: label}), ``predicted_s`` (its predicted seconds a step), ``start``
     #: (the communication it runs from; None: not yet), ``local_s`` (this rank's median step
     #: gap; None: not timed), ``step_s`` (that median averaged over ranks, once all ran) and,
-    #: for the dense plan timed on the steps before the decision, ``before`` (True)
+    #: for the plan timed on the steps before the decision (the dense plan at the first,
+    #: the plan in force at a re-check), ``before`` (True)
     trials: List[dict] = field(default_factory=list)
     #: the trial adopted as the final plan (its index; None: no trial finished)
     trial_pick: Optional[int] = None
+    #: the trials of earlier decisions, oldest first: ``[{"trials": [...], "trial_pick": i}]``
+    earlier_trials: List[dict] = field(default_factory=list)
     #: [communication, perf_counter] of the first key's calls during the trials (this
     #: process's clock: not saved)
     trial_stamps: List[list] = field(default_factory=list, repr=False)
@@ -148,7 +156,7 @@ class AutoPlan:
         return [t for t in self.trials if not t.get("before")]
 
     def trial_running(self) -> bool:
-        """Whether the first decision's trial plans are still being timed."""
+        """Whether a decision's trial plans are still being timed."""
         return bool(self.trials) and self.trial_pick is None
 
     def to_json(self) -> dict:
@@ -163,6 +171,7 @@ class AutoPlan:
                 "pair_swap_bytes": self.pair_swap_bytes,
                 # only where trials ran: TensorFlow's checkpointed plan stays as it was
                 **({"trials": self.trials, "trial_pick": self.trial_pick} if self.trials else {}),
+                **({"earlier_trials": self.earlier_trials} if self.earlier_trials else {}),
                 "history": [[start, {k: list(astuple(c)) for k, c in ch.items()}, v]
                             for start, ch, v in self.history]}
 
@@ -178,6 +187,7 @@ class AutoPlan:
                    provisional=dict(saved.get("provisional", {})), warmup=saved.get("warmup", False),
                    pair_swap_bytes=saved.get("pair_swap_bytes", 0),
                    trials=[dict(t) for t in saved.get("trials", [])], trial_pick=saved.get("trial_pick"),
+                   earlier_trials=[dict(t) for t in saved.get("earlier_trials", [])],
                    history=[(start, {k: Choice(*c) for k, c in ch.items()}, v) for start, ch, v in saved["history"]])
 
 
@@ -236,8 +246,10 @@ class Auto(Compressor):
             ``min_topk_ratio`` if accuracy suffers.
         min_gain: a compressed scheme must be predicted this much faster than
             ``none`` for a tensor (0.1 = 10%).
-        replan_threshold: a re-check adopts a new plan only if it is predicted
-            this much faster than the plan in force.
+        replan_threshold: a re-check tries (PyTorch: ``trial_steps`` steps
+            against the plan in force, the faster kept) or adopts (TensorFlow)
+            a new plan only if it is predicted this much faster than the plan
+            in force.
         probe_numels: fp32 allreduce sizes timed to fit the link, capped by
             :func:`hvd_compress.auto.probe.probe_numels_for`.
         exclude: labels of candidates to leave out (``("FP16",)`` where a
@@ -399,11 +411,12 @@ class Auto(Compressor):
 
     def _times_the_steps_before_the_plan(self, calls):
         """PyTorch: whether communication ``calls`` is among the last
-        ``trial_steps`` before the first decision (and the decision's own),
-        which time the plan that ran before it: the dense plan's trial where
-        every planned tensor ran dense (:meth:`_agree_trials`)."""
+        ``trial_steps`` before a decision (and the decision's own), which time
+        the plan that ran before it: at the first decision the dense plan's
+        trial where every planned tensor ran dense (:meth:`_agree_trials`), at
+        a re-check the plan in force (:meth:`_try_against_the_plan_in_force`)."""
         state = self.plan_state
-        return (not state.history and self.trial_plans > 1 and bool(state.next_check)
+        return (self.trial_plans > 1 and bool(state.next_check) and not state.trial_running()
                 and calls >= state.next_check - self.trial_steps)
 
     def _check(self, calls):
@@ -526,6 +539,8 @@ class Auto(Compressor):
             labels = self.labels_from_indices(keys, indices[:-1])
             cal.check_same_plan(labels, version, ps)
             self._use_pair_swap(indices[-1])
+            if current is not None and self._framework != "tensorflow" and self.trial_plans > 1:
+                self._try_against_the_plan_in_force(start, labels, current, size)
         if current is None or {k: c.label for k, c in current.items()} != labels:
             self._adopt(start, labels, rank, size)
         state.check_seconds["decide"] = time.perf_counter() - t0
@@ -587,6 +602,32 @@ class Auto(Compressor):
         # what the trials go on timing from here (nothing where none runs)
         state.trial_stamps = [s for s in state.trial_stamps if s[0] >= start] if state.trials else []
         return found[0]
+
+    def _try_against_the_plan_in_force(self, start, labels, current, size):
+        """A re-check's new plan ``labels`` (PyTorch) is a trial against the
+        plan in force, not adopted on the prediction alone: the plan in force
+        is timed on the last ``trial_steps`` before the re-check at no cost,
+        the new plan runs ``trial_steps`` steps from ``start``, and
+        :meth:`_pick_trial` keeps the faster.  Why: the first decision's
+        trials may have kept a plan the cost model ranks below the one it
+        proposes again now (it prices compression's in-step cost low); only
+        a measured step that is faster, such as on a link that slowed, moves
+        the plan.  Every rank runs this on the broadcast plan, so the
+        collectives it adds are named alike everywhere."""
+        state = self.plan_state
+        in_force = {k: c.label for k, c in current.items()}
+        if in_force != labels:
+            if state.trials:
+                state.earlier_trials.append({"trials": state.trials, "trial_pick": state.trial_pick})
+            before = start - self.trial_steps
+            state.trials = [{"labels": labels, "predicted_s": self._predicted_s(labels, size), "start": start,
+                             "local_s": None, "step_s": None},
+                            {"labels": in_force, "predicted_s": self._predicted_s(in_force, size), "start": before,
+                             "local_s": self._trial_median(before), "step_s": None, "before": True,
+                             "in_force": True}]
+            state.trial_pick = None
+        # what the trial goes on timing from here (nothing where the plan stays)
+        state.trial_stamps = [s for s in state.trial_stamps if s[0] >= start] if state.trial_running() else []
 
     def _predicted_s(self, labels, size):
         """The cost model's seconds a step of the plan ``{key: label}``."""
@@ -756,7 +797,8 @@ class Auto(Compressor):
             measured = ("not timed" if seconds is None else f"{1e3 * seconds:.1f} ms"
                         + (" (this rank)" if trial["step_s"] is None else ""))
             mark = "  <- adopted" if state.trial_pick == i else ""
-            when = " (the steps before the first plan)" if trial.get("before") else ""
+            when = ((" (the plan in force, the steps before the re-check)" if trial.get("in_force")
+                     else " (the steps before the first plan)") if trial.get("before") else "")
             lines.append(f"  {i + 1}. {counts}: step {measured}{when}, predicted communication "
                          f"{1e3 * trial['predicted_s']:.1f} ms{mark}")
         return "\n" + "\n".join(lines)

@@ -377,3 +377,31 @@ def test_a_compressed_plan_slower_than_the_dense_steps_before_it_is_not_kept(mon
     for name, p in model.named_parameters():  # lr 1, op Sum: the parameters are minus the sum of gradients
         total = hvd.allreduce(want[name], op=hvd.Sum, name=f"test.auto.dense_trial.{name}")
         torch.testing.assert_close(-p.detach(), total, rtol=1e-4, atol=1e-3)
+
+
+def test_a_recheck_tries_the_plan_it_proposes_and_keeps_the_faster(monkeypatch):
+    """The first decision kept the dense plan, measured faster than the
+    compressed one the model proposes; the re-check proposes it again and
+    tries it against the dense steps before it: every rank keeps the dense
+    plan rank 0 picked, under collective names that agree, and nothing the
+    compressed trials held back is lost."""
+    import time
+    links([SLOW], monkeypatch)
+    auto = hvd_compress.Auto(codec_costs=CODEC_COSTS, calibration_steps=3, recheck_every=6, trial_steps=2,
+                             calibrate_compressed=False, trial_plans=2, replan_threshold=0.0)
+    model, opt = build(auto)
+    want = {name: torch.zeros(shape) for name, shape in SPECS.items()}
+    for step in range(1, 17):
+        compressed = auto.current_plan().get("net.weight", "none") != "none"
+        time.sleep(0.3 if compressed else 0.05)
+        train_step(model, opt, step)
+        for name, g in grads_at(step).items():
+            want[name] += g
+    state = auto.plan_state
+    assert len(state.earlier_trials) == 1 and state.trials[-1].get("in_force"), auto.describe()
+    assert state.trial_pick == 1 and set(auto.current_plan().values()) == {"none"}, auto.describe()
+    assert [start for start, _, _ in state.history][-2:] == [11, 13], auto.describe()
+    assert same_on_all_ranks([state.trial_pick, [t["step_s"] for t in state.trials]], "test.auto.recheck_same")
+    for name, p in model.named_parameters():
+        total = hvd.allreduce(want[name], op=hvd.Sum, name=f"test.auto.recheck.{name}")
+        torch.testing.assert_close(-p.detach(), total, rtol=1e-4, atol=1e-3)

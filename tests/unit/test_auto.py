@@ -1008,8 +1008,8 @@ def _run_auto(auto, steps, now, step_s=TRIAL_STEP_S, first=0):
 def _trial_auto(monkeypatch, **kwargs):
     now = [0.0]
     monkeypatch.setattr("hvd_compress.auto.compressor.time.perf_counter", lambda: now[0])
-    auto = hvd_compress.Auto(calibration_steps=2, codec_costs=TRIAL_COSTS, recheck_every=0,
-                             calibrate_compressed=False, **kwargs)
+    kwargs = {"recheck_every": 0, **kwargs}
+    auto = hvd_compress.Auto(calibration_steps=2, codec_costs=TRIAL_COSTS, calibrate_compressed=False, **kwargs)
     auto.measurements = OneRankCalibration(SLOW)
     return auto, now
 
@@ -1114,6 +1114,43 @@ def test_a_checkpoint_taken_mid_trial_resumes_the_trials(monkeypatch):
     run = [label for t, label in zip(state.trials, labels) if not t.get("before")]
     final = 0 if run[-1] == "TopK(0.01)" else 1  # the last trial's plan, where it is the pick, stays
     assert [start for start, _, _ in state.history] == [2 + 4 * i for i in range(len(run) + final)]
+
+
+def test_a_recheck_does_not_undo_the_measured_pick_on_the_prediction_alone(monkeypatch):
+    """The first decision's trials kept Top-K (0.6 s a step), which the cost
+    model ranks below Int8 (1.0 s): the re-check at communication 34 proposes
+    Int8 again.  It runs ``trial_steps`` steps against the plan in force, timed
+    on the 4 steps before the re-check, and Top-K is adopted again; the first
+    decision's trials are kept in ``earlier_trials``."""
+    auto, now = _trial_auto(monkeypatch, recheck_every=20, replan_threshold=0.0)
+    _run_auto(auto, 50, now)
+    state = auto.plan_state
+    assert auto.current_plan()[BIG[0]] == "TopK(0.01)", auto.describe()
+    assert [(start, c[BIG[0]].label) for start, c, _ in state.history[-2:]] == [(34, "Int8"), (38, "TopK(0.01)")]
+    fresh, in_force = state.trials
+    assert fresh["labels"][BIG[0]] == "Int8" and fresh["start"] == 34
+    assert fresh["step_s"] == pytest.approx(TRIAL_STEP_S["Int8"])
+    assert in_force["before"] and in_force["labels"][BIG[0]] == "TopK(0.01)" and in_force["start"] == 30
+    assert in_force["step_s"] == pytest.approx(TRIAL_STEP_S["TopK(0.01)"]) and state.trial_pick == 1
+    first = state.earlier_trials[0]
+    assert first["trials"][first["trial_pick"]]["labels"][BIG[0]] == "TopK(0.01)"
+    assert state.next_check == 39 + 20 and state.trial_stamps == []
+    assert "(the plan in force, the steps before the re-check)" in auto.describe()
+    saved = AutoPlan.from_json(json.loads(json.dumps(state.to_json())))
+    assert saved.earlier_trials == state.earlier_trials
+
+
+def test_a_recheck_adopts_a_new_plan_that_measures_faster(monkeypatch):
+    """The same re-check where Int8's steps have become the fastest (a link or
+    a host that changed): its trial measures it faster than the plan in force,
+    and it stays, with no plan version of its own beyond its trial's."""
+    auto, now = _trial_auto(monkeypatch, recheck_every=20, replan_threshold=0.0)
+    _run_auto(auto, 30, now)
+    assert auto.current_plan()[BIG[0]] == "TopK(0.01)"
+    _run_auto(auto, 50, now, {**TRIAL_STEP_S, "Int8": 0.3}, first=30)
+    state = auto.plan_state
+    assert auto.current_plan()[BIG[0]] == "Int8" and state.trial_pick == 0
+    assert [(start, c[BIG[0]].label) for start, c, _ in state.history[-2:]][-1] == (34, "Int8")
 
 
 def test_trial_plans_are_the_families_within_the_margin():

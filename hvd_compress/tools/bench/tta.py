@@ -74,7 +74,8 @@ def dense_target(dense_finals, spec):
 
 
 #: what an ``Auto`` run's record says of Auto, kept in its rows (:mod:`.tta_worker`)
-AUTO_FIELDS = ("auto_plan", "auto_warmup", "auto_plan_starts", "auto_trials", "auto_check_seconds")
+AUTO_FIELDS = ("auto_plan", "auto_warmup", "auto_plan_starts", "auto_trials", "auto_recheck_trials",
+               "auto_check_seconds")
 
 
 def make_row(*, model, params, framework, workers, link, link_mbit, scheme, seed, target, curve, measured, command,

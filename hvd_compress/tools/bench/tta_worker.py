@@ -154,11 +154,15 @@ def _record(a, spec, seed, curve, placement, size, steps, comp, extra=None):
         rec["auto_check_seconds"] = dict(state.check_seconds or {})
         rec["auto_plan_starts"] = [start for start, _, _ in state.history]
         rec["auto_warmup"] = dict(state.provisional)
-        # the first decision's trial plans (PyTorch): each one's {scheme: tensors}, predicted and measured step
-        rec["auto_trials"] = [{"plan": dict(collections.Counter(t["labels"].values())), "predicted_s": t["predicted_s"],
-                               "step_s": t["step_s"], "adopted": i == state.trial_pick,
-                               "timed_before": bool(t.get("before"))}
-                              for i, t in enumerate(state.trials)]
+        # the first decision's trial plans (PyTorch): each one's {scheme: tensors}, predicted and measured
+        # step; a re-check's trials (its new plan against the plan in force) in auto_recheck_trials
+        rounds = state.earlier_trials + ([{"trials": state.trials, "trial_pick": state.trial_pick}]
+                                         if state.trials else [])
+        listed = [[{"plan": dict(collections.Counter(t["labels"].values())), "predicted_s": t["predicted_s"],
+                    "step_s": t["step_s"], "adopted": i == r["trial_pick"], "timed_before": bool(t.get("before"))}
+                   for i, t in enumerate(r["trials"])] for r in rounds]
+        rec["auto_trials"] = listed[0] if listed else []
+        rec["auto_recheck_trials"] = listed[1:]
     rec.update(extra or {})
     return rec
 
