@@ -169,6 +169,11 @@ def _add_tta(bsub):
     t.add_argument("--out", default=os.path.join(RESULTS, "tta.json"), help="JSON the rows are appended to "
                    "(default %(default)s)")
     t.add_argument("--png", default=None, help="plot (default: the JSON path with -<framework>-<model>.png, -np<N> before .png at N ranks other than 4)")
+    t.add_argument("--splice", default=None, metavar="FROM", help="run nothing: put the rows of the tta JSON FROM "
+                   "into --out, in place of --out's rows of the same cells (model, framework, ranks, link, scheme)")
+    t.add_argument("--splice-schemes", default=None, help="with --splice: only these schemes' rows (default: all)")
+    t.add_argument("--keep-targets", action="store_true", help="with --splice: hold the spliced rows to the "
+                   "targets of --out's own none rows (reached, time, steps and bytes read again from each curve)")
     t.add_argument("--report", action="store_true", help="run nothing: print --out's rows as the "
                    "time-to-dense-accuracy table")
 

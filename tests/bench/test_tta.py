@@ -94,6 +94,38 @@ def test_the_table_gives_speedups_at_the_schemes_target_and_names_missing_cells(
     assert "**torch cnn, 2 ranks**" in both and "**torch cnn, 4 ranks**" in both
 
 
+def test_splice_puts_a_later_runs_cells_in_place_and_can_hold_them_to_the_tables_targets(tmp_path):
+    """A later run's cells replace the table's rows of the same cells where they stood; with
+    keep_targets they are held to the table's own dense target, their reach read again."""
+    args = dict(model="cnn", params=1, framework="torch", workers=4, link="unshaped", link_mbit=None,
+                measured=True, command="c", steps=40)
+    table = [tta.make_row(scheme="none", seed=1, target=90.0, curve=_curve([85.0, 90.0]), **args),
+             tta.make_row(scheme="Auto()", seed=1, target=89.5, curve=_curve([80.0, 81.0]), **args),
+             tta.make_row(scheme="TopK(0.01)", seed=1, target=89.5, curve=_curve([89.0, 89.6]), **args)]
+    later = [tta.make_row(scheme="none", seed=1, target=91.0, curve=_curve([85.0, 91.0]), **args),
+             tta.make_row(scheme="Auto()", seed=1, target=90.5, curve=_curve([89.7, 90.6]), **args),
+             tta.make_row(scheme="Auto()", seed=2, target=90.5, curve=_curve([88.0, 90.4]), **args)]
+    out = tta.splice_rows(table, later, "Auto()", source="later.json")
+    assert [(r["scheme"], r["seed"]) for r in out] == [("none", 1), ("Auto()", 1), ("Auto()", 2), ("TopK(0.01)", 1)]
+    assert out[0] is table[0] and out[1]["target"] == 90.5 and out[1]["steps_to_target"] == 20
+    assert out[1]["spliced_from"] == "later.json" and "spliced_from" not in later[1]
+    held = tta.splice_rows(table, later, ["Auto()"], keep_targets=True)
+    assert [r["target"] for r in held[1:3]] == [89.5, 89.5] and [r["own_target"] for r in held[1:3]] == [90.5] * 2
+    assert [r["steps_to_target"] for r in held[1:3]] == [10, 20] and all(r["reached"] for r in held[1:3])
+    with pytest.raises(ValueError, match="do not splice none"):
+        tta.splice_rows(table, later, keep_targets=True)
+    with pytest.raises(ValueError, match="no row of the schemes"):
+        tta.splice_rows(table, later, "DGC(0.001)")
+    # the command: --out rewritten in place
+    src, dest = tmp_path / "later.json", tmp_path / "tta.json"
+    src.write_text(json.dumps(later))
+    dest.write_text(json.dumps(table))
+    from hvd_compress.tools.cli import main
+    assert main(["bench", "tta", "--splice", str(src), "--splice-schemes", "Auto()", "--keep-targets",
+                 "--out", str(dest)]) == 0
+    assert json.loads(dest.read_text())[2]["steps_to_target"] == 20
+
+
 def test_the_mapping_table_says_which_cluster_each_link_stands_for():
     run = {"model": "cnn", "framework": "torch", "workers": 4, "compute_s": 0.05, "latency_s": 1e-4,
            "link_mapping": {"1gbit": {"stands_for": "resnet50 on 8xA100 at 1gbit", "target_ratio": 13.8,

@@ -483,9 +483,58 @@ def mapping_markdown(runs):
     return "\n".join(lines)
 
 
+def splice_rows(rows, new_rows, schemes=None, keep_targets=False, source=None):
+    """``rows`` with ``new_rows`` (only ``schemes``' where given) in place of its rows of the same
+    cells: a later run's rows join an earlier run's table.  ``keep_targets``: each spliced row is
+    held to the target of ``rows``' own ``none`` rows of its model, framework and ranks (their
+    final accuracies on the unshaped link), its reach read again from its curve; the row keeps
+    the target of its own run as ``own_target``."""
+    wanted = None if schemes is None else set(split_specs(schemes) if isinstance(schemes, str) else schemes)
+    sel = [dict(r) for r in new_rows if wanted is None or r["scheme"] in wanted]
+    if not sel:
+        raise ValueError(f"splice: no row of the schemes {sorted(wanted or [])} to splice")
+    cells = {_cell_key(r) for r in sel}
+    kept = [r for r in rows if _cell_key(r) not in cells]
+    for r in sel:
+        if source:
+            r["spliced_from"] = source
+        if not keep_targets:
+            continue
+        if r["scheme"] == "none":
+            raise ValueError("splice: keep_targets holds rows to the table's own none rows; do not splice none")
+        finals = [d["final_accuracy"] for d in kept if d["scheme"] == "none" and d["link"] == "unshaped"
+                  and (d["model"], d["framework"], d["workers"]) == (r["model"], r["framework"], r["workers"])]
+        target = dense_target(finals, r["scheme"])
+        hit = first_reach(r["curve"], target)
+        r.update({"own_target": r.get("own_target", r["target"]), "target": target, "reached": hit is not None,
+                  "time_to_target_s": hit["time_s"] if hit else None,
+                  "steps_to_target": hit["step"] if hit else None,
+                  "wire_bytes_to_target": hit["wire_bytes"] if hit else None})
+    out, placed = [], set()  # each cell where its old rows stood (the plots' colours follow the order)
+    for r in rows:
+        key = _cell_key(r)
+        if key not in cells:
+            out.append(r)
+        elif key not in placed:
+            placed.add(key)
+            out += [n for n in sel if _cell_key(n) == key]
+    return out + [n for n in sel if _cell_key(n) not in placed]
+
+
 def main_args(args, command) -> int:
-    """``hvd-compress bench tta``: the run (or, with ``--report``, the tables of ``--out``)."""
+    """``hvd-compress bench tta``: the run (or, with ``--report``, the tables of ``--out``; with
+    ``--splice``, another run's rows put into ``--out``)."""
     from ..testing.cluster import ClusterError
+    if args.splice:
+        with open(args.splice) as f:
+            new_rows = json.load(f)
+        with open(args.out) as f:
+            rows = json.load(f)
+        out = splice_rows(rows, new_rows, args.splice_schemes, args.keep_targets, source=args.splice)
+        write_json(args.out, out)
+        n = sum(1 for r in out if r.get("spliced_from") == args.splice)
+        print(f"{n} rows of {args.splice} put into {args.out} in place of {len(rows) - (len(out) - n)}")
+        return 0
     if args.report:
         with open(args.out) as f:
             print(markdown(json.load(f)))
