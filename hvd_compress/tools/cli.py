@@ -174,6 +174,9 @@ def _add_tta(bsub):
     t.add_argument("--splice-schemes", default=None, help="with --splice: only these schemes' rows (default: all)")
     t.add_argument("--keep-targets", action="store_true", help="with --splice: hold the spliced rows to the "
                    "targets of --out's own none rows (reached, time, steps and bytes read again from each curve)")
+    t.add_argument("--join", action="store_true", help="with --splice: add the rows of FROM for the (cell, seed)s "
+                   "--out lacks (a run in several sittings), and hold every row of their models to the target of "
+                   "all their none rows together")
     t.add_argument("--report", action="store_true", help="run nothing: print --out's rows as the "
                    "time-to-dense-accuracy table")
 

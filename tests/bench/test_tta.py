@@ -126,6 +126,31 @@ def test_splice_puts_a_later_runs_cells_in_place_and_can_hold_them_to_the_tables
     assert json.loads(dest.read_text())[2]["steps_to_target"] == 20
 
 
+def test_join_adds_the_seeds_a_table_lacks_and_targets_them_all_from_every_dense_seed():
+    """A run in two sittings: seed 1 first, seeds 2 and 3 later (and a scheme seed 1 lacked);
+    every row is then held to the median of all three dense seeds, less its tolerance."""
+    args = dict(model="charlm", params=1, framework="torch", workers=4, link="unshaped", link_mbit=None,
+                measured=True, command="c", steps=40)
+    first = [tta.make_row(scheme="none", seed=1, target=46.0, curve=_curve([40.0, 46.0]), **args),
+             tta.make_row(scheme="TopK(0.01)", seed=1, target=45.5, curve=_curve([45.2, 45.9]), **args),
+             tta.make_row(scheme="none", seed=1, target=97.0, curve=_curve([90.0, 97.0]), **dict(args, model="cnn"))]
+    later = [tta.make_row(scheme="none", seed=s, target=45.0, curve=_curve([40.0, a]), **args)
+             for s, a in ((1, 44.0), (2, 45.0), (3, 47.0))]
+    later += [tta.make_row(scheme="TopK(0.01)", seed=2, target=44.5, curve=_curve([45.2, 45.4]), **args),
+              tta.make_row(scheme="hvd_fp16", seed=2, target=44.7, curve=_curve([45.9, 46.0]), **args)]
+    out = tta.join_rows(first, later, source="later.json")
+    assert [(r["model"], r["scheme"], r["seed"]) for r in out] == [
+        ("charlm", "none", 1), ("charlm", "TopK(0.01)", 1), ("cnn", "none", 1),
+        ("charlm", "none", 2), ("charlm", "none", 3), ("charlm", "TopK(0.01)", 2), ("charlm", "hvd_fp16", 2)]
+    charlm = [r for r in out if r["model"] == "charlm"]
+    # dense's finals 46 (seed 1 of the first sitting: its row is kept), 45, 47: the median 46
+    assert {r["scheme"]: r["target"] for r in charlm} == {"none": 46.0, "TopK(0.01)": 45.5, "hvd_fp16": 45.7}
+    assert [r["reached"] for r in charlm] == [True, True, False, True, False, True]
+    assert out[2] is first[2] and out[3]["joined_from"] == "later.json" and out[5]["own_target"] == 44.5
+    with pytest.raises(ValueError, match="in the table already"):
+        tta.join_rows(out, later)
+
+
 def test_the_mapping_table_says_which_cluster_each_link_stands_for():
     run = {"model": "cnn", "framework": "torch", "workers": 4, "compute_s": 0.05, "latency_s": 1e-4,
            "link_mapping": {"1gbit": {"stands_for": "resnet50 on 8xA100 at 1gbit", "target_ratio": 13.8,

@@ -483,6 +483,39 @@ def mapping_markdown(runs):
     return "\n".join(lines)
 
 
+def _dense_finals(rows, row):
+    """The final accuracies of ``rows``' ``none`` runs of ``row``'s model, framework and ranks."""
+    return [d["final_accuracy"] for d in rows if d["scheme"] == "none" and d["link"] == "unshaped"
+            and (d["model"], d["framework"], d["workers"]) == (row["model"], row["framework"], row["workers"])]
+
+
+def _retarget(row, finals):
+    """Hold ``row`` to the target ``finals`` (dense's final accuracies) give its scheme, its reach
+    read again from its curve; the target of its own run stays as ``own_target``."""
+    target = dense_target(finals, row["scheme"])
+    hit = first_reach(row["curve"], target)
+    row.update({"own_target": row.get("own_target", row["target"]), "target": target, "reached": hit is not None,
+                "time_to_target_s": hit["time_s"] if hit else None, "steps_to_target": hit["step"] if hit else None,
+                "wire_bytes_to_target": hit["wire_bytes"] if hit else None})
+
+
+def join_rows(rows, new_rows, source=None):
+    """``rows`` and the rows of ``new_rows`` for seeds they lack (a cell's other seeds, a scheme
+    not run before), every row of the models joined then held to the target of all their ``none``
+    rows together: a run in several sittings.  A (cell, seed) ``rows`` has already keeps its row."""
+    have = {(_cell_key(r), r["seed"]) for r in rows}
+    new = [dict(r, joined_from=source) if source else dict(r) for r in new_rows
+           if (_cell_key(r), r["seed"]) not in have]
+    if not new:
+        raise ValueError("join: every (cell, seed) of the new rows is in the table already")
+    models = {(r["model"], r["framework"], r["workers"]) for r in new}
+    out = [dict(r) if (r["model"], r["framework"], r["workers"]) in models else r for r in rows] + new
+    for r in out:
+        if (r["model"], r["framework"], r["workers"]) in models:
+            _retarget(r, _dense_finals(out, r))
+    return out
+
+
 def splice_rows(rows, new_rows, schemes=None, keep_targets=False, source=None):
     """``rows`` with ``new_rows`` (only ``schemes``' where given) in place of its rows of the same
     cells: a later run's rows join an earlier run's table.  ``keep_targets``: each spliced row is
@@ -502,14 +535,7 @@ def splice_rows(rows, new_rows, schemes=None, keep_targets=False, source=None):
             continue
         if r["scheme"] == "none":
             raise ValueError("splice: keep_targets holds rows to the table's own none rows; do not splice none")
-        finals = [d["final_accuracy"] for d in kept if d["scheme"] == "none" and d["link"] == "unshaped"
-                  and (d["model"], d["framework"], d["workers"]) == (r["model"], r["framework"], r["workers"])]
-        target = dense_target(finals, r["scheme"])
-        hit = first_reach(r["curve"], target)
-        r.update({"own_target": r.get("own_target", r["target"]), "target": target, "reached": hit is not None,
-                  "time_to_target_s": hit["time_s"] if hit else None,
-                  "steps_to_target": hit["step"] if hit else None,
-                  "wire_bytes_to_target": hit["wire_bytes"] if hit else None})
+        _retarget(r, _dense_finals(kept, r))
     out, placed = [], set()  # each cell where its old rows stood (the plots' colours follow the order)
     for r in rows:
         key = _cell_key(r)
@@ -530,10 +556,15 @@ def main_args(args, command) -> int:
             new_rows = json.load(f)
         with open(args.out) as f:
             rows = json.load(f)
-        out = splice_rows(rows, new_rows, args.splice_schemes, args.keep_targets, source=args.splice)
+        if args.join:
+            out = join_rows(rows, new_rows, source=args.splice)
+            print(f"{len(out) - len(rows)} rows of {args.splice} joined to {args.out}; its models' targets "
+                  "from all their none rows")
+        else:
+            out = splice_rows(rows, new_rows, args.splice_schemes, args.keep_targets, source=args.splice)
+            n = sum(1 for r in out if r.get("spliced_from") == args.splice)
+            print(f"{n} rows of {args.splice} put into {args.out} in place of {len(rows) - (len(out) - n)}")
         write_json(args.out, out)
-        n = sum(1 for r in out if r.get("spliced_from") == args.splice)
-        print(f"{n} rows of {args.splice} put into {args.out} in place of {len(rows) - (len(out) - n)}")
         return 0
     if args.report:
         with open(args.out) as f:
