@@ -168,7 +168,9 @@ def _add_tta(bsub):
     t.add_argument("--prefix", default="tta", help="cluster name prefix (default %(default)s)")
     t.add_argument("--out", default=os.path.join(RESULTS, "tta.json"), help="JSON the rows are appended to "
                    "(default %(default)s)")
-    t.add_argument("--png", default=None, help="plot (default: the JSON path with -<framework>-<model>.png, -np<N> before .png at N ranks other than 4)")
+    t.add_argument("--png", default=None, help="plot (default: the JSON path with -<framework>-<model>.png, -np<N> "
+                   "before .png at N ranks other than 4); with --report, the plot of --out's rows of --model, "
+                   "--framework and --workers drawn again")
     t.add_argument("--splice", default=None, metavar="FROM", help="run nothing: put the rows of the tta JSON FROM "
                    "into --out, in place of --out's rows of the same cells (model, framework, ranks, link, scheme)")
     t.add_argument("--splice-schemes", default=None, help="with --splice: only these schemes' rows (default: all)")

@@ -94,7 +94,7 @@ def test_the_table_gives_speedups_at_the_schemes_target_and_names_missing_cells(
     assert "**torch cnn, 2 ranks**" in both and "**torch cnn, 4 ranks**" in both
 
 
-def test_splice_puts_a_later_runs_cells_in_place_and_can_hold_them_to_the_tables_targets(tmp_path):
+def test_splice_puts_a_later_runs_cells_in_place_and_can_hold_them_to_the_tables_targets(tmp_path, capsys):
     """A later run's cells replace the table's rows of the same cells where they stood; with
     keep_targets they are held to the table's own dense target, their reach read again."""
     args = dict(model="cnn", params=1, framework="torch", workers=4, link="unshaped", link_mbit=None,
@@ -124,6 +124,13 @@ def test_splice_puts_a_later_runs_cells_in_place_and_can_hold_them_to_the_tables
     assert main(["bench", "tta", "--splice", str(src), "--splice-schemes", "Auto()", "--keep-targets",
                  "--out", str(dest)]) == 0
     assert json.loads(dest.read_text())[2]["steps_to_target"] == 20
+    # the table's plot, drawn again from its rows
+    png = tmp_path / "cnn.png"
+    assert main(["bench", "tta", "--report", "--out", str(dest), "--model", "cnn", "--png", str(png)]) == 0
+    assert png.stat().st_size > 1000
+    with pytest.raises(SystemExit):
+        main(["bench", "tta", "--report", "--out", str(dest), "--model", "charlm", "--png", str(png)])
+    assert "no rows of torch charlm at 4 ranks" in capsys.readouterr().err
 
 
 def test_join_adds_the_seeds_a_table_lacks_and_targets_them_all_from_every_dense_seed():

@@ -568,11 +568,19 @@ def main_args(args, command) -> int:
         return 0
     if args.report:
         with open(args.out) as f:
-            print(markdown(json.load(f)))
+            rows = json.load(f)
+        print(markdown(rows))
         meta = os.path.splitext(args.out)[0] + ".meta.json"
         if os.path.exists(meta):
             with open(meta) as f:
                 print(mapping_markdown(json.load(f)))
+        if args.png:  # the plot of --model, --framework and --workers' rows, drawn again
+            mine = [r for r in rows if (r["model"], r["framework"], r["workers"])
+                    == (args.model, args.framework, args.workers)]
+            if not mine:
+                raise ValueError(f"--report --png: {args.out} has no rows of {args.framework} {args.model} "
+                                 f"at {args.workers} ranks")
+            print(f"plot: {plot(mine, args.png)}")
         return 0
     ranks = "" if args.workers == 4 else f"-np{args.workers}"  # another rank count does not draw over the 4 ranks'
     png = args.png or f"{os.path.splitext(args.out)[0]}-{args.framework}-{args.model}{ranks}.png"
