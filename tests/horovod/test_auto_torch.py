@@ -351,32 +351,43 @@ def test_a_dense_plan_hands_horovod_the_gradient_itself(monkeypatch):
         assert stats["calls"] == 6 and stats["payload_bytes"] == stats["dense_fp32_bytes"] == 4 * p.numel()
 
 
-def test_a_compressed_plan_slower_than_the_dense_steps_before_it_is_not_kept(monkeypatch):
-    """The calibration ran dense (``calibrate_compressed=False``) and the model
-    plans the weight compressed on the slow link; its trial steps are made
-    slower than the dense steps were: every rank adopts the dense plan rank 0
-    picked, and what the compressed trial held back is sent out in full."""
+def _train_slower_when_compressed(auto, steps, monkeypatch):
+    """``steps`` steps on the slow link, made slower where the weight's plan in force
+    compresses (0.3 s of sleep against 0.05 s); the model and the sum of every gradient."""
     import time
     links([SLOW], monkeypatch)
-    auto = hvd_compress.Auto(codec_costs=CODEC_COSTS, calibration_steps=3, recheck_every=0, trial_steps=2,
-                             calibrate_compressed=False, trial_plans=2)
     model, opt = build(auto)
     want = {name: torch.zeros(shape) for name, shape in SPECS.items()}
-    for step in range(1, 14):
+    for step in range(1, steps + 1):
         compressed = auto.current_plan().get("net.weight", "none") != "none"
         time.sleep(0.3 if compressed else 0.05)
         train_step(model, opt, step)
         for name, g in grads_at(step).items():
             want[name] += g
+    return model, want
+
+
+def _nothing_lost(model, want, name):
+    for param, p in model.named_parameters():  # lr 1, op Sum: the parameters are minus the sum of gradients
+        total = hvd.allreduce(want[param], op=hvd.Sum, name=f"test.auto.{name}.{param}")
+        torch.testing.assert_close(-p.detach(), total, rtol=1e-4, atol=1e-3)
+
+
+def test_a_compressed_plan_slower_than_the_dense_steps_before_it_is_not_kept(monkeypatch):
+    """The calibration ran dense (``calibrate_compressed=False``) and the model
+    plans the weight compressed on the slow link; its trial steps are made
+    slower than the dense steps were: every rank adopts the dense plan rank 0
+    picked, and what the compressed trial held back is sent out in full."""
+    auto = hvd_compress.Auto(codec_costs=CODEC_COSTS, calibration_steps=3, recheck_every=0, trial_steps=2,
+                             calibrate_compressed=False, trial_plans=2)
+    model, want = _train_slower_when_compressed(auto, 13, monkeypatch)
     state = auto.plan_state
     dense = state.trials[-1]
     assert dense.get("before") and state.trial_pick == len(state.trials) - 1, auto.describe()
     assert any(label != "none" for t in state.trials_run() for label in t["labels"].values()), auto.describe()
     assert set(auto.current_plan().values()) == {"none"} and same_on_all_ranks(
         [state.trial_pick, [t["step_s"] for t in state.trials]], "test.auto.dense_trial_same")
-    for name, p in model.named_parameters():  # lr 1, op Sum: the parameters are minus the sum of gradients
-        total = hvd.allreduce(want[name], op=hvd.Sum, name=f"test.auto.dense_trial.{name}")
-        torch.testing.assert_close(-p.detach(), total, rtol=1e-4, atol=1e-3)
+    _nothing_lost(model, want, "dense_trial")
 
 
 def test_a_recheck_tries_the_plan_it_proposes_and_keeps_the_faster(monkeypatch):
@@ -385,23 +396,12 @@ def test_a_recheck_tries_the_plan_it_proposes_and_keeps_the_faster(monkeypatch):
     tries it against the dense steps before it: every rank keeps the dense
     plan rank 0 picked, under collective names that agree, and nothing the
     compressed trials held back is lost."""
-    import time
-    links([SLOW], monkeypatch)
     auto = hvd_compress.Auto(codec_costs=CODEC_COSTS, calibration_steps=3, recheck_every=6, trial_steps=2,
                              calibrate_compressed=False, trial_plans=2, replan_threshold=0.0)
-    model, opt = build(auto)
-    want = {name: torch.zeros(shape) for name, shape in SPECS.items()}
-    for step in range(1, 17):
-        compressed = auto.current_plan().get("net.weight", "none") != "none"
-        time.sleep(0.3 if compressed else 0.05)
-        train_step(model, opt, step)
-        for name, g in grads_at(step).items():
-            want[name] += g
+    model, want = _train_slower_when_compressed(auto, 16, monkeypatch)
     state = auto.plan_state
     assert len(state.earlier_trials) == 1 and state.trials[-1].get("in_force"), auto.describe()
     assert state.trial_pick == 1 and set(auto.current_plan().values()) == {"none"}, auto.describe()
     assert [start for start, _, _ in state.history][-2:] == [11, 13], auto.describe()
     assert same_on_all_ranks([state.trial_pick, [t["step_s"] for t in state.trials]], "test.auto.recheck_same")
-    for name, p in model.named_parameters():
-        total = hvd.allreduce(want[name], op=hvd.Sum, name=f"test.auto.recheck.{name}")
-        torch.testing.assert_close(-p.detach(), total, rtol=1e-4, atol=1e-3)
+    _nothing_lost(model, want, "recheck")
