@@ -175,6 +175,38 @@ def test_named_docs_paths_exist():
     assert not missing, f"named documents that do not exist: {missing}"
 
 
+def test_readme_time_to_accuracy_table_is_tta_json():
+    """Every cell of README's time-to-dense-accuracy table is ``bench tta``'s speedup of that
+    model, framework, scheme and link in docs/results/tta.json (4 ranks), as its report writes it."""
+    import json
+    from hvd_compress.tools.bench import tta
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    lines = text[text.index("**Time to dense accuracy**"):].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| model |"))
+    links = {"1 Gbit/s-like": "1gbit", "10 Gbit/s-like": "10gbit", "unshaped": "unshaped"}
+    header = [links.get(c.strip(), c.strip()) for c in lines[start].strip("|").split("|")]
+    cells = {(c["framework"], c["model"], c["scheme"], c["link"]): c
+             for c in tta.speedups(json.loads((REPO / "docs/results/tta.json").read_text())) if c["workers"] == 4}
+    checked, model = 0, None
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        row = [c.strip().replace("**", "") for c in line.strip("|").split("|")]
+        model = re.search(r"`(\w+) (\w+)`", row[0]).groups() if row[0] else model
+        scheme = re.search(r"`([^`]+)`", row[1]).group(1)
+        for link, cell in zip(header[2:], row[2:]):
+            c = cells.get((*model, scheme, link))
+            if c is None:
+                want = "not run"
+            elif c["time_s"] is None:
+                want = f"not reached ({c['reached']}/{c['seeds']} seeds)"
+            else:
+                want = " / ".join("-" if v is None else f"{v:.2f}x" for v in (c["vs_none"], c["vs_hvd_fp16"]))
+            assert cell == want, (model, scheme, link, cell, want)
+            checked += 1
+    assert checked >= 18, checked
+
+
 def _readme_e2e_table():
     """The rows of README's end-to-end table: {link label: {column: cell}}."""
     text = (REPO / "README.md").read_text(encoding="utf-8")
