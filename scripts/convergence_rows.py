@@ -398,9 +398,15 @@ def _ramp_text(ramp):
 
 
 def _budget_text(budget):
-    """"2x the steps on the transformer, judged by time to target"."""
-    longer = ", ".join(f"{b:g}x the steps on the {m}" for m, b in budget.items() if b != 1) if isinstance(
-        budget, dict) else f"{budget:g}x the steps"
+    """"2x the steps on the transformer and charlm, judged by time to target" (models of one
+    budget named together)."""
+    if not isinstance(budget, dict):
+        return f"{budget:g}x the steps, judged by time to target"
+    models = {}
+    for m, b in budget.items():
+        if b != 1:
+            models.setdefault(b, []).append(m)
+    longer = ", ".join(f"{b:g}x the steps on the {' and '.join(ms)}" for b, ms in models.items())
     return longer + ", judged by time to target"
 
 

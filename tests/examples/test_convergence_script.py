@@ -178,7 +178,7 @@ def test_the_recipe_table_says_which_cells_time_to_target_judges():
     tta_rows = [_tta("none", 1, 608, budget=640)] + [_tta("TopK(0.01)", s, 700) for s in (1, 2, 3)]
     line = next(l for l in convergence_rows.recipe_table([base, topk], tta_rows=tta_rows).splitlines()
                 if l.startswith("| `TopK(0.01)`"))
-    assert "2x the steps on the transformer, judged by time to target" in line
+    assert "2x the steps on the transformer and charlm, judged by time to target" in line
     assert ("(-1.00 ± 0.29) not met at dense's length; time to target: 3/3 seeds, at most 700 steps "
             "(dense: 608; budget 1280) |") in line  # one dense seed: its steps
 
