@@ -284,9 +284,10 @@ class Auto(Compressor):
             can differ in the step by more than that; only the step separates
             them.  Where the steps before the decision ran dense, the dense
             plan joins the trials, timed on those steps (it costs no step).
-            0 or 1: the fresh plan at once, no trial steps; where only the
-            fresh plan is predicted that close and it is dense, no trial runs
-            either.  TensorFlow never runs trials.
+            0 or 1: the fresh plan at once, no trial steps, and a re-check
+            adopts its new plan on the prediction; where only the fresh plan
+            is predicted that close and it is dense, no trial runs either.
+            TensorFlow never runs trials.
         trial_steps: steps each trial plan runs (>= 2: the first is left out of
             its timing).  Tuning: the trials cost up to ``trial_plans x
             trial_steps`` steps under plans predicted within a tenth of a step of
