@@ -78,17 +78,22 @@ AUTO_FIELDS = ("auto_plan", "auto_warmup", "auto_plan_starts", "auto_trials", "a
                "auto_check_seconds")
 
 
+def _reach(curve, target):
+    """A row's ``target`` and what its curve says of it: reached, and the time, steps and bytes to it."""
+    hit = first_reach(curve, target)
+    return {"target": target, "reached": hit is not None, "time_to_target_s": hit["time_s"] if hit else None,
+            "steps_to_target": hit["step"] if hit else None,
+            "wire_bytes_to_target": hit["wire_bytes"] if hit else None}
+
+
 def make_row(*, model, params, framework, workers, link, link_mbit, scheme, seed, target, curve, measured, command,
              steps, auto=None):
     """One row of tta.json from a run's curve (times and bytes already those of ``link``);
     ``auto``: an Auto run's record, whose :data:`AUTO_FIELDS` the row keeps (``auto_plan``: the
     plan in force at the run's end, ``{tensor: scheme}``)."""
-    hit = first_reach(curve, target)
     extra = {k: auto[k] for k in AUTO_FIELDS if auto and auto.get(k) is not None}
     return {"model": model, "params": params, "framework": framework, "workers": workers, "link": link,
-            "link_mbit": link_mbit, "scheme": scheme, "seed": seed, "target": target, "reached": hit is not None,
-            "time_to_target_s": hit["time_s"] if hit else None, "steps_to_target": hit["step"] if hit else None,
-            "wire_bytes_to_target": hit["wire_bytes"] if hit else None,
+            "link_mbit": link_mbit, "scheme": scheme, "seed": seed, **_reach(curve, target),
             "final_accuracy": curve[-1]["accuracy"] if curve else None, "measured": measured, "curve": curve,
             "budget_steps": steps, "command": command, **extra}
 
@@ -486,17 +491,14 @@ def mapping_markdown(runs):
 def _dense_finals(rows, row):
     """The final accuracies of ``rows``' ``none`` runs of ``row``'s model, framework and ranks."""
     return [d["final_accuracy"] for d in rows if d["scheme"] == "none" and d["link"] == "unshaped"
-            and (d["model"], d["framework"], d["workers"]) == (row["model"], row["framework"], row["workers"])]
+            and _cell_key(d)[:3] == _cell_key(row)[:3]]
 
 
 def _retarget(row, finals):
     """Hold ``row`` to the target ``finals`` (dense's final accuracies) give its scheme, its reach
     read again from its curve; the target of its own run stays as ``own_target``."""
-    target = dense_target(finals, row["scheme"])
-    hit = first_reach(row["curve"], target)
-    row.update({"own_target": row.get("own_target", row["target"]), "target": target, "reached": hit is not None,
-                "time_to_target_s": hit["time_s"] if hit else None, "steps_to_target": hit["step"] if hit else None,
-                "wire_bytes_to_target": hit["wire_bytes"] if hit else None})
+    row.update({"own_target": row.get("own_target", row["target"]),
+                **_reach(row["curve"], dense_target(finals, row["scheme"]))})
 
 
 def join_rows(rows, new_rows, source=None):
@@ -508,10 +510,10 @@ def join_rows(rows, new_rows, source=None):
            if (_cell_key(r), r["seed"]) not in have]
     if not new:
         raise ValueError("join: every (cell, seed) of the new rows is in the table already")
-    models = {(r["model"], r["framework"], r["workers"]) for r in new}
-    out = [dict(r) if (r["model"], r["framework"], r["workers"]) in models else r for r in rows] + new
+    models = {_cell_key(r)[:3] for r in new}
+    out = [dict(r) if _cell_key(r)[:3] in models else r for r in rows] + new
     for r in out:
-        if (r["model"], r["framework"], r["workers"]) in models:
+        if _cell_key(r)[:3] in models:
             _retarget(r, _dense_finals(out, r))
     return out
 
@@ -575,8 +577,7 @@ def main_args(args, command) -> int:
             with open(meta) as f:
                 print(mapping_markdown(json.load(f)))
         if args.png:  # the plot of --model, --framework and --workers' rows, drawn again
-            mine = [r for r in rows if (r["model"], r["framework"], r["workers"])
-                    == (args.model, args.framework, args.workers)]
+            mine = [r for r in rows if _cell_key(r)[:3] == (args.model, args.framework, args.workers)]
             if not mine:
                 raise ValueError(f"--report --png: {args.out} has no rows of {args.framework} {args.model} "
                                  f"at {args.workers} ranks")
