@@ -6,6 +6,7 @@
     hvd-compress bench breakdown [--schemes "none,TopK(0.01)"] [--rates none,1000,100] [--out ...]
     hvd-compress bench link-change [--recheck-every 10] [--steps 40] [--change-at 10] [--out ...]
     hvd-compress bench tta   [--model cnn|transformer|charlm] [--framework torch|tensorflow] [--seeds 1,2,3] ...
+    hvd-compress bench noise [--results docs/results]
     hvd-compress advise      [--params 110M | --layers sizes.json | --torch-model mod:fn] ...
     hvd-compress advise --worked-example
     hvd-compress advise --validate docs/results/e2e.json
@@ -130,6 +131,12 @@ def build_parser():
     _add_cluster_studies(bsub)
     _add_tta(bsub)
     _add_models(bsub)
+    nz = bsub.add_parser("noise", help="what this machine's timings can tell apart: the spread of one "
+                         "configuration timed twice, from the benchmarks' rows (runs nothing)",
+                         description="none against itself across bench tta runs, and Auto()'s dense plan "
+                         "against none within a bench models run (hvd_compress/tools/bench/noise.py).")
+    from .bench.noise import add_arguments as noise_arguments
+    noise_arguments(nz, RESULTS)
     a = sub.add_parser("advise", help="predict per-step communication + compression cost; recommend per tensor",
                        description="The bytes / bandwidth + latency cost model with index overhead, "
                        "allreduce vs allgather transports and measured encode/decode costs.")
@@ -197,7 +204,7 @@ def main(argv=None):
 
 
 #: ``bench`` subcommands whose module takes the parsed arguments and the command line as given
-STUDIES = {"breakdown": "breakdown", "link-change": "link_change", "tta": "tta"}
+STUDIES = {"breakdown": "breakdown", "link-change": "link_change", "tta": "tta", "noise": "noise"}
 
 
 def _run_study(args):
