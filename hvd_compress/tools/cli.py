@@ -173,6 +173,8 @@ def _add_tta(bsub):
     t.add_argument("--time-steps", type=int, default=8, help="steps timed per scheme and link (default %(default)s)")
     t.add_argument("--threads", type=int, default=1)
     t.add_argument("--prefix", default="tta", help="cluster name prefix (default %(default)s)")
+    t.add_argument("--no-pin-cores", action="store_true", help="leave the ranks to the scheduler instead of "
+                   "binding rank r to core r mod cores (hvd_compress/tools/bench/pinning.py)")
     t.add_argument("--out", default=os.path.join(RESULTS, "tta.json"), help="JSON the rows are appended to "
                    "(default %(default)s)")
     t.add_argument("--png", default=None, help="plot (default: the JSON path with -<framework>-<model>.png, -np<N> "

@@ -87,15 +87,16 @@ def _reach(curve, target):
 
 
 def make_row(*, model, params, framework, workers, link, link_mbit, scheme, seed, target, curve, measured, command,
-             steps, auto=None):
+             steps, auto=None, pinned_cores=False):
     """One row of tta.json from a run's curve (times and bytes already those of ``link``);
     ``auto``: an Auto run's record, whose :data:`AUTO_FIELDS` the row keeps (``auto_plan``: the
-    plan in force at the run's end, ``{tensor: scheme}``)."""
+    plan in force at the run's end, ``{tensor: scheme}``); ``pinned_cores``: its ranks ran bound
+    to a core each (the field is left out of rows whose ranks were not)."""
     extra = {k: auto[k] for k in AUTO_FIELDS if auto and auto.get(k) is not None}
     return {"model": model, "params": params, "framework": framework, "workers": workers, "link": link,
             "link_mbit": link_mbit, "scheme": scheme, "seed": seed, **_reach(curve, target),
             "final_accuracy": curve[-1]["accuracy"] if curve else None, "measured": measured, "curve": curve,
-            "budget_steps": steps, "command": command, **extra}
+            "budget_steps": steps, "command": command, **({"pinned_cores": True} if pinned_cores else {}), **extra}
 
 
 def dense_phase_steps(spec, model, steps_per_epoch):
@@ -169,7 +170,7 @@ class Session:
                "--model", a["model"], "--schemes", ",".join(schemes), "--seeds", ",".join(map(str, seeds)),
                "--steps", str(steps or a["steps"]), "--eval-every", str(a["eval_every"]), "--threads", str(a["threads"]),
                "--iface", self.c.iface, "--out", out, "--time-steps", str(time_steps),
-               "--compute-steps", str(compute_steps)]
+               "--compute-steps", str(compute_steps)] + (["--pin-cores"] if a.get("pin_cores") else [])
         argv = self.c.horovodrun_command(cmd, np=a["workers"], controller="gloo", extra=["--start-timeout", "180"])
         rc, log = run_launch(self.c, argv, self.env, a["run_timeout"])
         got = json.load(open(out)) if os.path.exists(out) else []
@@ -195,9 +196,11 @@ def _command():
 def run(framework="torch", model="cnn", schemes=DEFAULT_SCHEMES, seeds="1,2,3", links=",".join(LINKS),
         stands_for="resnet50", workers=4, steps=None, eval_every=None, validate_link=None, time_steps=8,
         threads=1, prefix="tta", out_json=None, out_png=None, run_timeout=3600, progress=True, command=None,
-        validate_schemes=None, curves_from=None, rates_from=None, save_curves=None):
+        validate_schemes=None, curves_from=None, rates_from=None, save_curves=None, pin_cores=True):
     """Bring up the cluster, measure every curve, step time and Auto run, write the rows; return
-    ``(rows, meta)``.  ``validate_schemes``: the fixed schemes trained end to end on
+    ``(rows, meta)``.  ``pin_cores``: rank ``r`` bound to core ``r mod cores``
+    (:mod:`hvd_compress.tools.bench.pinning`; the rows say ``pinned_cores``).
+    ``validate_schemes``: the fixed schemes trained end to end on
     ``validate_link`` (default: all).  ``curves_from``: a worker JSON of unshaped curves measured
     before (the same model, ranks, steps, schemes and seeds), in place of measuring them again.
     ``rates_from``: a tta meta JSON; the shaped links' rates of its last run of this model,
@@ -221,14 +224,14 @@ def run(framework="torch", model="cnn", schemes=DEFAULT_SCHEMES, seeds="1,2,3", 
     seeds = [int(x) for x in str(seeds).split(",")]
     default_steps, default_eval = MODEL_STEPS[model]
     a = {"framework": framework, "model": model, "workers": workers, "threads": threads, "run_timeout": run_timeout,
-         "steps": steps or default_steps, "eval_every": eval_every or default_eval}
+         "steps": steps or default_steps, "eval_every": eval_every or default_eval, "pin_cores": bool(pin_cores)}
     command = command or _command()
     fixed = [s for s in schemes if not is_auto_spec(s)]
     auto_specs = [s for s in schemes if is_auto_spec(s)]
     prog = Progress(3 + len(links), enabled=progress)
     meta = {"command": command, "started": _now(), "model": model, "framework": framework, "workers": workers,
             "steps": a["steps"], "eval_every": a["eval_every"], "stands_for": stands_for, "seeds": seeds,
-            "curves_from": curves_from}
+            "curves_from": curves_from, "pinned_cores": bool(pin_cores)}
     t_start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="hvdc_tta_") as tmp, Cluster(workers, prefix=prefix) as c:
         ses = Session(c, a, tmp, prog)
@@ -318,7 +321,7 @@ def build_rows(a, curves, times, autos, measured_val, rates, validate_link, comm
                              workers=rec["workers"], link=link, link_mbit=rates[link], scheme=rec["scheme"],
                              seed=rec["seed"], target=dense_target(finals, rec["scheme"]), curve=curve,
                              measured=measured, command=command, steps=rec["steps"],
-                             auto=rec if "auto_plan" in rec else None))
+                             auto=rec if "auto_plan" in rec else None, pinned_cores=a.get("pin_cores", False)))
     for rec in curves:
         add(rec, "unshaped", rec["curve"], True)
         if is_auto_spec(rec["scheme"]):
@@ -592,7 +595,7 @@ def main_args(args, command) -> int:
                          time_steps=args.time_steps, threads=args.threads, prefix=args.prefix,
                          out_json=args.out, out_png=png, validate_schemes=args.validate_schemes,
                          curves_from=args.curves_from, rates_from=args.rates_from,
-                         save_curves=args.save_curves, command=command)
+                         save_curves=args.save_curves, command=command, pin_cores=not args.no_pin_cores)
     except ClusterError as err:
         print(f"hvd-compress bench tta: {err}", file=sys.stderr)
         return 2
