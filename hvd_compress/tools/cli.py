@@ -296,6 +296,8 @@ def _add_models(bsub):
     mo.add_argument("--out", default=os.path.join(RESULTS, "models.json"), help="JSON the rows are merged "
                     "into (default %(default)s)")
     mo.add_argument("--no-merge", action="store_true", help="overwrite --out instead of merging into it")
+    mo.add_argument("--no-pin-cores", action="store_true", help="leave the ranks to the scheduler instead of "
+                    "binding rank r to core r mod cores (hvd_compress/tools/bench/pinning.py)")
     mo.add_argument("--quiet", action="store_true")
 
 
@@ -308,7 +310,7 @@ def _bench_models(args):
                                        size=args.size, batch=args.batch,
                                        steps=args.steps, rounds=args.rounds, warmup=args.warmup,
                                        threads=args.threads, prefix=args.prefix, out_json=args.out,
-                                       merge=not args.no_merge,
+                                       merge=not args.no_merge, pin_cores=not args.no_pin_cores,
                                        progress=not args.quiet)
     except ClusterError as err:
         print(f"hvd-compress bench models: {err}", file=sys.stderr)

@@ -31,13 +31,17 @@ def test_the_spread_is_of_one_seed_across_runs_and_a_copied_row_counts_once(tmp_
     b.write_text(json.dumps([_row(1, 0.04, command="c1"), _row(1, 0.10, command="c2"),
                              _row(2, 0.11, command="c2", steps=300)]))
     runs = noise.tta_none_runs([str(a), str(b)])
-    assert runs == {("cnn", "torch", 4, "unshaped", 1): {"c1": 0.04, "c2": 0.10},
-                    ("cnn", "torch", 4, "unshaped", 2): {"c1": 0.10, "c2": 0.11}}
+    assert runs == {("cnn", "torch", 4, "unshaped", False, 1): {"c1": 0.04, "c2": 0.10},
+                    ("cnn", "torch", 4, "unshaped", False, 2): {"c1": 0.10, "c2": 0.11}}
     (cell,) = noise.across_runs(runs)
     assert (cell["runs"], cell["seeds"], cell["fastest_s"], cell["slowest_s"]) == (2, [1, 2], 0.04, 0.11)
     assert abs(cell["largest_spread"] - 2.5) < 1e-9 and abs(cell["smallest_spread"] - 1.1) < 1e-9
     # one run only: nothing to compare
     assert noise.across_runs(noise.tta_none_runs([str(a)])) == []
+    # ranks bound to cores are another configuration, never compared with unbound ones
+    c = tmp_path / "tta_pinned.json"
+    c.write_text(json.dumps([{**_row(1, 0.03, command="c3"), "pinned_cores": True}]))
+    assert noise.across_runs(noise.tta_none_runs([str(a), str(c)])) == []
 
 
 def test_within_a_run_only_an_auto_that_planned_every_tensor_dense_counts():
@@ -54,7 +58,7 @@ def test_within_a_run_only_an_auto_that_planned_every_tensor_dense_counts():
 def test_the_command_prints_what_benchmarks_md_shows():
     out = subprocess.run([sys.executable, "-m", "hvd_compress.tools.cli", "bench", "noise", "--results", RESULTS],
                          capture_output=True, text=True, check=True, cwd=ROOT).stdout.strip()
-    assert "| cnn | torch | 4 | unshaped |" in out and "`none` / `Auto()`" in out
+    assert "| cnn | torch | 4 | unshaped | no |" in out and "`none` / `Auto()`" in out
     with open(os.path.join(RESULTS, "benchmarks.md")) as f:
         doc = f.read()
     assert out in doc, "benchmarks.md's 'What this machine can tell apart' differs from `hvd-compress bench noise`"

@@ -47,8 +47,10 @@ KEY = ("model", "size", "framework", "workers", "link_mbit", "scheme")
 
 def run(models="resnet50,mobilenetv2,bert,gpt2", frameworks="torch,tensorflow", workers="2,4",
         rates="none,1000,100", schemes=DEFAULT_SCHEMES, size="full", batch=4, steps=5, rounds=1, warmup=2, threads=1,
-        prefix="hvdcm", out_json=None, merge=True, run_timeout=1800, progress=True, stream=None):
-    """Every (N, link, framework, model), one launch each running every scheme; returns (rows, failures)."""
+        prefix="hvdcm", out_json=None, merge=True, run_timeout=1800, progress=True, stream=None, pin_cores=True):
+    """Every (N, link, framework, model), one launch each running every scheme; returns (rows, failures).
+    ``pin_cores``: rank ``r`` bound to core ``r mod cores`` (:mod:`hvd_compress.tools.bench.pinning`; the rows
+    say ``pinned_cores``)."""
     from .architectures import check
     from ..testing.cluster import Cluster
     stream = stream or sys.stdout
@@ -73,10 +75,12 @@ def run(models="resnet50,mobilenetv2,bert,gpt2", frameworks="torch,tensorflow", 
                 for framework in frameworks:
                     for model in models:
                         cmd = _worker_command(framework, model, schemes, size, batch, (steps, rounds), warmup, threads,
-                                              os.path.join(tmp, f"{rate}_{framework}_{model}.json"))
+                                              os.path.join(tmp, f"{rate}_{framework}_{model}.json"), pin_cores)
                         got, failed = _launch(c, cmd, n, env, run_timeout * len(schemes) * rounds, schemes)
                         for r in got + failed:
                             r["link_mbit"] = rate
+                            if pin_cores:
+                                r["pinned_cores"] = True
                             _report(prog, r, f"N={n} {rate_label(rate):>13} {framework} {model} {r['scheme']}")
                         rows += got
                         failures += [{**f, "model": model, "framework": framework, "workers": n} for f in failed]
@@ -96,14 +100,14 @@ def run(models="resnet50,mobilenetv2,bert,gpt2", frameworks="torch,tensorflow", 
     return rows, failures
 
 
-def _worker_command(framework, model, schemes, size, batch, steps_rounds, warmup, threads, out):
+def _worker_command(framework, model, schemes, size, batch, steps_rounds, warmup, threads, out, pin_cores=False):
     """The models_worker command line: one launch, every scheme in turn
     (``steps_rounds``: timed steps a round, rounds)."""
     steps, rounds = steps_rounds
     cmd = [sys.executable, "-m", "hvd_compress.tools.bench.models_worker", "--framework", framework, "--model",
            model, "--size", size, "--batch", str(batch), "--steps", str(steps), "--rounds", str(rounds),
            "--warmup", str(warmup),
-           "--threads", str(threads)]
+           "--threads", str(threads)] + (["--pin-cores"] if pin_cores else [])
     return cmd + [arg for spec in schemes for arg in ("--scheme", spec)] + ["--out", out]
 
 

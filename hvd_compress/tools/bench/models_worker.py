@@ -306,8 +306,13 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--pin-cores", action="store_true", help="bind rank r to core r mod cores, before anything "
+                    "starts a thread (hvd_compress/tools/bench/pinning.py)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
+    if a.pin_cores:
+        from .pinning import pin_rank_to_core
+        pin_rank_to_core()
     return run_torch(a) if a.framework == "torch" else run_tf(a)
 
 

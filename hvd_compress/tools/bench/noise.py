@@ -39,9 +39,9 @@ def seconds_a_step(row):
 
 
 def tta_none_runs(paths):
-    """``{(model, framework, workers, link, seed): {command: seconds a step}}`` of the
-    measured ``none`` rows of the tta JSONs ``paths``; a row copied into another file (the
-    same command) counts once."""
+    """``{(model, framework, workers, link, pinned, seed): {command: seconds a step}}`` of the
+    measured ``none`` rows of the tta JSONs ``paths`` (``pinned``: the ranks ran bound to a core
+    each); a row copied into another file (the same command) counts once."""
     runs = defaultdict(dict)
     for path in paths:
         with open(path) as f:
@@ -54,24 +54,24 @@ def tta_none_runs(paths):
             s = seconds_a_step(r)
             if s is None:
                 continue
-            key = (r["model"], r["framework"], r["workers"], r["link"], r["seed"])
+            key = (r["model"], r["framework"], r["workers"], r["link"], bool(r.get("pinned_cores")), r["seed"])
             runs[key].setdefault(r.get("command") or path, s)
     return dict(runs)
 
 
 def across_runs(runs):
-    """Per (model, framework, workers, link): the number of runs, the seeds with two or more,
-    the fastest and slowest seconds a step of one seed, and the largest slowest / fastest of
-    a seed.  Cells where no seed ran twice are left out."""
+    """Per (model, framework, workers, link, pinned): the number of runs, the seeds with two or
+    more, the fastest and slowest seconds a step of one seed, and the largest slowest / fastest
+    of a seed.  Cells where no seed ran twice are left out."""
     cells = defaultdict(list)
-    for (model, framework, workers, link, seed), by_run in runs.items():
+    for (model, framework, workers, link, pinned, seed), by_run in runs.items():
         if len(by_run) >= 2:
-            cells[(model, framework, workers, link)].append((seed, sorted(by_run.values())))
+            cells[(model, framework, workers, link, pinned)].append((seed, sorted(by_run.values())))
     out = []
     for key in sorted(cells):
         seeds = sorted(cells[key])
         spreads = [times[-1] / times[0] for _, times in seeds]
-        out.append({"model": key[0], "framework": key[1], "workers": key[2], "link": key[3],
+        out.append({"model": key[0], "framework": key[1], "workers": key[2], "link": key[3], "pinned": key[4],
                     "runs": max(len(times) for _, times in seeds), "seeds": [s for s, _ in seeds],
                     "fastest_s": min(times[0] for _, times in seeds),
                     "slowest_s": max(times[-1] for _, times in seeds),
@@ -112,11 +112,12 @@ def markdown(across, within):
     """The two tables of docs/results/benchmarks.md ('What this machine can tell apart')."""
     lines = ["**`none` against itself, across runs** (`bench tta`; seconds a training step, one seed "
              "in separate runs):", "",
-             "| model | framework | ranks | link | runs of a seed | seeds | fastest | slowest | "
+             "| model | framework | ranks | link | ranks bound to cores | runs of a seed | seeds | fastest | slowest | "
              "spread of a seed (smallest-largest) |",
-             "|---|---|---:|---|---:|---|---:|---:|---:|"]
+             "|---|---|---:|---|---|---:|---|---:|---:|---:|"]
     for c in across:
-        lines.append(f"| {c['model']} | {c['framework']} | {c['workers']} | {c['link']} | {c['runs']} | "
+        lines.append(f"| {c['model']} | {c['framework']} | {c['workers']} | {c['link']} | "
+                     f"{'yes' if c['pinned'] else 'no'} | {c['runs']} | "
                      f"{','.join(map(str, c['seeds']))} | {c['fastest_s'] * 1000:.0f} ms | "
                      f"{c['slowest_s'] * 1000:.0f} ms | {c['smallest_spread']:.2f}-{c['largest_spread']:.2f}x |")
     lines += ["", "**The same plan twice, within a run** (`bench models`; `Auto()` planned every tensor dense; "
