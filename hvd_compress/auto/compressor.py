@@ -718,9 +718,12 @@ class Auto(Compressor):
     def probe_sizes(self, size):
         """The sizes a check times (:func:`hvd_compress.auto.probe.probe_numels_for`)
         on the link known so far (the last fit, else the early probe's) and
-        the host: all agreed by collectives, so every rank probes the same sizes."""
+        the host, none larger than the planned tensors together: all agreed
+        by collectives, and the tensors the same on every rank (the
+        fingerprint check), so every rank probes the same sizes."""
         state = self.plan_state
-        return probe_numels_for(self.probe_numels, state.link or state.early_link, size, state.machine)
+        most = sum(n for k, (n, _) in state.tensors.items() if self._pinned(k) is None) or None
+        return probe_numels_for(self.probe_numels, state.link or state.early_link, size, state.machine, most)
 
     def _propose(self, keys, size):
         """Rank 0: candidate indices of the new plan, or of the plan in force

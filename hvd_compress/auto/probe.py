@@ -53,11 +53,19 @@ def fastest_of(run, repeats, agree_max):
     return best
 
 
-def probe_numels_for(numels, link, workers, machine=LINK_ONLY):
+def probe_numels_for(numels, link, workers, machine=LINK_ONLY, most=None):
     """The sizes a check times: ``numels``, each capped at what ``link`` moves
     in :data:`PROBE_BUDGET_S`; all of them as given where nothing is known
     (``link`` None or of infinite bandwidth) or the cap would leave fewer
     than two distinct sizes (then the two smallest).
+
+    ``most``: the most elements a step sends (the planned tensors together).
+    No probe is larger: a plan is priced only at sizes up to it, and where
+    the link is fast a larger probe costs far more than a step (a 16M-element
+    allreduce where 4 ranks share 2 cores, for a model of 215k: most of a
+    0.4-0.7 s decision, ``auto_check_seconds`` in docs/results/tta_pinned.json).
+    Two distinct sizes stay: the smallest and ``most`` where it is below the
+    second.
 
     The cap never leaves the largest probe's bytes less time than the link's
     latency steps take: bytes hidden under the latency (and its noise on a
@@ -74,7 +82,7 @@ def probe_numels_for(numels, link, workers, machine=LINK_ONLY):
     8 ranks on 2 cores, 1 Gbit/s (``bench scale``)."""
     sizes = tuple(sorted(set(numels)))
     if link is None or workers < 2 or not math.isfinite(link.bytes_per_s):
-        return sizes
+        return _at_most(sizes, most)
     shared = bool(machine.cpus)
     hops = 2.0 * (workers - 1)
     latency_steps_s = hops * with_wait_floor(link, machine, workers).latency_s
@@ -84,7 +92,17 @@ def probe_numels_for(numels, link, workers, machine=LINK_ONLY):
     capped = tuple(sorted({min(n, cap) for n in sizes}))
     if shared and capped[-1] < min(cap, MAX_PROBE_NUMEL):
         capped = capped[:-1] + (max(capped[-1], min(cap, MAX_PROBE_NUMEL)),)
-    return capped if len(capped) >= 2 else sizes[:2]
+    return _at_most(capped if len(capped) >= 2 else sizes[:2], most)
+
+
+def _at_most(sizes, most):
+    """``sizes`` capped at ``most`` (None: as given), two distinct sizes kept."""
+    if most is None:
+        return sizes
+    capped = tuple(sorted({min(n, int(most)) for n in sizes}))
+    if len(capped) >= 2:
+        return capped
+    return (sizes[0], int(most)) if int(most) > sizes[0] else sizes[:2]
 
 #: Auto switches the 2-rank swap (``HVDC_PAIR_SWAP_MIN_BYTES``) on for payloads
 #: of at least this many bytes, as the README's measurements did

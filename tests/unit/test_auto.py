@@ -925,6 +925,27 @@ def test_on_shared_cores_the_largest_probe_outweighs_the_waits():
     assert slow[:2] == DEFAULT_PROBE_NUMELS[:2] and seconds == pytest.approx(0.1, rel=1e-3)
 
 
+def test_no_probe_is_larger_than_what_a_step_sends():
+    """A model of 215k elements where 4 ranks share 2 cores on a fast link: the largest
+    probe would be raised to 16M elements to outweigh the waits for a core; capped at the
+    planned tensors together, two distinct sizes kept."""
+    from hvd_compress.auto.probe import DEFAULT_PROBE_NUMELS, probe_numels_for
+    from hvd_compress.costmodel.model import shared_host
+    fast, machine = Link(2e-5, 2.5e9), shared_host(4, 2, core_wait_s=0.0)
+    assert probe_numels_for(DEFAULT_PROBE_NUMELS, fast, 4, machine)[-1] > 1 << 22
+    assert probe_numels_for(DEFAULT_PROBE_NUMELS, fast, 4, machine, most=215_370) == (1 << 10, 1 << 16, 215_370)
+    assert probe_numels_for(DEFAULT_PROBE_NUMELS, fast, 4, machine, most=5000) == (1 << 10, 5000)
+    assert probe_numels_for(DEFAULT_PROBE_NUMELS, fast, 4, machine, most=100) == DEFAULT_PROBE_NUMELS[:2]
+    assert probe_numels_for(DEFAULT_PROBE_NUMELS, None, 4, most=5000) == (1 << 10, 5000)
+    big = probe_numels_for(DEFAULT_PROBE_NUMELS, fast, 4, machine)
+    assert probe_numels_for(DEFAULT_PROBE_NUMELS, fast, 4, machine, most=1 << 26) == big
+    # Auto caps at its planned tensors (the ones a rule pins are not planned)
+    auto = hvd_compress.Auto(calibration_steps=1, codec_costs={"Int8": 1e-9},
+                             rules=[hvd_compress.Rule(hvd_compress.NoCompression(), name="pinned.*")])
+    auto.plan_state.tensors.update({"a": (3000, (3000,)), "b": (2000, (2000,)), "pinned.w": (1 << 20, (1 << 20,))})
+    assert auto.probe_sizes(4) == (1 << 10, 5000)
+
+
 @pytest.mark.parametrize("agreed_first_s, calls", [(0.7, [0]), (0.05, [0, 1, 2])])
 def test_a_probe_repeats_a_size_only_where_every_rank_timed_it_fast(agreed_first_s, calls):
     """A size whose first allreduce took over the threshold on some rank (the
