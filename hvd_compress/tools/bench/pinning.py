@@ -2,11 +2,11 @@
 
 The emulated cluster runs its hosts' ranks on the one machine's cores, more ranks than cores.
 Left to the scheduler, a rank and its Horovod and Gloo threads move between cores, and a
-synchronous step waits for whichever rank is off its core.  On the 2-core machine, 4 ranks
-of the PyTorch CNN took 62-103 ms a step across five runs, with 16-step windows of 40-293 ms;
-bound rank ``r`` to core ``r mod cores`` (threads inherit it), 27-31 ms across four runs,
-windows of 24-37 ms (docs/results/benchmarks.md, 'What this machine can tell apart').  A real
-cluster gives each rank its own device or cores; binding is the nearer emulation of it.
+synchronous step waits for whichever rank is off its core.  On the 2-core machine, one seed of
+the PyTorch CNN at 4 ranks took 42-116 ms a step over seven runs left to the scheduler, and
+32-38 ms over three with rank ``r`` bound to core ``r mod cores`` (threads inherit it):
+``hvd-compress bench noise``, docs/results/benchmarks.md, 'What this machine can tell apart'.
+A real cluster gives each rank its own device or cores; binding is the nearer emulation of it.
 
 A worker calls :func:`pin_rank_to_core` before it imports a framework or Horovod: the threads
 it has then are bound, and every thread started later inherits the binding.
