@@ -286,6 +286,7 @@ def test_models_smoke_two_hosts(tmp_path):
                 "startup_s", "plan", "launch_s", "scheme_s", "loadavg_1m_before", "loadavg_1m_after",
                 "vs_best_fixed"} <= set(r)
         assert (r["model"], r["framework"], r["workers"], r["link_mbit"]) == ("gpt2", "torch", 2, None)
+        assert r["pinned_cores"] is True  # each rank bound to a core, by default
         assert r["median_step_s"] > 0 and r["startup_s"] >= 0 and r["tensors"] == 28
         assert r["rounds"] == 2 and len(r["round_median_step_s"]) == 2
         assert len(r["step_s_all"]) == r["untimed_steps"] + 4

@@ -244,6 +244,7 @@ def test_tta_smoke_two_ranks(tmp_path):
     for r in data:
         assert set(tta.FIELDS) <= set(r)
         assert r["workers"] == 2 and r["framework"] == "torch" and 200_000 < r["params"] < 230_000
+        assert r["pinned_cores"] is True  # each rank bound to a core, by default
         assert [p["step"] for p in r["curve"]] == [4, 8, 12]
         assert all(p["wire_bytes"] > 0 and p["time_s"] > 0 for p in r["curve"])
         first = next((p for p in r["curve"] if p["accuracy"] >= r["target"]), None)
@@ -252,6 +253,6 @@ def test_tta_smoke_two_ranks(tmp_path):
         assert r["final_accuracy"] == r["curve"][-1]["accuracy"]
     assert data[0]["target"] == data[0]["final_accuracy"]  # one dense seed: its own final accuracy
     assert data[1]["target"] == pytest.approx(data[0]["final_accuracy"] - 0.5)
-    assert meta["compute_s"] > 0 and (tmp_path / "tta.png").exists()
+    assert meta["compute_s"] > 0 and (tmp_path / "tta.png").exists() and meta["pinned_cores"] is True
     assert json.loads((tmp_path / "tta.meta.json").read_text())[0]["command"] == "test"
     assert "ttat" not in cluster.existing_clusters()
