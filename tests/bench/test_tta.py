@@ -256,3 +256,32 @@ def test_tta_smoke_two_ranks(tmp_path):
     assert meta["compute_s"] > 0 and (tmp_path / "tta.png").exists() and meta["pinned_cores"] is True
     assert json.loads((tmp_path / "tta.meta.json").read_text())[0]["command"] == "test"
     assert "ttat" not in cluster.existing_clusters()
+
+
+def test_a_launch_binds_its_ranks_unless_told_not_to_and_rows_say_so(tmp_path):
+    class Ran:
+        returncode, stdout, stderr = 0, "", ""
+
+    class FakeCluster:
+        iface = "eth0"
+
+        def __init__(self):
+            self.argv = []
+
+        def horovodrun_command(self, cmd, **kw):
+            return list(cmd)
+
+        def run(self, host, argv, **kw):
+            self.argv.append(argv)
+            return Ran()
+
+    for pin in (True, False):
+        c = FakeCluster()
+        a = {"framework": "torch", "model": "cnn", "workers": 2, "threads": 1, "run_timeout": 10, "steps": 4,
+             "eval_every": 2, "pin_cores": pin}
+        tta.Session(c, a, str(tmp_path), None).launch("x", ["none"], [1])
+        assert ("--pin-cores" in c.argv[0]) is pin
+    args = dict(model="cnn", params=1, framework="torch", workers=4, link="unshaped", link_mbit=None, seed=1,
+                scheme="none", target=90.0, curve=_curve([91.0]), measured=True, command="c", steps=10)
+    assert tta.make_row(pinned_cores=True, **args)["pinned_cores"] is True
+    assert "pinned_cores" not in tta.make_row(**args)
