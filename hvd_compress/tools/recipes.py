@@ -47,7 +47,8 @@ WARMUP_EPOCHS = {"cnn": 1, "mlp": 1, "transformer": 2, "charlm": 1}
 #: missed by 1.53 points and DGC by more, and given 1250 steps both came within 0.5 of dense
 #: trained as long (torch, 3 seeds; docs/results/convergence.md).  So their question is the
 #: time to dense's accuracy, not the accuracy after dense's length: given this budget, at 4 ranks
-#: Top-K reached dense's accuracy less 0.5 within 1.2x dense's steps (docs/results/tta.md).
+#: Top-K reached dense's accuracy less 0.5 within 1.21x dense's steps (at most 544 against 448,
+#: the recipe table of docs/results/convergence.md).
 SPARSIFIER_BUDGET = {"cnn": 1, "mlp": 1, "transformer": 2, "charlm": 2}
 
 
