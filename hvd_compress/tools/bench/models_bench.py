@@ -23,7 +23,8 @@ shared launch's seconds), ``scheme_s`` (this scheme's own seconds inside
 it), the machine's load before and after the scheme, and ``vs_best_fixed``
 (the fastest other scheme's step over this one's, same model, framework, N
 and link; for ``Auto``, ``vs_best_candidate``: the same against the
-fixed schemes it may choose).  A scheme that fails gets a failure row (``error``, or the
+fixed schemes it may choose); ``pinned_cores`` where each rank ran bound to a core
+(:mod:`hvd_compress.tools.bench.pinning`, the default).  A scheme that fails gets a failure row (``error``, or the
 launch's ``rc`` and ``log_tail`` when the launch ended before its row) and
 the others keep theirs.  Rows are merged into ``--out`` by (model, size,
 framework, workers, link, scheme).
