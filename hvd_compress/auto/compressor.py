@@ -527,7 +527,7 @@ class Auto(Compressor):
         t0 = time.perf_counter()
         ps, size, rank = cal.world()
         version = f"{len(state.history)}.{start}"
-        keys = sorted(k for k in state.tensors if self._pinned(k) is None)
+        keys = self._planned_keys()
         self._measure(cal, keys, version, size, step_times)
         current = state.in_force()
         if current is None and self.trial_plans > 1 and self._framework != "tensorflow":
@@ -722,7 +722,7 @@ class Auto(Compressor):
         by collectives, and the tensors the same on every rank (the
         fingerprint check), so every rank probes the same sizes."""
         state = self.plan_state
-        most = sum(n for k, (n, _) in state.tensors.items() if self._pinned(k) is None) or None
+        most = sum(state.tensors[k][0] for k in self._planned_keys()) or None
         return probe_numels_for(self.probe_numels, state.link or state.early_link, size, state.machine, most)
 
     def _propose(self, keys, size):
@@ -765,6 +765,10 @@ class Auto(Compressor):
         state = self.plan_state
         return choice_as(choice, label, *state.tensors[key], size, state.link, self.candidates,
                          state.codec_s[key], state.machine)
+
+    def _planned_keys(self):
+        """The keys a decision plans, sorted: every tensor seen that no rule pins."""
+        return sorted(k for k in self.plan_state.tensors if self._pinned(k) is None)
 
     def _pinned(self, key):
         numel, shape = self.plan_state.tensors[key]

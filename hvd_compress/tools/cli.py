@@ -146,6 +146,7 @@ def build_parser():
 
 
 def _add_tta(bsub):
+    from .bench.pinning import add_driver_argument as pin_driver_argument
     from .bench.tta import DEFAULT_SCHEMES, LINKS
     t = bsub.add_parser("tta", help="time to dense accuracy: real training under horovodrun on the emulated "
                         "cluster (root)", description="Trains each scheme under its recipe, evaluates every K "
@@ -173,8 +174,7 @@ def _add_tta(bsub):
     t.add_argument("--time-steps", type=int, default=8, help="steps timed per scheme and link (default %(default)s)")
     t.add_argument("--threads", type=int, default=1)
     t.add_argument("--prefix", default="tta", help="cluster name prefix (default %(default)s)")
-    t.add_argument("--no-pin-cores", action="store_true", help="leave the ranks to the scheduler instead of "
-                   "binding rank r to core r mod cores (hvd_compress/tools/bench/pinning.py)")
+    pin_driver_argument(t)
     t.add_argument("--out", default=os.path.join(RESULTS, "tta.json"), help="JSON the rows are appended to "
                    "(default %(default)s)")
     t.add_argument("--png", default=None, help="plot (default: the JSON path with -<framework>-<model>.png, -np<N> "
@@ -270,6 +270,7 @@ def _dispatch(args):
 
 def _add_models(bsub):
     """``bench models`` (:mod:`hvd_compress.tools.bench.models_bench`)."""
+    from .bench.pinning import add_driver_argument as pin_driver_argument
     mo = bsub.add_parser("models", help="Horovod-style synthetic benchmarks of ResNet-50, MobileNetV2, BERT and "
                          "GPT-2 on the emulated cluster (root)",
                          description="Median step, start-up (Auto's broken down) and Auto's plan of real "
@@ -296,8 +297,7 @@ def _add_models(bsub):
     mo.add_argument("--out", default=os.path.join(RESULTS, "models.json"), help="JSON the rows are merged "
                     "into (default %(default)s)")
     mo.add_argument("--no-merge", action="store_true", help="overwrite --out instead of merging into it")
-    mo.add_argument("--no-pin-cores", action="store_true", help="leave the ranks to the scheduler instead of "
-                    "binding rank r to core r mod cores (hvd_compress/tools/bench/pinning.py)")
+    pin_driver_argument(mo)
     mo.add_argument("--quiet", action="store_true")
 
 

@@ -38,3 +38,15 @@ def test_a_pinned_process_and_its_threads_run_on_its_core_only():
     core, later, every_thread = __import__("json").loads(out)
     assert core == cores[(len(cores) + 1) % len(cores)]
     assert later == [core] and every_thread == [core]
+
+
+def test_a_worker_binds_only_when_its_flag_asks():
+    import argparse
+    p = argparse.ArgumentParser()
+    pinning.add_worker_argument(p)
+    before = os.sched_getaffinity(0)
+    pinning.pin_if_asked(p.parse_args([]))  # no flag: nothing changes (no rank is needed either)
+    assert os.sched_getaffinity(0) == before and p.parse_args(["--pin-cores"]).pin_cores
+    d = argparse.ArgumentParser()
+    pinning.add_driver_argument(d)
+    assert not d.parse_args([]).no_pin_cores and d.parse_args(["--no-pin-cores"]).no_pin_cores

@@ -42,6 +42,8 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+from .pinning import add_worker_argument, pin_if_asked
+
 
 def _compression(spec, framework):
     from .specs import HOROVOD_SPECS, horovod_compression, parse_spec
@@ -306,13 +308,10 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--pin-cores", action="store_true", help="bind rank r to core r mod cores, before anything "
-                    "starts a thread (hvd_compress/tools/bench/pinning.py)")
+    add_worker_argument(ap)
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
-    if a.pin_cores:
-        from .pinning import pin_rank_to_core
-        pin_rank_to_core()
+    pin_if_asked(a)
     return run_torch(a) if a.framework == "torch" else run_tf(a)
 
 

@@ -37,6 +37,24 @@ def core_for(rank: int, cores) -> int:
     return cores[rank % len(cores)]
 
 
+def add_worker_argument(parser):
+    """A benchmark worker's ``--pin-cores``: :func:`pin_if_asked` binds the rank when given."""
+    parser.add_argument("--pin-cores", action="store_true", help="bind rank r to core r mod cores, before "
+                        "anything starts a thread (hvd_compress/tools/bench/pinning.py)")
+
+
+def add_driver_argument(parser):
+    """A benchmark's ``--no-pin-cores``: its workers are bound unless it is given."""
+    parser.add_argument("--no-pin-cores", action="store_true", help="leave the ranks to the scheduler instead "
+                        "of binding rank r to core r mod cores (hvd_compress/tools/bench/pinning.py)")
+
+
+def pin_if_asked(args):
+    """Bind this rank (:func:`pin_rank_to_core`) where the worker's ``args`` ask for it."""
+    if args.pin_cores:
+        pin_rank_to_core()
+
+
 def pin_rank_to_core(env=None) -> int:
     """Bind this process to its rank's core, among the cores it may run on now: every thread
     it has (an imported library may have started some) and so every thread it starts from now

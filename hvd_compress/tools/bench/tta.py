@@ -231,7 +231,7 @@ def run(framework="torch", model="cnn", schemes=DEFAULT_SCHEMES, seeds="1,2,3", 
     prog = Progress(3 + len(links), enabled=progress)
     meta = {"command": command, "started": _now(), "model": model, "framework": framework, "workers": workers,
             "steps": a["steps"], "eval_every": a["eval_every"], "stands_for": stands_for, "seeds": seeds,
-            "curves_from": curves_from, "pinned_cores": bool(pin_cores)}
+            "curves_from": curves_from, "pinned_cores": a["pin_cores"]}
     t_start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="hvdc_tta_") as tmp, Cluster(workers, prefix=prefix) as c:
         ses = Session(c, a, tmp, prog)

@@ -38,6 +38,7 @@ import time
 from ..recipes import (DENSE_BELOW_WITH_EMBEDDINGS, MODEL_LR_PER_RANK, WARMUP_EPOCHS, is_auto_spec, per_model,
                        recipe_of_spec)
 from .e2e_worker import read_iface
+from .pinning import add_worker_argument, pin_if_asked
 from .specs import HOROVOD_SPECS, horovod_compression, keyword_args, split_specs
 from .tta_data import BATCH, load, lm_batch
 
@@ -382,17 +383,14 @@ def main(argv=None):
     p.add_argument("--compute-steps", type=int, default=0, help="first time this many purely local steps")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--iface", default="eth0")
-    p.add_argument("--pin-cores", action="store_true", help="bind rank r to core r mod cores, before anything "
-                   "starts a thread (hvd_compress/tools/bench/pinning.py)")
+    add_worker_argument(p)
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
     if a.steps < 1 or a.eval_every < 1:
         p.error("--steps and --eval-every must be >= 1")
     if a.time_steps and a.time_warmup < 1:
         p.error("--time-warmup must be >= 1 (the first step also builds Horovod's caches)")
-    if a.pin_cores:
-        from .pinning import pin_rank_to_core
-        pin_rank_to_core()
+    pin_if_asked(a)
     return run_torch(a) if a.framework == "torch" else run_tf(a)
 
 
