@@ -125,6 +125,8 @@ def build_parser():
     sc.add_argument("--settle-max-s", type=float, default=60.0, help="before each launch, wait up to this long "
                     "for other work to stop running (default %(default)s)")
     sc.add_argument("--quiet", action="store_true")
+    from .bench.pinning import add_driver_argument as pin_driver_argument
+    pin_driver_argument(sc)
     sc.add_argument("--report", action="store_true", help="run nothing: print --out's rows as the markdown "
                     "table of docs/results/benchmarks.md")
 
@@ -260,7 +262,8 @@ def _dispatch(args):
                                     params=args.params, steps=args.steps, warmup=args.warmup, passes=args.passes,
                                     compute_steps=args.compute_steps, batch=args.batch, threads=args.threads,
                                     prefix=args.prefix, out_json=args.out, out_png=png, merge=not args.no_merge,
-                                    progress=not args.quiet, settle_max_s=args.settle_max_s)
+                                    progress=not args.quiet, settle_max_s=args.settle_max_s,
+                                    pin_cores=not args.no_pin_cores)
         except ClusterError as err:
             print(f"hvd-compress bench scale: {err}", file=sys.stderr)
             return 2

@@ -77,6 +77,21 @@ def test_scale_row_has_the_link_fields_and_link_time():
     assert row["link_s"] == pytest.approx(1.75 - 0.55) and row["comm_s_measured"] == row["link_s"]
     # allgather at N=2: one payload out
     assert row["expected_wire_bytes_per_step"] == 1000.0 and row["wire_to_expected"] == 2.5
+    assert "pinned_cores" not in row  # left to the scheduler
+    pinned = S.build_row(_worker_row(), link_mbit=100.0, link_measured_mbit=95.0, link_rtt_s=6e-5,
+                         controller="gloo", command="c", pinned_cores=True)
+    assert pinned["pinned_cores"] is True
+
+
+def test_the_scale_worker_takes_pin_cores_and_the_driver_no_pin_cores(capsys):
+    """The driver launches ``e2e_worker --pin-cores`` unless ``--no-pin-cores``: both parse."""
+    from hvd_compress.tools.cli import build_parser
+    args = build_parser().parse_args(["bench", "scale", "--no-pin-cores"])
+    assert args.no_pin_cores is True
+    assert build_parser().parse_args(["bench", "scale"]).no_pin_cores is False
+    with pytest.raises(SystemExit):  # past the parsing of --pin-cores, to the check of --warmup
+        W.main(["--pin-cores", "--out", "x.json", "--warmup", "0"])
+    assert "--warmup must be >= 1" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("transport,n,want", [("allreduce", 4, 1.5), ("powersgd", 8, 1.75), ("allgather", 8, 7.0),

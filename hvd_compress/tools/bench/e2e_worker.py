@@ -32,6 +32,8 @@ import statistics
 import sys
 import time
 
+from .pinning import add_worker_argument, pin_if_asked
+
 
 def read_iface(iface):
     """(rx_bytes, tx_bytes) of ``iface`` in this process's network namespace."""
@@ -669,6 +671,7 @@ def main(argv=None):
     p.add_argument("--step-timeline", default=None,
                    help="with --breakdown: rank 0 records Horovod's timeline of the timed steps to this file")
     p.add_argument("--out", required=True)
+    add_worker_argument(p)
     a = p.parse_args(argv)
     if a.breakdown and a.framework != "torch":
         p.error("--breakdown is implemented for --framework torch")
@@ -678,6 +681,7 @@ def main(argv=None):
         a.framework = "tensorflow"
     if a.warmup < 1:
         p.error("--warmup must be >= 1 (the first step also builds Horovod's caches)")
+    pin_if_asked(a)
     return run_torch(a) if a.framework == "torch" else run_tf(a)
 
 

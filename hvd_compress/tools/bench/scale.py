@@ -75,7 +75,9 @@ Run
     ``settle_s`` (how long the launch waited for that to fall to
     :data:`QUIET_RUNNABLE`),
     ``cpus``, ``measured_at`` (UTC), ``command`` (the command line that made
-    the row), ``per_rank``, ``auto_plan`` (Auto only).
+    the row), ``per_rank``, ``auto_plan`` (Auto only), ``pinned_cores`` (true
+    where each rank ran bound to core ``rank mod cores``, the default; absent
+    where ``--no-pin-cores`` left the ranks to the scheduler).
 """
 from __future__ import annotations
 
@@ -162,7 +164,8 @@ def expected_wire(transport, payload, n):
 
 
 def build_row(worker_row, *, link_mbit, link_measured_mbit, link_rtt_s, controller, command, launch_s=None,
-              load_before=None, load_after=None, measured_at=None, runnable_before=None, settle_s=None):
+              load_before=None, load_after=None, measured_at=None, runnable_before=None, settle_s=None,
+              pinned_cores=False):
     """A ``scale_measured.json`` row from one scheme's worker row and what the
     driver knows of the link and the run."""
     row = dict(worker_row)
@@ -175,6 +178,8 @@ def build_row(worker_row, *, link_mbit, link_measured_mbit, link_rtt_s, controll
     row["comm_s_measured"] = row["link_s"]  # the name ``advise --validate`` reads
     row["expected_wire_bytes_per_step"] = expected_wire(row.get("transport"), row.get("payload_bytes_per_step"),
                                                         row["workers"])
+    if pinned_cores:
+        row["pinned_cores"] = True
     wire, exp = row.get("wire_bytes_per_step"), row["expected_wire_bytes_per_step"]
     row["wire_to_expected"] = wire / exp if wire and exp else None
     return row
@@ -266,9 +271,11 @@ def measure_rtt_s(cluster, src=1, dst=0, rounds=50, port=5202):
 def run(workers=DEFAULT_WORKERS, rates=DEFAULT_RATES, schemes=DEFAULT_SCHEMES, model="mlp", params=DEFAULT_PARAMS,
         steps=4, warmup=2, passes=2, compute_steps=3, batch=32, threads=1, prefix="sb", out_json=None,
         out_png=None, merge=True, idle_seconds=0.5, run_timeout=1800, progress=True, stream=None, command=None,
-        settle_max_s=60.0):
+        settle_max_s=60.0, pin_cores=True):
     """Bring up the cluster, run every (rate, N) with all schemes, tear it down;
-    merge the rows into ``out_json``; return the new rows."""
+    merge the rows into ``out_json``; return the new rows.  ``pin_cores``: rank ``r``
+    bound to core ``r mod cores`` (:mod:`hvd_compress.tools.bench.pinning`; the rows
+    say ``pinned_cores``)."""
     from ..testing.cluster import Cluster
 
     stream = stream or sys.stdout
@@ -305,7 +312,7 @@ def run(workers=DEFAULT_WORKERS, rates=DEFAULT_RATES, schemes=DEFAULT_SCHEMES, m
                        "--scheme", ",".join(schemes), "--passes", str(passes), "--steps", str(steps),
                        "--min-steps", str(steps), "--warmup", str(warmup), "--compute-steps", str(compute_steps),
                        "--threads", str(threads), "--idle-seconds", str(idle_seconds), "--iface", c.iface,
-                       "--out", out]
+                       "--out", out] + (["--pin-cores"] if pin_cores else [])
                 argv = c.horovodrun_command(cmd, np=n, controller="gloo", extra=["--start-timeout", "180"])
                 runnable, waited = settle(settle_max_s)
                 load_before, t0 = os.getloadavg()[0], time.monotonic()
@@ -322,7 +329,7 @@ def run(workers=DEFAULT_WORKERS, rates=DEFAULT_RATES, schemes=DEFAULT_SCHEMES, m
                 new = [build_row(w, link_mbit=rate, link_measured_mbit=goodput, link_rtt_s=rtt, controller="gloo",
                                  command=command, launch_s=launch_s, load_before=load_before,
                                  load_after=os.getloadavg()[0], measured_at=now.strftime("%Y-%m-%dT%H:%M:%SZ"),
-                                 runnable_before=runnable, settle_s=waited)
+                                 runnable_before=runnable, settle_s=waited, pinned_cores=pin_cores)
                        for w in got]
                 rows += new
                 prog.step(label, "; ".join(f"{x['scheme']} {human_seconds(x['median_step_s'])}" for x in new))
