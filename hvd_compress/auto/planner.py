@@ -443,17 +443,28 @@ def trial_plans(tensors, workers, link, candidates, codec_s, min_gain=0.1, machi
     """The plans worth timing in training, best predicted first, as
     ``[({key: label}, predicted seconds a step)]``: the fresh :func:`plan`,
     then for each candidate family (:func:`candidate_families`) the plan
-    with the candidates restricted to ``none`` and that family.  A plan
-    predicted more than ``margin_s`` slower than the fresh one, or one with
-    the same label on every tensor as a plan before it, is left out; at most
-    ``most``.  Why: the cost model prices plans within its error of each
-    other alike, and only the step can tell them apart."""
+    with the candidates restricted to ``none`` and that family, and (where
+    ``backward_s`` hides part of the link) the plan made as if nothing hid.
+    A plan predicted more than ``margin_s`` slower than the fresh one, or one
+    with the same label on every tensor as a plan before it, is left out; at
+    most ``most``.  Why: the cost model prices plans within its error of each
+    other alike, and only the step can tell them apart.  Why the plan without
+    hiding: how much of a dense allreduce the backward pass hides is the
+    model's least certain term on CPU hosts, where the collective's copies
+    and sums run on the cores the backward pass computes on.  On GPT-2 small
+    at 2 ranks (PyTorch, unshaped link) the model hid all 0.85 s of the
+    dense allreduce behind the 2.2 s backward pass and planned every tensor
+    dense, with nothing to try; Top-K(0.01), which it priced within the
+    margin, measured 2.22 s a step against dense's 2.42 s
+    (docs/results/benchmarks.md, "GPT-2")."""
     check_range("most", most, 1, None, kind=int)
     fresh = plan(tensors, workers, link, candidates, codec_s, (), min_gain, machine, backward_s)
     found = [fresh]
     for family in candidate_families(candidates):
         only = [candidates[0]] + [c for c in candidates[1:] if c.base_label == family]
         found.append(plan(tensors, workers, link, only, codec_s, (), min_gain, machine, backward_s))
+    if backward_s > 0:
+        found.append(plan(tensors, workers, link, candidates, codec_s, (), min_gain, machine, 0.0))
     totals = [predicted_total(p, tensors, workers, link, candidates, codec_s, machine, backward_s) for p in found]
     out, seen = [], set()
     # the fresh plan first, then the others by predicted total (sorted() keeps the earlier of equals)
