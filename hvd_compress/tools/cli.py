@@ -19,6 +19,8 @@ import argparse
 import os
 import sys
 
+from .bench.pinning import add_driver_argument as pin_driver_argument
+
 #: where ``bench`` writes its JSON by default: docs/results of the checkout this package runs from
 RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "docs", "results")
 
@@ -125,7 +127,6 @@ def build_parser():
     sc.add_argument("--settle-max-s", type=float, default=60.0, help="before each launch, wait up to this long "
                     "for other work to stop running (default %(default)s)")
     sc.add_argument("--quiet", action="store_true")
-    from .bench.pinning import add_driver_argument as pin_driver_argument
     pin_driver_argument(sc)
     sc.add_argument("--report", action="store_true", help="run nothing: print --out's rows as the markdown "
                     "table of docs/results/benchmarks.md")
@@ -148,7 +149,6 @@ def build_parser():
 
 
 def _add_tta(bsub):
-    from .bench.pinning import add_driver_argument as pin_driver_argument
     from .bench.tta import DEFAULT_SCHEMES, LINKS
     t = bsub.add_parser("tta", help="time to dense accuracy: real training under horovodrun on the emulated "
                         "cluster (root)", description="Trains each scheme under its recipe, evaluates every K "
@@ -273,7 +273,6 @@ def _dispatch(args):
 
 def _add_models(bsub):
     """``bench models`` (:mod:`hvd_compress.tools.bench.models_bench`)."""
-    from .bench.pinning import add_driver_argument as pin_driver_argument
     mo = bsub.add_parser("models", help="Horovod-style synthetic benchmarks of ResNet-50, MobileNetV2, BERT and "
                          "GPT-2 on the emulated cluster (root)",
                          description="Median step, start-up (Auto's broken down) and Auto's plan of real "

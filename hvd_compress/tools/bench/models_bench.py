@@ -39,6 +39,7 @@ import time
 
 from ..recipes import is_auto_spec
 from .e2e import clean_log, parse_rates, rate_label, run_launch
+from .pinning import worker_arguments
 from .report import Progress, human_seconds, table, write_json
 from .specs import parse_spec, split_specs
 
@@ -108,7 +109,7 @@ def _worker_command(framework, model, schemes, size, batch, steps_rounds, warmup
     cmd = [sys.executable, "-m", "hvd_compress.tools.bench.models_worker", "--framework", framework, "--model",
            model, "--size", size, "--batch", str(batch), "--steps", str(steps), "--rounds", str(rounds),
            "--warmup", str(warmup),
-           "--threads", str(threads)] + (["--pin-cores"] if pin_cores else [])
+           "--threads", str(threads)] + worker_arguments(pin_cores)
     return cmd + [arg for spec in schemes for arg in ("--scheme", spec)] + ["--out", out]
 
 

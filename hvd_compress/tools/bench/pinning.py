@@ -49,6 +49,11 @@ def add_driver_argument(parser):
                         "of binding rank r to core r mod cores (hvd_compress/tools/bench/pinning.py)")
 
 
+def worker_arguments(pin_cores) -> list:
+    """What a benchmark driver adds to its worker's command line: ``--pin-cores`` where it binds."""
+    return ["--pin-cores"] if pin_cores else []
+
+
 def pin_if_asked(args):
     """Bind this rank (:func:`pin_rank_to_core`) where the worker's ``args`` ask for it."""
     if args.pin_cores:

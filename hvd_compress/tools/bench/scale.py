@@ -94,6 +94,7 @@ import time
 from ..recipes import is_auto_spec
 from ..units import parse_count
 from .e2e import clean_log, parse_rates, rate_label, run_launch
+from .pinning import worker_arguments
 from .report import Progress, human_bytes, human_count, human_seconds, table, write_json
 from .specs import parse_spec, split_specs
 
@@ -312,7 +313,7 @@ def run(workers=DEFAULT_WORKERS, rates=DEFAULT_RATES, schemes=DEFAULT_SCHEMES, m
                        "--scheme", ",".join(schemes), "--passes", str(passes), "--steps", str(steps),
                        "--min-steps", str(steps), "--warmup", str(warmup), "--compute-steps", str(compute_steps),
                        "--threads", str(threads), "--idle-seconds", str(idle_seconds), "--iface", c.iface,
-                       "--out", out] + (["--pin-cores"] if pin_cores else [])
+                       "--out", out] + worker_arguments(pin_cores)
                 argv = c.horovodrun_command(cmd, np=n, controller="gloo", extra=["--start-timeout", "180"])
                 runnable, waited = settle(settle_max_s)
                 load_before, t0 = os.getloadavg()[0], time.monotonic()

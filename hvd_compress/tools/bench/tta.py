@@ -46,6 +46,7 @@ import time
 from ..link_mapping import REFERENCE_GBIT, map_links
 from ..recipes import WARMUP_EPOCHS, budget_steps, is_auto_spec, per_model, recipe_of_spec, tolerance_of
 from .e2e import clean_log, run_launch
+from .pinning import worker_arguments
 from .report import Progress, write_json
 from .specs import HOROVOD_SPECS, parse_spec, split_specs
 
@@ -170,7 +171,7 @@ class Session:
                "--model", a["model"], "--schemes", ",".join(schemes), "--seeds", ",".join(map(str, seeds)),
                "--steps", str(steps or a["steps"]), "--eval-every", str(a["eval_every"]), "--threads", str(a["threads"]),
                "--iface", self.c.iface, "--out", out, "--time-steps", str(time_steps),
-               "--compute-steps", str(compute_steps)] + (["--pin-cores"] if a.get("pin_cores") else [])
+               "--compute-steps", str(compute_steps)] + worker_arguments(a.get("pin_cores"))
         argv = self.c.horovodrun_command(cmd, np=a["workers"], controller="gloo", extra=["--start-timeout", "180"])
         rc, log = run_launch(self.c, argv, self.env, a["run_timeout"])
         got = json.load(open(out)) if os.path.exists(out) else []
