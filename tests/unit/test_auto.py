@@ -1260,6 +1260,15 @@ def test_trials_on_mobilenetv2_are_the_schemes_the_model_cannot_separate():
     assert _saved_trials("mobilenetv2|full|torch|2|None|Auto()") == [{"none": 158}]
 
 
+def test_bert_at_100_mbit_tries_powersgd_and_both_topk_ratios():
+    """``bench models``, PyTorch BERT-base at 2 ranks and 100 Mbit/s
+    (docs/results/models_bert_links_auto_state.json): the three trial plans that
+    docs/results/benchmarks.md names, best predicted first, replayed from Auto's
+    own measurements."""
+    saved = _saved_trials("bert|full|torch|2|100.0|Auto()", "models_bert_links_auto_state.json")
+    assert saved == [{"none": 99, "PowerSGD(4)": 51}, {"TopK(0.01)": 76, "none": 74}, {"TopK(0.1)": 76, "none": 74}]
+
+
 def test_gpt2_tries_the_plan_that_wins_if_the_backward_pass_hides_nothing():
     """``bench models``, PyTorch GPT-2 small at 2 ranks, unshaped
     (docs/results/models_gpt2_untried_auto_state.json): Auto's model hides the whole dense
