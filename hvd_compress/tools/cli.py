@@ -299,6 +299,10 @@ def _add_models(bsub):
     mo.add_argument("--out", default=os.path.join(RESULTS, "models.json"), help="JSON the rows are merged "
                     "into (default %(default)s)")
     mo.add_argument("--no-merge", action="store_true", help="overwrite --out instead of merging into it")
+    mo.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                    help="an environment variable for every rank (repeatable), such as "
+                         "HVDC_PAIR_SWAP_MIN_BYTES=1048576; each row's hvdc_env records the HVDC_ "
+                         "variables its ranks saw")
     pin_driver_argument(mo)
     mo.add_argument("--quiet", action="store_true")
 
@@ -307,13 +311,18 @@ def _bench_models(args):
     from .bench import models_bench
     from .testing.cluster import ClusterError
     try:
+        extra_env = models_bench.parse_env(args.env)
+    except ValueError as err:
+        print(f"hvd-compress bench models: {err}", file=sys.stderr)
+        return 2
+    try:
         _, failures = models_bench.run(models=args.models, frameworks=args.frameworks, workers=args.workers,
                                        rates=args.rates, schemes=args.schemes or models_bench.DEFAULT_SCHEMES,
                                        size=args.size, batch=args.batch,
                                        steps=args.steps, rounds=args.rounds, warmup=args.warmup,
                                        threads=args.threads, prefix=args.prefix, out_json=args.out,
                                        merge=not args.no_merge, pin_cores=not args.no_pin_cores,
-                                       progress=not args.quiet)
+                                       progress=not args.quiet, extra_env=extra_env)
     except ClusterError as err:
         print(f"hvd-compress bench models: {err}", file=sys.stderr)
         return 2

@@ -277,7 +277,7 @@ def test_models_smoke_two_hosts(tmp_path):
     rows, failures = models_bench.run(models="gpt2", frameworks="torch", workers="2", rates="none",
                                       schemes="none,hvd_fp16,Auto()", size="tiny", steps=2, rounds=2, warmup=1,
                                       prefix="hvdcmt", out_json=str(out), run_timeout=100, progress=False,
-                                      stream=open(os.devnull, "w"))
+                                      stream=open(os.devnull, "w"), extra_env={"HVDC_PAIR_SWAP_MIN_BYTES": "1048576"})
     assert not failures, failures
     data = json.loads(out.read_text())
     assert [r["scheme"] for r in data] == ["none", "hvd_fp16", "Auto()"]
@@ -287,6 +287,7 @@ def test_models_smoke_two_hosts(tmp_path):
                 "vs_best_fixed"} <= set(r)
         assert (r["model"], r["framework"], r["workers"], r["link_mbit"]) == ("gpt2", "torch", 2, None)
         assert r["pinned_cores"] is True  # each rank bound to a core, by default
+        assert r["hvdc_env"] == {"HVDC_PAIR_SWAP_MIN_BYTES": "1048576"}  # extra_env reached the ranks
         assert r["median_step_s"] > 0 and r["startup_s"] >= 0 and r["tensors"] == 28
         assert r["rounds"] == 2 and len(r["round_median_step_s"]) == 2
         assert len(r["step_s_all"]) == r["untimed_steps"] + 4
@@ -303,8 +304,20 @@ def test_models_smoke_two_hosts(tmp_path):
     # the trial plans' steps (where more than one plan was predicted close) count before the final plan
     assert parts["calibration_steps"] == 3 and parts["probe_s"] > 0 and parts["trial_plans_run"] != 1
     assert parts["steps_before_final_plan"] == 3 + 4 * parts["trial_plans_run"]
+    ran = [t for t in parts["trials"] if not t["before"]]
+    assert len(ran) == parts["trial_plans_run"] and sum(t["picked"] for t in parts["trials"]) == (1 if ran else 0)
+    assert all(sum(t["plan"].values()) == 28 for t in parts["trials"])
     assert models_bench.merged(str(out), data[:1]) == data[1:] + data[:1]  # a rerun replaces its own rows
     assert "hvdcmt" not in cluster.existing_clusters()
+
+
+def test_models_env_takes_name_equals_value():
+    from hvd_compress.tools.bench.models_bench import parse_env
+    assert parse_env(["HVDC_PAIR_SWAP_MIN_BYTES=1048576", "A_B="]) == {"HVDC_PAIR_SWAP_MIN_BYTES": "1048576",
+                                                                      "A_B": ""}
+    for bad in ("HVDC_PAIR_SWAP_MIN_BYTES", "=1", "1A=2", "A B=1"):
+        with pytest.raises(ValueError, match="--env takes NAME=VALUE"):
+            parse_env([bad])
 
 
 def test_models_compares_auto_with_the_fixed_schemes_it_may_choose():

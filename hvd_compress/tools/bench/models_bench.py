@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -49,10 +50,12 @@ KEY = ("model", "size", "framework", "workers", "link_mbit", "scheme")
 
 def run(models="resnet50,mobilenetv2,bert,gpt2", frameworks="torch,tensorflow", workers="2,4",
         rates="none,1000,100", schemes=DEFAULT_SCHEMES, size="full", batch=4, steps=5, rounds=1, warmup=2, threads=1,
-        prefix="hvdcm", out_json=None, merge=True, run_timeout=1800, progress=True, stream=None, pin_cores=True):
+        prefix="hvdcm", out_json=None, merge=True, run_timeout=1800, progress=True, stream=None, pin_cores=True,
+        extra_env=None):
     """Every (N, link, framework, model), one launch each running every scheme; returns (rows, failures).
     ``pin_cores``: rank ``r`` bound to core ``r mod cores`` (:mod:`hvd_compress.tools.bench.pinning`; the rows
-    say ``pinned_cores``)."""
+    say ``pinned_cores``).  ``extra_env``: ``{name: value}`` set for every rank (each row's ``hvdc_env``
+    records the ``HVDC_*`` variables its ranks saw)."""
     from .architectures import check
     from ..testing.cluster import Cluster
     stream = stream or sys.stdout
@@ -69,7 +72,7 @@ def run(models="resnet50,mobilenetv2,bert,gpt2", frameworks="torch,tensorflow", 
     prog = Progress(len(sizes) * len(rates) * len(frameworks) * len(models) * len(schemes), enabled=progress)
     rows, failures = [], []
     env = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1",
-           "OMP_NUM_THREADS": str(threads)}
+           "OMP_NUM_THREADS": str(threads), **(extra_env or {})}
     for n in sizes:
         with tempfile.TemporaryDirectory(prefix="hvdc_models_") as tmp, Cluster(n, prefix=prefix) as c:
             for rate in rates:
@@ -100,6 +103,17 @@ def run(models="resnet50,mobilenetv2,bert,gpt2", frameworks="torch,tensorflow", 
         if failures:
             write_json(os.path.splitext(out_json)[0] + "_failures.json", failures)
     return rows, failures
+
+
+def parse_env(items):
+    """``["NAME=VALUE", ...]`` (``--env``) as ``{name: value}``; a clear error otherwise."""
+    env = {}
+    for item in items or ():
+        name, sep, value = str(item).partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise ValueError(f"--env takes NAME=VALUE, a variable name then '=' and its value; got {item!r}")
+        env[name] = value
+    return env
 
 
 def _worker_command(framework, model, schemes, size, batch, steps_rounds, warmup, threads, out, pin_cores=False):

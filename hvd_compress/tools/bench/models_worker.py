@@ -218,6 +218,7 @@ def _scheme_row(a, hvd, spec, comp, times, model_facts, error):
             "first_step_s": slowest[0],
             "startup_s": max(0.0, sum(slowest[:untimed]) - untimed * median), "step_s_all": slowest,
             "tensors": len(tensors), "params": sum(_numel(s) for s in tensors), "initial_weights_sum": weights,
+            "hvdc_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("HVDC_")},
             "plan": _plan_counts(comp) if auto is not None else None, "auto_startup": auto,
             "auto_state": _auto_state(comp) if auto is not None else None}
 
@@ -262,7 +263,22 @@ def _auto_startup(comp, slowest, framework):
             "link": None if state.link is None else {"latency_s": state.link.latency_s,
                                                      "bytes_per_s": state.link.bytes_per_s},
             "pair_swap_bytes": state.pair_swap_bytes, "backward_s": state.backward_s, "step_s": state.step_s,
-            "codec_ns_per_element": _codec_ns_per_element(state)}
+            "codec_ns_per_element": _codec_ns_per_element(state), "trials": _trials(state)}
+
+
+def _trials(state):
+    """The last decision's trial plans as rank 0 saw them: each plan's tensors
+    per candidate, the communication it ran from, its predicted step, this
+    rank's timed step and the step averaged over ranks that picked it; and
+    which was kept (``picked``)."""
+    def counts(labels):
+        out = {}
+        for label in labels.values():
+            out[label] = out.get(label, 0) + 1
+        return out
+    return [{"plan": counts(t["labels"]), "start": t["start"], "predicted_s": t["predicted_s"],
+             "local_s": t["local_s"], "step_s": t["step_s"], "before": bool(t.get("before")),
+             "picked": i == state.trial_pick} for i, t in enumerate(state.trials)]
 
 
 def _auto_state(comp):
