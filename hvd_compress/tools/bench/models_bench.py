@@ -18,7 +18,10 @@ launch may run ``run_timeout`` seconds a scheme a round.  Each row:
 steps before the timed ones took beyond as many steady steps), ``plan``
 (Auto's ``{candidate: tensors}``) and, for ``Auto()``, ``auto_startup``
 (probes, codec timings and decision in seconds, calibration steps, the
-steps before the final plan in steps and seconds); ``launch_s`` (the whole
+steps before the final plan in steps and seconds, and ``trials``: the last
+decision's trial plans with their predicted and measured steps and the one
+kept); ``hvdc_env`` (the ``HVDC_*`` variables the ranks saw: ``extra_env``,
+``--env``); ``launch_s`` (the whole
 shared launch's seconds), ``scheme_s`` (this scheme's own seconds inside
 it), the machine's load before and after the scheme, and ``vs_best_fixed``
 (the fastest other scheme's step over this one's, same model, framework, N

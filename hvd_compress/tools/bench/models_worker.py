@@ -28,9 +28,11 @@ seconds on rank 0 (building its model, its steps);
 ``initial_weights_sum`` the sum of the broadcast weights' absolute values,
 the same for every scheme of a launch.  For ``Auto()``, ``auto_startup``
 breaks the start-up down: this rank's seconds probing the link, timing the
-codecs and deciding, the calibration steps, and the steps (and their
-seconds) before the plan in force at the end; ``auto_state`` what its
-planner saw (to replay the decision offline).
+codecs and deciding, the calibration steps, the steps (and their
+seconds) before the plan in force at the end, and the last decision's trial
+plans (``trials``); ``auto_state`` what its planner saw (to replay the
+decision offline).  ``hvdc_env``: the ``HVDC_*`` environment variables the
+ranks saw.
 """
 from __future__ import annotations
 
@@ -232,8 +234,13 @@ def _numel(shape):
 
 def _plan_counts(comp):
     """Auto's plan in force: ``{candidate label: tensors}``."""
+    return _label_counts(comp.current_plan())
+
+
+def _label_counts(labels):
+    """``{key: candidate label}`` as ``{candidate label: tensors}``."""
     counts = {}
-    for label in comp.current_plan().values():
+    for label in labels.values():
         counts[label] = counts.get(label, 0) + 1
     return counts
 
@@ -267,16 +274,11 @@ def _auto_startup(comp, slowest, framework):
 
 
 def _trials(state):
-    """The last decision's trial plans as rank 0 saw them: each plan's tensors
-    per candidate, the communication it ran from, its predicted step, this
-    rank's timed step and the step averaged over ranks that picked it; and
-    which was kept (``picked``)."""
-    def counts(labels):
-        out = {}
-        for label in labels.values():
-            out[label] = out.get(label, 0) + 1
-        return out
-    return [{"plan": counts(t["labels"]), "start": t["start"], "predicted_s": t["predicted_s"],
+    """The last decision's trial plans as this rank saw them: each plan's
+    tensors per candidate, the communication it ran from, its predicted
+    step, this rank's timed step (``local_s``), the step averaged over ranks
+    (``step_s``, what the pick compares) and whether it was kept (``picked``)."""
+    return [{"plan": _label_counts(t["labels"]), "start": t["start"], "predicted_s": t["predicted_s"],
              "local_s": t["local_s"], "step_s": t["step_s"], "before": bool(t.get("before")),
              "picked": i == state.trial_pick} for i, t in enumerate(state.trials)]
 
