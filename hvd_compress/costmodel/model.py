@@ -380,7 +380,8 @@ def step_cost(costs: Iterable[TensorCost], machine: Machine = LINK_ONLY, backwar
     seconds of backward pass during which the step's collectives already run
     (Horovod's hooks start each gradient's as it is ready); up to that much of
     the link's time hides behind it, the codecs' and the collectives' CPU work
-    never (they run on the cores the backward pass uses).  Fusion: the
+    never (they run on the cores the backward pass uses), nor two-phase's
+    rounds (launched together after the step's last compress).  Fusion: the
     allreduce parts of one fusion group (fp32 tensors, fp16 ones, placeholders) share fusion
     buffers of ``machine.fusion_bytes``, so their latency is paid once per
     buffer, and so do the allgathers, two-phase's and PowerSGD's rounds; the
@@ -409,7 +410,12 @@ def step_cost(costs: Iterable[TensorCost], machine: Machine = LINK_ONLY, backwar
     codec = sum(c.codec_s for c in costs)
     coll = sum(c.collective_s for c in costs)
     wait = sum(c.wait_s for c in costs) - saved * max(c.wait_share for c in costs)
-    hidden = min(max(0.0, backward_s), link_s - saved)
+    # Two-phase never hides: the torch transport launches a step's first rounds
+    # together once every tensor of it has been compressed (one alltoall for
+    # all, adapters.base.DeferredRounds), that is after the backward pass, and
+    # the second rounds after those.
+    after_backward = sum(c.link_s for c in costs if c.transport == "two_phase")
+    hidden = min(max(0.0, backward_s), max(0.0, link_s - saved - after_backward))
     return StepCost(link_s - saved - hidden + codec + coll + cycle, sum(c.wire_bytes for c in costs),
                     sum(c.payload_bytes for c in costs), link_s - saved - wait, codec, coll, cycle, saved, costs,
                     wait, hidden)
