@@ -3,7 +3,9 @@
 # processes (unit, property, cluster, docker-file and example tests), then each
 # file under tests/horovod/ under real `horovodrun` -- with Gloo, and with MPI for the files in
 # MPI_FILES, with 2 processes, and also with 3 for the files listed in NP3_FILES.  An entry
-# "file.py:gloo" runs at 3 processes with that controller only.  Only torch files run at 3:
+# "file.py:gloo" runs at 3 processes with that controller only.  The files of one framework
+# that run in one configuration share a launch, except those that register a static process
+# set (below, "Which launches run").  Only torch files run at 3:
 # the compressor runs the same code above Horovod's core ops whatever the framework and
 # controller, the TF files' 3-process launches took 241 s of CI's wall time, and
 # tests/testing/test_two_phase_cluster.py runs the TF two-phase file at 4 ranks with MPI
@@ -69,7 +71,8 @@ bad = [(c, r) for c in ET.parse(sys.argv[1]).getroot().iter("testcase")
        for r in list(c) if r.tag in ("failure", "error")]
 for case, result in bad[:3]:
     message = (result.get("message") or result.text or "").strip().splitlines() or [""]
-    print(f"{case.get('name')}: {message[0][:300]}")
+    where = case.get("classname", "").rsplit(".", 1)[-1]  # the test file: a launch can hold several
+    print(f"{where + '::' if where else ''}{case.get('name')}: {message[0][:300]}")
 if len(bad) > 3:
     print(f"... and {len(bad) - 3} more")
 PYEOF
@@ -96,7 +99,7 @@ run() { # label, command...
 run "pytest" "$PY" -m pytest -p no:cacheprovider -ra -q --junitxml="$OUT/plain.xml" ${HVDC_PLAIN_TESTS:-tests} --ignore=tests/horovod "$@"
 count "$OUT/plain.xml" "pytest"
 
-# 2. tests that run inside horovodrun, one launch per file and configuration.
+# 2. tests that run inside horovodrun, one launch per framework and configuration (below).
 # A launch in which some rank died without writing its report (killed by a signal: an abort
 # in the Gloo/MPI transport, the out-of-memory killer) and which did not hang is a crash.
 # It runs once more only when its log shows a failure known to come from outside the
@@ -134,13 +137,14 @@ HANG_DUMP_S="${HVDC_HANG_DUMP_S:-600}"
 hang_lines() { # log -> the test that was running and the top frames of each thread faulthandler printed
   awk '/Timeout \(|Thread 0x|Current thread/ { frames = 6 } frames > 0 && frames-- && n++ < 60 { print }' "$1"
 }
-launch() { # label np controller test-file xml-prefix
-  local label="$1" np="$2" ctl="$3" test_file="$4" xml="$5" log="$OUT/logs/$1.log" attempt rc cause line
+launch() { # label np controller xml-prefix test-file...
+  local label="$1" np="$2" ctl="$3" xml="$4" log="$OUT/logs/$1.log" attempt rc cause line
+  shift 4
   mkdir -p "$OUT/logs"
   rm -f "$log.attempt1"
   for attempt in 1 2; do
     rm -f "$xml".rank*.xml
-    echo; echo "=== $label (attempt $attempt)"; local start=$SECONDS
+    echo; echo "=== $label (attempt $attempt): $*"; local start=$SECONDS
     # --capture=sys: pytest captures Python's output only, so what Horovod, Gloo and the C++
     # runtime write to stderr reaches the log (with the default fd capture, a process that
     # aborts takes those lines with it)
@@ -148,7 +152,7 @@ launch() { # label np controller test-file xml-prefix
     # stack to the log (and goes on), so a launch that `timeout` stops shows where each rank waited
     timeout "$LAUNCH_BOUND_S" "$HVDRUN" -np "$np" -H "localhost:$np" "--$ctl" \
       "$PY" -m pytest -p no:cacheprovider --capture=sys -o faulthandler_timeout="$HANG_DUMP_S" \
-      -ra -q "$test_file" --junitxml="$xml.rank%RANK%.xml" \
+      -ra -q "$@" --junitxml="$xml.rank%RANK%.xml" \
       -o junit_suite_name="$label" 2>&1 | tee "$log"
     rc=${PIPESTATUS[0]}
     echo "=== $label: exit $rc in $((SECONDS-start)) s"
@@ -199,6 +203,17 @@ if [ -n "${HVDC_HOROVOD_FILES:-}" ]; then
 else
   HOROVOD_FILES=(tests/horovod/test_*.py)
 fi
+# Which launches run: one per framework, controller and process count, holding every file of
+# that framework that runs in that configuration (a launch costs 12-28 s before its first test:
+# horovodrun, Python, torch or TF, hvd.init; 30 launches of one file each spent 525 s of 1136 s
+# there).  A file that registers a static process set (`hvd.init(process_sets=...)`) runs in a
+# launch of its own: Horovod registers static sets at its first hvd.init() only, and the later
+# hvd.init() calls of the other files in a launch do nothing.  torch and TF never share a
+# launch: each has its own Horovod extension library, and so its own Horovod.
+own_launch() { # test file -> true if it registers a static process set
+  grep -q "hvd.init(process_sets=" "$1"
+}
+declare -A GROUP_FILES=(); GROUP_ORDER=()
 for test_file in "${HOROVOD_FILES[@]}"; do
   base="$(basename "$test_file")"
   case "$base" in
@@ -217,14 +232,23 @@ for test_file in "${HOROVOD_FILES[@]}"; do
     fi
     nps="2"; case " $(echo $NP3_FILES) " in *" $base "*|*" $base:$ctl "*) nps="2 3";; esac
     for np in $nps; do
-      label="${base%.py}[np=$np,$ctl]"
-      xml="$OUT/${base%.py}-np$np-$ctl"
-      launch "$label" "$np" "$ctl" "$test_file" "$xml"
-      # every rank writes a report; count rank 0's, and require all ranks to have passed
-      for r in $(seq 0 $((np-1))); do
-        if [ $r = 0 ]; then count "$xml.rank0.xml" "$label"; else count "$xml.rank$r.xml" "$label rank $r" check-only; fi
-      done
+      if own_launch "$test_file"; then key="${base%.py}|$np|$ctl"; else key="${framework:-other}|$np|$ctl"; fi
+      [ -n "${GROUP_FILES[$key]:-}" ] || GROUP_ORDER+=("$key")
+      GROUP_FILES[$key]="${GROUP_FILES[$key]:-}${GROUP_FILES[$key]:+ }$test_file"
     done
+  done
+done
+for key in "${GROUP_ORDER[@]}"; do
+  IFS='|' read -r name np ctl <<< "$key"
+  read -r -a files <<< "${GROUP_FILES[$key]}"
+  # a launch of one file is named after it; a shared one after its framework and its file count
+  if [ ${#files[@]} = 1 ]; then name="$(basename "${files[0]}" .py)"; else name="${name}_files_${#files[@]}"; fi
+  label="$name[np=$np,$ctl]"
+  xml="$OUT/$name-np$np-$ctl"
+  launch "$label" "$np" "$ctl" "$xml" "${files[@]}"
+  # every rank writes a report; count rank 0's, and require all ranks to have passed
+  for r in $(seq 0 $((np-1))); do
+    if [ $r = 0 ]; then count "$xml.rank0.xml" "$label"; else count "$xml.rank$r.xml" "$label rank $r" check-only; fi
   done
 done
 

@@ -287,7 +287,8 @@ def test_models_smoke_two_hosts(tmp_path):
                 "vs_best_fixed"} <= set(r)
         assert (r["model"], r["framework"], r["workers"], r["link_mbit"]) == ("gpt2", "torch", 2, None)
         assert r["pinned_cores"] is True  # each rank bound to a core, by default
-        assert r["hvdc_env"] == {"HVDC_PAIR_SWAP_MIN_BYTES": "1048576"}  # extra_env reached the ranks
+        # extra_env reached the ranks (the launcher may add HVDC_* variables of its own)
+        assert r["hvdc_env"].get("HVDC_PAIR_SWAP_MIN_BYTES") == "1048576"
         assert r["median_step_s"] > 0 and r["startup_s"] >= 0 and r["tensors"] == 28
         assert r["rounds"] == 2 and len(r["round_median_step_s"]) == 2
         assert len(r["step_s_all"]) == r["untimed_steps"] + 4

@@ -35,9 +35,10 @@ exec {sys.executable} "$@"
 # Reports for ranks 0..np-1 at the path given with --junitxml=...%RANK%...; rank 1 of the
 # np=2 MPI launch of test_process_set_torch.py fails, and that launch exits 1.
 FAKE_HOROVODRUN = f"""#!/usr/bin/env bash
-np=0; ctl=; file=; xml=
+np=0; ctl=; file=; files=; xml=
 while [ $# -gt 0 ]; do
-  case "$1" in -np) np="$2"; shift;; --gloo|--mpi) ctl="$1";; *.py) file="$1";; --junitxml=*) xml="${{1#--junitxml=}}";; esac
+  case "$1" in -np) np="$2"; shift;; --gloo|--mpi) ctl="$1";; *.py) file="$1"; files="$files ${{1##*/}}";;
+    --junitxml=*) xml="${{1#--junitxml=}}";; esac
   shift
 done
 rc=0
@@ -79,15 +80,16 @@ def test_the_summary_names_a_failing_ranks_tests_and_their_messages(tmp_path):
     # only the files in HVDC_MPI_FILES ran with MPI: two tests from the plain pytest, two per
     # launch's rank 0 (rank 1's failure is counted once)
     launched = [line for line in out.splitlines() if line.startswith("=== test_") and "(attempt 1)" in line]
-    assert launched == ["=== test_process_set_torch[np=2,mpi] (attempt 1)",
-                        "=== test_smoke_torch[np=2,mpi] (attempt 1)"], launched
+    assert launched == ["=== test_process_set_torch[np=2,mpi] (attempt 1): tests/horovod/test_process_set_torch.py",
+                        "=== test_smoke_torch[np=2,mpi] (attempt 1): tests/horovod/test_smoke_torch.py"], launched
     assert lines[-1] == "total: 6 passed, 1 failed, 0 skipped", summary
 
 
 # Every launch passes, except two that crash on their first attempt: some rank writes no
 # report and the launch exits 134.  test_two_phase_torch.py's log shows Horovod's Gloo
 # timeout in its background loop (a cause outside the project: rerun once; the rerun
-# passes); test_smoke_torch.py's shows a segfault and nothing known (no rerun: a failure).
+# passes); test_smoke_tf.py's shows a segfault and nothing known (no rerun: a failure).  The
+# run holds these two files only, so each is a launch of its own (a torch and a TF launch).
 # Each call is appended to $HVDC_TEST_OUT/calls.  Horovod's line reaches the log only if
 # pytest leaves the C-level stderr alone (--capture=sys): under pytest's default fd capture,
 # a process that aborts takes it with it, and so does this fake.
@@ -95,7 +97,7 @@ CRASH_LINE = {
     "test_two_phase_torch.py": "[1]<stderr>:[2026-01-01 00:00:00.000000: E horovod/common/operations.cc:697] [1]: "
                                "Horovod background loop uncaught exception: [gloo/transport/tcp/unbound_buffer.cc:81] "
                                "Timed out waiting 30000ms for recv operation to complete",
-    "test_smoke_torch.py": "[1]<stderr>:Fatal Python error: Segmentation fault",
+    "test_smoke_tf.py": "[1]<stderr>:Fatal Python error: Segmentation fault",
 }
 FAKE_CRASHING_HOROVODRUN = f"""#!/usr/bin/env bash
 np=0; file=; xml=; capture=fd
@@ -110,7 +112,7 @@ attempt=$(grep -cx "$base" "$HVDC_TEST_OUT/calls")
 crash=
 case "$base" in
   test_two_phase_torch.py) [ "$attempt" = 1 ] && crash='{CRASH_LINE["test_two_phase_torch.py"]}';;
-  test_smoke_torch.py) crash='{CRASH_LINE["test_smoke_torch.py"]}';;
+  test_smoke_tf.py) crash='{CRASH_LINE["test_smoke_tf.py"]}';;
 esac
 for r in $(seq 0 $((np-1))); do
   [ -n "$crash" ] && [ "$r" = 1 ] && continue
@@ -129,13 +131,14 @@ def test_a_crash_is_rerun_only_for_a_cause_outside_the_project(tmp_path):
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     env = dict(os.environ, HVD_COMPRESS_VENV=str(venv), HVDC_TEST_OUT=str(out_dir),
-               HVDC_CONTROLLERS="gloo", NP3_FILES="no_such_file.py")
+               HVDC_CONTROLLERS="gloo", NP3_FILES="no_such_file.py",
+               HVDC_HOROVOD_FILES="test_two_phase_torch.py test_smoke_tf.py")
     proc = subprocess.run(["bash", str(REPO / "scripts" / "run_tests.sh")], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     out = proc.stdout
     assert proc.returncode != 0, out[-3000:]
     calls = (out_dir / "calls").read_text().split()
-    assert calls.count("test_two_phase_torch.py") == 2 and calls.count("test_smoke_torch.py") == 1, calls
+    assert calls.count("test_two_phase_torch.py") == 2 and calls.count("test_smoke_tf.py") == 1, calls
     assert all(calls.count(f) == 1 for f in set(calls) - {"test_two_phase_torch.py"}), calls
     summary = out[out.rindex("\nRERUN: "):].splitlines()[1:]
     log = out_dir / "logs" / "test_two_phase_torch[np=2,gloo].log"
@@ -151,14 +154,13 @@ def test_a_crash_is_rerun_only_for_a_cause_outside_the_project(tmp_path):
     # the segfault: not rerun, reported with its log's lines, and a failure
     crashed = next(i for i, line in enumerate(summary) if line.startswith("CRASHED"))
     assert summary[crashed] == ("CRASHED (not rerun: no cause outside the project in its log): "
-                                "test_smoke_torch[np=2,gloo], exit 134, some rank wrote no report; "
-                                f"{out_dir}/logs/test_smoke_torch[np=2,gloo].log says:"), summary
-    assert f"    {CRASH_LINE['test_smoke_torch.py']}" in summary
-    assert "FAILED: test_smoke_torch[np=2,gloo] rank 1 (no report)" in summary
-    assert "FAILED: test_smoke_torch[np=2,gloo] (exit 134)" in summary
+                                "test_smoke_tf[np=2,gloo], exit 134, some rank wrote no report; "
+                                f"{out_dir}/logs/test_smoke_tf[np=2,gloo].log says:"), summary
+    assert f"    {CRASH_LINE['test_smoke_tf.py']}" in summary
+    assert "FAILED: test_smoke_tf[np=2,gloo] rank 1 (no report)" in summary
+    assert "FAILED: test_smoke_tf[np=2,gloo] (exit 134)" in summary
     assert not any("two_phase" in line for line in summary if line.startswith("FAILED"))
-    n_files = len(list((REPO / "tests" / "horovod").glob("test_*.py")))
-    assert summary[-1] == f"total: {2 + 2 * n_files} passed, 1 failed, 0 skipped", summary
+    assert summary[-1] == "total: 6 passed, 1 failed, 0 skipped", summary  # 2 plain, 2 a launch
 
 
 def test_files_of_a_framework_horovod_was_built_without_are_skipped_and_reported(tmp_path):
@@ -172,7 +174,7 @@ def test_files_of_a_framework_horovod_was_built_without_are_skipped_and_reported
     _executable(venv / "bin" / "python", tf_only)
     launched = tmp_path / "launched"
     _executable(venv / "bin" / "horovodrun",
-                FAKE_HOROVODRUN.replace("rc=0\n", f'rc=0\necho "$file" >> {launched}\n', 1))
+                FAKE_HOROVODRUN.replace("rc=0\n", f'rc=0\necho "$files" >> {launched}\n', 1))
     env = dict(os.environ, HVD_COMPRESS_VENV=str(venv), HVDC_TEST_OUT=str(tmp_path / "out"),
                HVDC_CONTROLLERS="gloo", NP3_FILES="no_such_file.py")
     proc = subprocess.run(["bash", str(REPO / "scripts" / "run_tests.sh")], env=env, cwd=REPO,
@@ -183,10 +185,11 @@ def test_files_of_a_framework_horovod_was_built_without_are_skipped_and_reported
     torch_files = [f for f in files if "_torch" in f]
     tf_files = [f for f in files if "_tf" in f]
     assert torch_files and tf_files and sorted(torch_files + tf_files) == files
-    assert sorted(Path(f).name for f in launched.read_text().split()) == tf_files
+    assert sorted(launched.read_text().split()) == tf_files
     for f in torch_files:
         assert f"SKIPPED: {f}: the Horovod in {venv} was built without torch (HVD_COMPRESS_FRAMEWORKS)" in out
-    assert out.splitlines()[-1] == f"total: {2 + 2 * len(tf_files)} passed, 0 failed, {len(torch_files)} skipped"
+    n_launches = len(launched.read_text().splitlines())
+    assert out.splitlines()[-1] == f"total: {2 + 2 * n_launches} passed, 0 failed, {len(torch_files)} skipped"
 
 
 # Every launch passes, except test_smoke_tf.py's, which never ends: its ranks print what
@@ -218,7 +221,8 @@ def test_a_hung_launch_is_stopped_and_the_summary_shows_where_its_ranks_waited(t
     _executable(venv / "bin" / "horovodrun", FAKE_HANGING_HOROVODRUN)
     out_dir = tmp_path / "out"
     env = dict(os.environ, HVD_COMPRESS_VENV=str(venv), HVDC_TEST_OUT=str(out_dir), HVDC_CONTROLLERS="gloo",
-               NP3_FILES="no_such_file.py", HVDC_LAUNCH_BOUND_S="2", HVDC_HANG_DUMP_S="1")
+               NP3_FILES="no_such_file.py", HVDC_LAUNCH_BOUND_S="2", HVDC_HANG_DUMP_S="1",
+               HVDC_HOROVOD_FILES="test_smoke_tf.py test_smoke_torch.py")
     proc = subprocess.run(["bash", str(REPO / "scripts" / "run_tests.sh")], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     out = proc.stdout
@@ -232,3 +236,39 @@ def test_a_hung_launch_is_stopped_and_the_summary_shows_where_its_ranks_waited(t
         assert f"    {line}" in summary, summary
     assert "FAILED: test_smoke_tf[np=2,gloo] (exit 124)" in summary
     assert not any(line.startswith("RERUN") for line in summary)
+
+
+def test_the_files_of_a_framework_share_a_launch_unless_they_register_a_process_set(tmp_path):
+    """The default matrix (Gloo and MPI, 2 and 3 processes): one launch per framework,
+    controller and process count, plus one for each file that registers a static process set
+    (Horovod registers those at its first hvd.init() only); every file runs in every
+    configuration it ran in when each file had launches of its own, exactly once."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    _executable(venv / "bin" / "python", FAKE_PYTHON)
+    launched = tmp_path / "launched"
+    _executable(venv / "bin" / "horovodrun",
+                FAKE_HOROVODRUN.replace("rc=0\n", f'rc=0\necho "$np $ctl$files" >> {launched}\n', 1))
+    env = dict(os.environ, HVD_COMPRESS_VENV=str(venv), HVDC_TEST_OUT=str(tmp_path / "out"))
+    for name in ("NP3_FILES", "HVDC_MPI_FILES", "HVDC_CONTROLLERS", "HVDC_HOROVOD_FILES"):
+        env.pop(name, None)
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "run_tests.sh")], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    # (the fake fails one test of test_process_set_torch.py at 2 MPI ranks, so the run fails)
+    assert proc.stdout.splitlines()[-1] == "total: 26 passed, 1 failed, 0 skipped", proc.stdout[-3000:]
+    launches = [line.split() for line in launched.read_text().splitlines()]
+    own = {p.name for p in (REPO / "tests" / "horovod").glob("test_*.py")
+           if "hvd.init(process_sets=" in p.read_text()}
+    assert own == {"test_process_set_torch.py", "test_tf_compression.py", "test_two_phase_tf.py"}
+    runs = [(np, ctl, f) for np, ctl, *files in launches for f in files]
+    assert len(runs) == len(set(runs))  # no file twice in one configuration
+    for np, ctl, *files in launches:
+        assert len({"torch" if "_torch" in f else "tf" for f in files}) == 1, files  # one framework
+        assert len(files) == 1 or not own & set(files), files  # a process-set file runs alone
+    torch_gloo_2 = [files for np, ctl, *files in launches if (np, ctl) == ("2", "--gloo") and "_torch" in files[0]]
+    every_torch = sorted(p.name for p in (REPO / "tests" / "horovod").glob("test_*.py") if "_torch" in p.name)
+    assert sorted(f for files in torch_gloo_2 for f in files) == every_torch
+    assert len(torch_gloo_2) == 2  # the shared launch, and the process-set file's own
+    assert ("2", "--mpi", "test_smoke_tf.py") in runs and ("3", "--gloo", "test_auto_torch.py") in runs
+    assert ("3", "--gloo", "test_torch_compression.py") not in runs  # NP3_FILES: MPI only
+    assert len(launches) == 12, launches
