@@ -173,9 +173,11 @@ def test_demo_script_is_the_documented_command():
     assert "horovodrun" in text and "-np 2" in text
 
 
-@pytest.mark.parametrize("scheme, min_ratio", [(["topk", "--ratio", "0.01"], 20), (["powersgd"], 2), (["int8"], 3.5),
-                                               (["auto"], 1.0)],
-                         ids=["topk", "powersgd", "int8", "auto"])
+# Int8 and PowerSGD built inside a retraced step are checked in process, against the same
+# scheme built outside, by tests/horovod/test_drop_in_tf.py (test_built_inside_step_*), where
+# they share the TF launch; a launch of this example costs about 27 s on the 2-core machine
+@pytest.mark.parametrize("scheme, min_ratio", [(["topk", "--ratio", "0.01"], 20), (["auto"], 1.0)],
+                         ids=["topk", "auto"])
 def test_tf2_synthetic_benchmark_with_compression_built_in_step(scheme, min_ratio):
     """Horovod's TF2 benchmark pattern: the compressor is built inside the
     traced step, which retraces; every trace's compressor continues one state
