@@ -304,6 +304,7 @@ def test_models_smoke_two_hosts(tmp_path):
     parts = auto["auto_startup"]
     # the trial plans' steps (where more than one plan was predicted close) count before the final plan
     assert parts["calibration_steps"] == 3 and parts["probe_s"] > 0 and parts["trial_plans_run"] != 1
+    assert parts["early_link"]["bytes_per_s"] > 0 and parts["link"]["bytes_per_s"] > 0
     assert parts["steps_before_final_plan"] == 3 + 4 * parts["trial_plans_run"]
     ran = [t for t in parts["trials"] if not t["before"]]
     assert len(ran) == parts["trial_plans_run"] and sum(t["picked"] for t in parts["trials"]) == (1 if ran else 0)

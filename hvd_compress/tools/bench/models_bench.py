@@ -18,7 +18,8 @@ launch may run ``run_timeout`` seconds a scheme a round.  Each row:
 steps before the timed ones took beyond as many steady steps), ``plan``
 (Auto's ``{candidate: tensors}``) and, for ``Auto()``, ``auto_startup``
 (probes, codec timings and decision in seconds, calibration steps, the
-steps before the final plan in steps and seconds, and ``trials``: the last
+steps before the final plan in steps and seconds, ``link`` and ``early_link``:
+the link the decision fitted and the one the first ``compress`` probed, and ``trials``: the last
 decision's trial plans with their predicted and measured steps and the one
 kept); ``hvdc_env`` (the ``HVDC_*`` variables the ranks saw: ``extra_env``,
 ``--env``); ``launch_s`` (the whole

@@ -267,10 +267,16 @@ def _auto_startup(comp, slowest, framework):
             "calibration_steps": comp.calibration_steps,
             "steps_before_final_plan": final, "steps_before_final_plan_s": sum(slowest[:final]),
             "plans_adopted": len(state.history), "trial_plans_run": len(state.trials_run()),
-            "link": None if state.link is None else {"latency_s": state.link.latency_s,
-                                                     "bytes_per_s": state.link.bytes_per_s},
+            "link": _link_fields(state.link),
+            # the first compress's probe: what Auto plans its trace and warmup from (TensorFlow
+            # times no codec where it says no compressed candidate can pay)
+            "early_link": _link_fields(state.early_link),
             "pair_swap_bytes": state.pair_swap_bytes, "backward_s": state.backward_s, "step_s": state.step_s,
             "codec_ns_per_element": _codec_ns_per_element(state), "trials": _trials(state)}
+
+
+def _link_fields(link):
+    return None if link is None else {"latency_s": link.latency_s, "bytes_per_s": link.bytes_per_s}
 
 
 def _trials(state):
