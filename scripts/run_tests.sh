@@ -226,13 +226,14 @@ for test_file in "${HOROVOD_FILES[@]}"; do
     skipped=$((skipped + 1))
     continue
   fi
+  if own_launch "$test_file"; then group="${base%.py}"; else group="${framework:-other}"; fi
   for ctl in $CONTROLLERS; do
     if [ "$ctl" = mpi ] && [ "$MPI_FILES" != all ]; then
       case " $(echo $MPI_FILES) " in *" $base "*) ;; *) continue;; esac
     fi
     nps="2"; case " $(echo $NP3_FILES) " in *" $base "*|*" $base:$ctl "*) nps="2 3";; esac
     for np in $nps; do
-      if own_launch "$test_file"; then key="${base%.py}|$np|$ctl"; else key="${framework:-other}|$np|$ctl"; fi
+      key="$group|$np|$ctl"
       [ -n "${GROUP_FILES[$key]:-}" ] || GROUP_ORDER+=("$key")
       GROUP_FILES[$key]="${GROUP_FILES[$key]:-}${GROUP_FILES[$key]:+ }$test_file"
     done
